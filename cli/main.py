@@ -1,0 +1,59 @@
+"""Entry point of `olmo-data`. Subcommands are imported lazily so that `--help` and each command start fast.
+
+To add a command, add its name and "module:function" to COMMANDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from olmo_data import DataError, __version__
+
+COMMANDS: dict[str, str] = {
+    "sample": "cli.sample:sample",
+    "tokenize": "cli.tokenize:tokenize",
+    "demo": "cli.demo:demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[cmd_name].split(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DataError as e:  # bad input: a precise message, no traceback
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="olmo-data")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+def main(verbose: bool) -> None:
+    """Prepare, inspect and mix data for OLMo-style language models.
+
+    The stages: sample documents, tokenize them into token files, (build a data order, mix sources, inspect any
+    training batch), and train with `torchrun -m olmo_train`.
+    """
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""olmo_data: the data library of the toolkit (documents, tokenizers, token files, instances, orders, mixes).
+
+It imports and works without torch and without click, so that data jobs run on machines that only need numpy.
+"""
+
+__version__ = "0.1.0"
+
+from olmo_data.errors import DataError
+
+__all__ = ["DataError", "__version__"]

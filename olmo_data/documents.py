@@ -1,0 +1,160 @@
+"""Reading documents in dolma format from JSON lines or parquet, local or remote.
+
+A dolma document is one JSON object per line with `id`, `text`, `source` and optionally `added`, `created` and
+`metadata`. Parquet files hold the same fields as columns. Other layouts name their fields with `text_field` and
+`id_field`. Bad input is an error naming the file and the line (1-based; for parquet, the 1-based row), unless the
+caller asks to skip bad documents, in which case they are counted in a `BadDocuments` record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from olmo_data.errors import DataError
+from olmo_data.io import open_file
+
+COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2")
+JSON_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+
+
+@dataclass
+class Document:
+    """One document, with where it came from: `line` is the 1-based line (JSON) or row (parquet)."""
+
+    id: str
+    text: str
+    source: str
+    line: int
+    raw: bytes | None = None  # the original JSON line, kept so `sample` can copy documents byte for byte
+
+
+@dataclass
+class BadDocuments:
+    """Counts of documents skipped as bad, with the first few reasons kept for the report."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self.examples) < 5:
+            self.examples.append(message)
+
+
+def file_format(path: str) -> str:
+    """'jsonl' or 'parquet', from the file name (a compression suffix is looked through)."""
+    name = path.rsplit("/", 1)[-1].split("?", 1)[0].lower()
+    for suffix in COMPRESSIONS:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    if name.endswith(JSON_EXTENSIONS):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    raise DataError(
+        f"{path}: unsupported file type; expected .json/.jsonl/.ndjson (optionally .gz or .zst) or .parquet"
+    )
+
+
+def read_documents(
+    path: str,
+    *,
+    text_field: str = "text",
+    id_field: str = "id",
+    bad: BadDocuments | None = None,
+    keep_raw: bool = False,
+) -> Iterator[Document]:
+    """Yield the documents of one file in file order.
+
+    With `bad` given, bad documents are counted there and skipped; without it the first one raises `DataError`.
+    """
+    fmt = file_format(path)
+    if fmt == "jsonl":
+        yield from _read_jsonl(path, text_field, id_field, bad, keep_raw)
+    else:
+        yield from _read_parquet(path, text_field, id_field, bad)
+
+
+def _fail(message: str, bad: BadDocuments | None) -> None:
+    if bad is None:
+        raise DataError(message + " (use --skip-bad-documents to count and skip such documents)")
+    bad.add(message)
+
+
+def _read_jsonl(
+    path: str, text_field: str, id_field: str, bad: BadDocuments | None, keep_raw: bool
+) -> Iterator[Document]:
+    default_id = os.path.basename(path)
+    with open_file(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                _fail(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line", bad)
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                _fail(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})", bad)
+                continue
+            if not isinstance(obj, dict):
+                _fail(f"{path}:{lineno}: expected a JSON object, found {type(obj).__name__}", bad)
+                continue
+            text = obj.get(text_field)
+            if not isinstance(text, str):
+                what = "missing" if text_field not in obj else f"a {type(text).__name__}, not a string"
+                _fail(f"{path}:{lineno}: field {text_field!r} is {what}", bad)
+                continue
+            if b"\\ud" in raw or b"\\uD" in raw:  # a lone surrogate escape decodes to a str that is not UTF-8
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    _fail(f"{path}:{lineno}: field {text_field!r} holds a lone surrogate escape (invalid UTF-8)", bad)
+                    continue
+            doc_id = obj.get(id_field)
+            yield Document(
+                id=str(doc_id) if doc_id is not None else f"{default_id}:{lineno}",
+                text=text,
+                source=str(obj.get("source", "")),
+                line=lineno,
+                raw=raw if keep_raw else None,
+            )
+
+
+def _read_parquet(path: str, text_field: str, id_field: str, bad: BadDocuments | None) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    default_id = os.path.basename(path)
+    with open_file(path, "rb", compression="disable") as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise DataError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); use --text-field")
+        columns = [c for c in (text_field, id_field, "source") if c in names]
+        row = 0
+        for batch in pf.iter_batches(batch_size=4096, columns=columns):
+            data = batch.to_pydict()
+            texts = data[text_field]
+            ids = data.get(id_field, [None] * len(texts))
+            sources = data.get("source", [None] * len(texts))
+            for text, doc_id, source in zip(texts, ids, sources, strict=True):
+                row += 1
+                if not isinstance(text, str):
+                    what = "null" if text is None else f"a {type(text).__name__}, not a string"
+                    _fail(f"{path}: row {row}: column {text_field!r} is {what}", bad)
+                    continue
+                yield Document(
+                    id=str(doc_id) if doc_id is not None else f"{default_id}:{row}",
+                    text=text,
+                    source="" if source is None else str(source),
+                    line=row,
+                )

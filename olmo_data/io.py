@@ -1,0 +1,157 @@
+"""Local and remote file access, and atomic writes.
+
+Remote reads go through smart-open (s3://, gs://, http(s)://) so that one code path serves every location.
+Writes only ever go to local paths, under a temporary name that is renamed into place when complete, so a killed
+job never leaves a file that looks finished but is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from olmo_data.errors import DataError
+
+REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+    return str(path).startswith(REMOTE_SCHEMES)
+
+
+def open_file(path: str, mode: str = "rb", *, compression: str = "infer_from_extension") -> IO[Any]:
+    """Open a local or remote file; `.gz`/`.zst`/`.bz2` are decompressed on the fly (by extension)."""
+    if not is_remote(path):
+        if "r" in mode and not os.path.exists(path):
+            raise DataError(f"{path}: file not found")
+    import smart_open
+
+    try:
+        return smart_open.open(path, mode, compression=compression)  # type: ignore[no-any-return]
+    except DataError:
+        raise
+    except Exception as e:  # remote errors come in many types; name the path in all of them
+        raise DataError(f"{path}: cannot open ({type(e).__name__}: {e})") from e
+
+
+def file_size(path: str) -> int:
+    """Size in bytes of a local or remote file (one HEAD request for remote ones)."""
+    if not is_remote(path):
+        return os.path.getsize(path)
+    if path.startswith("s3://"):
+        bucket, key = path[5:].split("/", 1)
+        return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+    if path.startswith(("http://", "https://")):
+        import requests
+
+        r = requests.head(path, allow_redirects=True, timeout=60)
+        r.raise_for_status()
+        return int(r.headers.get("Content-Length", -1))
+    with open_file(path, "rb", compression="disable") as f:
+        return int(f.seek(0, os.SEEK_END))
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client that honours AWS_ENDPOINT_URL (used by tests with a loopback S3 server)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def expand_patterns(patterns: Sequence[str]) -> list[str]:
+    """Expand local globs (sorted) and s3:// globs; keep other paths as given, in the order given.
+
+    A pattern that matches nothing is an error: silently tokenizing zero files is never what the user meant.
+    Duplicates are dropped (first occurrence kept) so a file is never read twice.
+    """
+    out: list[str] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        has_glob = any(c in pattern for c in "*?[")
+        if is_remote(pattern):
+            if has_glob and pattern.startswith("s3://"):
+                matches = _s3_glob(pattern)
+            elif has_glob:
+                raise DataError(f"{pattern}: globs are supported for local and s3:// paths only; list the files")
+            else:
+                matches = [pattern]
+        elif has_glob:
+            matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+        else:
+            matches = [os.path.expanduser(pattern)]
+            if not os.path.exists(matches[0]):
+                raise DataError(f"{pattern}: file not found")
+            if os.path.isdir(matches[0]):
+                raise DataError(f"{pattern}: is a directory; give a glob such as '{pattern.rstrip('/')}/*.jsonl.gz'")
+        if not matches:
+            raise DataError(f"{pattern}: the pattern matches no file")
+        out.extend(matches)
+    return list(dict.fromkeys(out))
+
+
+def _s3_glob(pattern: str) -> list[str]:
+    bucket, key_pattern = pattern[5:].split("/", 1)
+    prefix = key_pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    paginator = s3_client().get_paginator("list_objects_v2")
+    keys = []
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(obj["Key"] for obj in page.get("Contents", []) if fnmatch.fnmatchcase(obj["Key"], key_pattern))
+    return [f"s3://{bucket}/{k}" for k in sorted(keys)]
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside `final`; rename it onto `final` only if the block completes.
+
+    The temporary name starts with `.tmp-` so readers and reruns never mistake it for output.
+    On any exception the temporary file is removed, so no partial output is left behind.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{final.name}.", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON (sorted keys, indented, trailing newline) atomically, so the bytes are reproducible."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def sha256_file(path: str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open_file(path, "rb", compression="disable") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
+    """Delete `.tmp-*` leftovers of a killed run; returns how many were removed."""
+    n = 0
+    for p in Path(directory).glob(".tmp-*"):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+            n += 1
+    return n

@@ -1,0 +1,107 @@
+"""The manifest that says what a token directory holds.
+
+`olmo-data tokenize` and `olmo-data prepare-tulu` write `DIR/manifest.json`; every later stage reads the dtype and
+tokenizer from it rather than trusting a flag, and refuses a mismatch. Token files themselves stay headerless (the
+format OLMo and `dolma tokens` use), so the manifest is a side file: files without one still load, given a dtype.
+
+Schema (version 1), keys sorted on disk:
+  format:        "olmo-data.tokens" | "olmo-data.chat"
+  version:       1
+  tool_version:  olmo_data.__version__
+  dtype:         "uint16" | "uint32"
+  tokenizer:     {name, sha256, vocab_size, backend}
+  eos_token_id, bos_token_id, pad_token_id:  int | null
+  options:       the options that change the bytes of the output
+  inputs:        [{path, size}]
+  files:         [{path, metadata, documents, tokens, input}]   paths relative to the directory
+  totals:        {documents, tokens, skipped_empty, skipped_bad, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmo_data.errors import DataError
+from olmo_data.io import is_remote, open_file
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+def smallest_dtype(vocab_size: int) -> str:
+    """uint16 when every id fits (vocab_size <= 65536), else uint32."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def read_manifest(directory: str) -> dict[str, Any] | None:
+    """The manifest of a token directory (local or remote), or None when it has none."""
+    path = f"{str(directory).rstrip('/')}/{MANIFEST_NAME}"
+    if not is_remote(path) and not os.path.exists(path):
+        return None
+    try:
+        with open_file(path, "rt", compression="disable") as f:
+            manifest = json.load(f)
+    except DataError:
+        if is_remote(path):
+            return None
+        raise
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); the directory's manifest is damaged") from e
+    if not isinstance(manifest, dict) or "dtype" not in manifest:
+        raise DataError(f"{path}: not an olmo-data manifest (no 'dtype' key)")
+    if manifest.get("version", 0) > MANIFEST_VERSION:
+        raise DataError(
+            f"{path}: manifest version {manifest['version']} is newer than this tool understands "
+            f"({MANIFEST_VERSION}); upgrade olmo-data"
+        )
+    return dict(manifest)
+
+
+def manifest_dtype_for(token_path: str) -> str | None:
+    """The dtype the manifest beside `token_path` records for it, or None when no manifest lists the file."""
+    path = str(token_path)
+    directory, _, name = path.rpartition("/")
+    manifest = read_manifest(directory or ".")
+    if manifest is None:
+        return None
+    listed = {f["path"] for f in manifest.get("files", [])}
+    if listed and name not in listed:
+        return None
+    return str(manifest["dtype"])
+
+
+def resolve_dtype(token_path: str, requested: str | None) -> str:
+    """The dtype to read `token_path` with: the manifest's; a requested one must agree with it.
+
+    Without a manifest the requested dtype is used, and uint16 (OLMo's default) when none was requested.
+    """
+    recorded = manifest_dtype_for(token_path)
+    if recorded is not None:
+        if requested is not None and requested != recorded:
+            raise DataError(
+                f"{token_path}: dtype {requested} was requested but the directory's manifest says {recorded}; "
+                f"drop the dtype option or fix it to {recorded}"
+            )
+        return recorded
+    if requested is not None and requested not in DTYPES:
+        raise DataError(f"{token_path}: unknown dtype {requested!r}; expected one of {sorted(DTYPES)}")
+    return requested or "uint16"
+
+
+def token_files_in(directory: str) -> list[str]:
+    """The token files a directory's manifest lists, in manifest order, as full paths."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise DataError(f"{directory}: no {MANIFEST_NAME}; give the token files themselves or re-run tokenize")
+    base = str(directory).rstrip("/")
+    return [f"{base}/{f['path']}" for f in manifest["files"]]
+
+
+def local_dir(path: str) -> Path:
+    return Path(os.path.expanduser(path))
