@@ -1,0 +1,449 @@
+"""The instance index: fixed-length training instances over many token files, cut the way OLMo cuts them.
+
+OLMo's `MemMapDataset` cuts every token file on its own into `file_tokens // sequence_length` instances and
+drops the leftover tokens at the end of each file; instances are numbered file after file in the order the
+paths are given. We follow that rule exactly, so an OLMo config and its published `global_indices.npy` name
+the same instances here. Instance `i` is found by a binary search over the cumulative instance counts, and its
+tokens are one slice of a memory map (local files) or one ranged read (http(s)://, s3://, gs://), so a lookup
+costs the same whatever the dataset size.
+
+A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per source, the token
+files and the selected instance ids within them; the mixed dataset's instances are those selections, source
+after source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from olmo_data.errors import DataError
+from olmo_data.io import file_size, is_remote, open_file, s3_client
+from olmo_data.manifest import DTYPES, read_manifest, resolve_dtype
+
+LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """One token file of the index: where it is, how to read it, and how many tokens it holds."""
+
+    path: str
+    dtype: str
+    num_tokens: int
+    label_mask_path: str | None = None
+
+    @property
+    def itemsize(self) -> int:
+        return int(np.dtype(DTYPES[self.dtype]).itemsize)
+
+
+@dataclass(frozen=True)
+class InstanceLocation:
+    """Where instance `index` lives: the file (by position in `InstanceSource.files`) and its first token."""
+
+    index: int
+    base_index: int  # the instance's number in the concatenation of all files (== index without a mix)
+    file_index: int
+    path: str
+    token_offset: int
+    source: str | None  # the mixture source name, None without a mix
+
+
+class RangeReader:
+    """Ranged reads of remote files with connection reuse and a small LRU cache of the ranges read.
+
+    Why: inspecting a batch reads a few hundred instances of a few KB each, scattered over files of many GB;
+    one HTTP range request per instance over a kept-alive session answers that quickly, whereas smart-open's
+    streaming readers would re-open a connection per seek. The cache makes repeated looks at the same batch
+    free.
+    """
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = capacity
+        self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._s3: Any = None
+        self.requests = 0  # how many ranges went over the network (tests check the cache with it)
+
+    def read(self, path: str, start: int, length: int) -> bytes:
+        key = (path, start, length)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        data = self._fetch(path, start, length)
+        if len(data) != length:
+            raise DataError(f"{path}: asked for bytes {start}..{start + length} but got {len(data)} bytes")
+        with self._lock:
+            self.requests += 1
+            self._cache[key] = data
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+        return data
+
+    def _fetch(self, path: str, start: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        end = start + length - 1  # HTTP and S3 ranges are inclusive
+        try:
+            if path.startswith(("http://", "https://")):
+                if self._session is None:
+                    import requests
+
+                    self._session = requests.Session()
+                r = self._session.get(path, headers={"Range": f"bytes={start}-{end}"}, timeout=60)
+                r.raise_for_status()
+                if r.status_code != 206:  # a server that ignores Range sends the whole file: take our slice
+                    return bytes(r.content[start : end + 1])
+                return bytes(r.content)
+            if path.startswith("s3://"):
+                if self._s3 is None:
+                    self._s3 = s3_client()
+                bucket, key = path[5:].split("/", 1)
+                obj = self._s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")
+                return bytes(obj["Body"].read())
+            with open_file(path, "rb", compression="disable") as f:  # gs:// and the rest: smart-open seeks
+                f.seek(start)
+                return bytes(f.read(length))
+        except DataError:
+            raise
+        except Exception as e:
+            raise DataError(
+                f"{path}: ranged read of bytes {start}..{end} failed ({type(e).__name__}: {e})"
+            ) from e
+
+
+_READER = RangeReader()
+
+
+def remote_reader() -> RangeReader:
+    """The process-wide reader for remote files (one connection pool, one cache)."""
+    return _READER
+
+
+def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[tuple[str, str, int | None, str | None]]:
+    """(token file, dtype, tokens if a manifest says, label mask from the manifest) for each path or
+    directory."""
+    out: list[tuple[str, str, int | None, str | None]] = []
+    for raw in paths:
+        path = str(raw)
+        path = path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+        is_dir = path.endswith("/") or (not is_remote(path) and os.path.isdir(path))
+        manifest = read_manifest(path) if is_dir or (is_remote(path) and not path.endswith(".npy")) else None
+        if manifest is None and is_dir:
+            raise DataError(
+                f"{path}: a directory without manifest.json; list its token files in data.paths "
+                "or re-run `olmo-data tokenize` to write one"
+            )
+        if manifest is not None:
+            recorded = str(manifest["dtype"])
+            if dtype is not None and dtype != recorded:
+                raise DataError(
+                    f"{path}: dtype {dtype} was requested but the directory's manifest says {recorded}; "
+                    f"drop the dtype option or fix it to {recorded}"
+                )
+            base = path.rstrip("/")
+            for entry in manifest.get("files", []):
+                tokens = entry.get("tokens")
+                mask = entry.get("label_mask")
+                out.append(
+                    (
+                        f"{base}/{entry['path']}",
+                        recorded,
+                        int(tokens) if tokens is not None else None,
+                        f"{base}/{mask}" if mask else None,
+                    )
+                )
+            continue
+        if not is_remote(path) and not os.path.exists(path):
+            raise DataError(f"{path}: token file not found; check data.paths")
+        out.append((path, resolve_dtype(path, dtype), None, None))
+    return out
+
+
+class InstanceSource:
+    """Fixed-length instances over token files (optionally through a mix): the one reader the trainer and
+    `inspect-batch` share, so that both see exactly the same tokens for an instance index.
+
+    Build it with `open_dataset`. All methods are read-only and thread-safe; memory maps are opened lazily.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[TokenFile],
+        sequence_length: int,
+        *,
+        mix: dict[str, Any] | None = None,
+        mix_selections: Sequence[np.ndarray] | None = None,
+        mix_file_ranges: Sequence[tuple[int, int]] | None = None,
+        mix_path: str | None = None,
+    ) -> None:
+        if sequence_length <= 0:
+            raise DataError(f"sequence_length must be a positive number of tokens, got {sequence_length}")
+        self.files = list(files)
+        self.sequence_length = int(sequence_length)
+        counts = np.array([f.num_tokens // self.sequence_length for f in self.files], dtype=np.int64)
+        # offsets[k] = first instance of file k; offsets[-1] = instances over all files (before any mix)
+        self.file_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.mix = mix
+        self.mix_path = mix_path
+        self._selections = list(mix_selections or [])
+        self._source_names = [str(s["name"]) for s in mix["sources"]] if mix else []
+        self._source_file_ranges = list(mix_file_ranges or [])
+        sel_counts = np.array([len(s) for s in self._selections], dtype=np.int64)
+        self._selection_offsets = np.concatenate([[0], np.cumsum(sel_counts)]).astype(np.int64)
+        self._maps: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.has_label_masks = any(f.label_mask_path for f in self.files)
+
+    # -- size and identity -----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self.mix is not None:
+            return int(self._selection_offsets[-1])
+        return int(self.file_offsets[-1])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the instances (leftovers at the end of each file excluded)."""
+        return len(self) * self.sequence_length
+
+    def fingerprint(self) -> str:
+        """A digest of what the instance numbers mean: token files (path, size, dtype), label masks, sequence
+        length and mix. It is stored beside a data order so that an order is never used with other data: if a
+        file is added, removed, reordered, grows or shrinks, or the sequence length or mix changes, the digest
+        changes.
+        """
+        h = hashlib.sha256()
+        h.update(json.dumps(self.describe(), sort_keys=True).encode())
+        return h.hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        """What `fingerprint()` digests, in readable form (recorded with an order to explain a mismatch)."""
+        return {
+            "sequence_length": self.sequence_length,
+            "files": [
+                [f.path, f.num_tokens * f.itemsize, f.dtype]
+                + ([f.label_mask_path] if f.label_mask_path else [])
+                for f in self.files
+            ],
+            "mix": self._mix_digest(),
+        }
+
+    def _mix_digest(self) -> str | None:
+        if self.mix is None:
+            return None
+        h = hashlib.sha256(json.dumps(self.mix, sort_keys=True).encode())
+        for sel in self._selections:
+            h.update(np.ascontiguousarray(sel, dtype="<i8").tobytes())
+        return h.hexdigest()[:16]
+
+    # -- locating instances ----------------------------------------------------------------------------------
+
+    def _check_indices(self, indices: np.ndarray) -> None:
+        n = len(self)
+        if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= n):
+            bad = int(indices.max()) if int(indices.max()) >= n else int(indices.min())
+            raise DataError(
+                f"instance index {bad} is out of range: the dataset has {n} instances of "
+                f"{self.sequence_length} tokens; was the order built for other data?"
+            )
+
+    def base_indices(self, indices: npt.ArrayLike) -> np.ndarray:
+        """Instance numbers in the concatenation of all files (what OLMo would call them), through the mix."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        self._check_indices(idx)
+        if self.mix is None:
+            return idx
+        src = np.searchsorted(self._selection_offsets, idx, side="right") - 1
+        out = np.empty_like(idx)
+        for s in np.unique(src):
+            here = src == s
+            local = np.asarray(self._selections[s])[idx[here] - self._selection_offsets[s]]
+            out[here] = local + self.file_offsets[self._source_file_ranges[s][0]]
+        return out
+
+    def locate_many(self, indices: npt.ArrayLike) -> list[InstanceLocation]:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        base = self.base_indices(idx)
+        file_idx = np.searchsorted(self.file_offsets, base, side="right") - 1
+        offsets = (base - self.file_offsets[file_idx]) * self.sequence_length
+        out = []
+        for i, b, k, off in zip(
+            idx.tolist(), base.tolist(), file_idx.tolist(), offsets.tolist(), strict=True
+        ):
+            out.append(InstanceLocation(i, b, k, self.files[k].path, off, self._source_of_file(k)))
+        return out
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """(token file path, offset of the instance's first token in it)."""
+        loc = self.locate_many([index])[0]
+        return loc.path, loc.token_offset
+
+    def _source_of_file(self, file_index: int) -> str | None:
+        for name, (lo, hi) in zip(self._source_names, self._source_file_ranges, strict=True):
+            if lo <= file_index < hi:
+                return name
+        return None
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def _local_map(self, path: str, dtype: Any) -> np.ndarray:
+        with self._lock:
+            arr = self._maps.get(path)
+            if arr is None:
+                arr = np.memmap(path, dtype=dtype, mode="r")
+                self._maps[path] = arr
+            return arr
+
+    def read_tokens(self, path: str, dtype: Any, offset: int, length: int) -> np.ndarray:
+        """`length` items of `dtype` at item `offset` of a local or remote headerless array."""
+        if is_remote(path):
+            itemsize = np.dtype(dtype).itemsize
+            raw = remote_reader().read(path, offset * itemsize, length * itemsize)
+            return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+        return np.asarray(self._local_map(path, dtype)[offset : offset + length])
+
+    def get_batch(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray | None]:
+        """Token ids (int64, shape (n, sequence_length)) of the given instances, in the given order, and their
+        label masks (bool, same shape; True = train on the token) when any file has one, else None.
+        """
+        locs = self.locate_many(indices)
+        L = self.sequence_length
+        tokens = np.empty((len(locs), L), dtype=np.int64)
+        masks = np.ones((len(locs), L), dtype=bool) if self.has_label_masks else None
+        for row, loc in enumerate(locs):
+            f = self.files[loc.file_index]
+            tokens[row] = self.read_tokens(f.path, DTYPES[f.dtype], loc.token_offset, L)
+            if masks is not None and f.label_mask_path:
+                masks[row] = self.read_tokens(f.label_mask_path, LABEL_MASK_DTYPE, loc.token_offset, L)
+        return tokens, masks
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.get_batch([index])[0][0]
+
+
+def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None) -> TokenFile:
+    """Size a token file (the manifest's count, checked against the file when local) and its label mask."""
+    itemsize = int(np.dtype(DTYPES[dtype]).itemsize)
+    if tokens is None or not is_remote(path):
+        try:
+            size = file_size(path)
+        except (OSError, DataError) as e:
+            raise DataError(f"{path}: cannot read the token file's size ({e}); check data.paths") from e
+        if size % itemsize:
+            raise DataError(
+                f"{path}: {size} bytes is not a whole number of {dtype} tokens; the file is truncated or its "
+                "dtype is wrong (set data.dtype, or re-run tokenize)"
+            )
+        if tokens is not None and tokens != size // itemsize:
+            raise DataError(
+                f"{path}: the manifest says {tokens} tokens but the file holds {size // itemsize}; "
+                "the directory changed after tokenizing; re-run tokenize"
+            )
+        tokens = size // itemsize
+    if mask is not None:
+        try:
+            mask_size = file_size(mask)
+        except (OSError, DataError) as e:
+            raise DataError(
+                f"{mask}: cannot read the label mask file ({e}); check data.label_mask_paths"
+            ) from e
+        if mask_size != tokens:
+            raise DataError(
+                f"{mask}: the label mask has {mask_size} entries but its token file {path} has {tokens} "
+                "tokens; "
+                "data.label_mask_paths must list one mask per token file, in the same order"
+            )
+    return TokenFile(path=path, dtype=dtype, num_tokens=int(tokens), label_mask_path=mask)
+
+
+def _files_for(
+    paths: Sequence[str], label_mask_paths: Sequence[str] | None, dtype: str | None
+) -> list[TokenFile]:
+    if isinstance(paths, str):
+        paths = [paths]
+    expanded = _expand_paths(paths, dtype)
+    if not expanded:
+        raise DataError("no token files: data.paths is empty (or its directories' manifests list no files)")
+    if label_mask_paths:
+        masks = [
+            str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)
+        ]
+        if len(masks) != len(expanded):
+            raise DataError(
+                f"data.label_mask_paths lists {len(masks)} files but data.paths expands to {len(expanded)} "
+                "token "
+                "files; give exactly one label mask per token file, in the same order"
+            )
+        expanded = [(p, d, t, m) for (p, d, t, _), m in zip(expanded, masks, strict=True)]
+    return [_token_file(*e) for e in expanded]
+
+
+def open_dataset(
+    paths: Sequence[str] | None = None,
+    *,
+    sequence_length: int,
+    label_mask_paths: Sequence[str] | None = None,
+    mix: str | None = None,
+    dtype: str | None = None,
+) -> InstanceSource:
+    """Open token files, token directories (expanded via their manifest, in manifest order) or a mix manifest.
+
+    Exactly one of `paths` and `mix` is given. `dtype` is only needed for token files without a manifest
+    (OLMo's default is uint16); when a manifest exists, a `dtype` that disagrees with it is an error rather
+    than a silent misread. `label_mask_paths` are aligned with the expanded token files, one per file.
+    """
+    if (paths is None) == (mix is None):
+        raise DataError(
+            "give either data.paths (token files or directories) or data.mix (a mix manifest), not both"
+        )
+    if mix is not None:
+        from olmo_data.mixture import open_mix
+
+        return open_mix(mix, sequence_length=sequence_length, dtype=dtype)
+    assert paths is not None
+    return InstanceSource(_files_for(paths, label_mask_paths, dtype), sequence_length)
+
+
+def open_from_config(config: dict[str, Any], *, base_dir: str | None = None) -> InstanceSource:
+    """The dataset a training config describes (keys `model.max_sequence_length` and `data.*`).
+
+    Relative local paths are taken relative to `base_dir` when given (the config file's directory is *not*
+    used by default, to match the trainer, which resolves them against the working directory).
+    """
+    data = config.get("data") or {}
+    model = config.get("model") or {}
+    if "max_sequence_length" not in model:
+        raise DataError("config: model.max_sequence_length is missing; it sets the instance length")
+
+    def rel(p: str) -> str:
+        p = str(p)
+        return p if is_remote(p) or base_dir is None or os.path.isabs(p) else os.path.join(base_dir, p)
+
+    if data.get("mix"):
+        return open_dataset(
+            sequence_length=int(model["max_sequence_length"]), mix=rel(data["mix"]), dtype=data.get("dtype")
+        )
+    if not data.get("paths"):
+        raise DataError(
+            "config: data.paths is missing or empty (and no data.mix); list token files or directories"
+        )
+    masks = data.get("label_mask_paths")
+    return open_dataset(
+        [rel(p) for p in data["paths"]],
+        sequence_length=int(model["max_sequence_length"]),
+        label_mask_paths=[rel(m) for m in masks] if masks else None,
+        dtype=data.get("dtype"),
+    )

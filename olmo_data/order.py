@@ -1,0 +1,417 @@
+"""Data orders: which instances each training step reads, OLMo's way, built once and stored.
+
+Semantics (identical to OLMo's, so its published `global_indices.npy` files work here and ours work there):
+
+* The order of epoch `e` (0-based) over `N` instances is `np.arange(N)` shuffled in place by
+  `np.random.Generator(np.random.PCG64(seed + e))`, stored headerless as uint32 (uint64 from 2**32 instances
+  on). Epoch 0 is `train_data/global_indices.npy`, epoch e > 0 is `train_data/global_indices_epoch{e}.npy`.
+* Batch `b` of an epoch (0-based) is `order[b*GBS:(b+1)*GBS]`; an epoch has `N // GBS` batches (the tail that
+does
+  not fill a batch is dropped). Training step `s` (1-based) trains global batch `s - 1`, counted across
+  epochs: epoch = (s - 1) // batches_per_epoch, batch in epoch = (s - 1) % batches_per_epoch.
+* Rank `r` of a world of `W` takes positions r, r+W, r+2W, ... of the global batch; W must divide GBS.
+
+The order never depends on the world size (OLMo pads the order to a multiple of the world size; cutting
+batches by the global batch size makes that unnecessary, and OLMo's padded file is a prefix-compatible
+superset of ours).
+
+Each order we write has a side file `global_indices[_epochE].json` with num_instances, seed, epoch, dtype and
+the data fingerprint (`InstanceSource.fingerprint()`), so an order is never silently used with other data. It
+is written before the order itself, and both atomically, so an order file that exists is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from olmo_data import __version__
+from olmo_data.errors import DataError
+from olmo_data.io import atomic_path, file_size, is_remote, open_file, write_json_atomic
+
+if TYPE_CHECKING:
+    from olmo_data.instances import InstanceSource
+
+log = logging.getLogger(__name__)
+
+ORDER_FORMAT = "olmo-data.order"
+ORDER_VERSION = 1
+TRAIN_DATA_DIR = "train_data"
+
+
+def order_dtype(num_instances: int) -> np.dtype[Any]:
+    """uint32, as OLMo writes, unless the instance numbers do not fit."""
+    return np.dtype(np.uint32) if num_instances < 2**32 else np.dtype(np.uint64)
+
+
+def build_order(num_instances: int, seed: int, epoch: int = 0) -> np.ndarray:
+    """The permutation of `range(num_instances)` for (seed, epoch): bit-identical to OLMo's global indices.
+
+    The permutation depends only on the length and the generator, not on the array's dtype, so shuffling
+    uint32 (4 bytes per instance) gives the same order as OLMo's while using half the memory of int64.
+    """
+    if num_instances < 0:
+        raise DataError(f"num_instances must be >= 0, got {num_instances}")
+    if seed + epoch < 0:
+        raise DataError(f"seed + epoch must be >= 0 for PCG64, got seed={seed}, epoch={epoch}")
+    order = np.arange(num_instances, dtype=order_dtype(num_instances))
+    np.random.Generator(np.random.PCG64(seed + epoch)).shuffle(order)
+    return order
+
+
+def order_file_name(epoch: int) -> str:
+    return "global_indices.npy" if epoch == 0 else f"global_indices_epoch{epoch}.npy"
+
+
+def order_path_for_epoch(location: str, epoch: int) -> str:
+    """The order file of `epoch`, given a directory (`save_folder/train_data`) or the explicit epoch-0 file.
+
+    For an explicit file `X.npy`, epoch e > 0 is `X_epoch{e}.npy` beside it, mirroring the default names.
+    """
+    location = str(location)
+    if location.endswith(".npy"):
+        if epoch == 0:
+            return location
+        return f"{location[: -len('.npy')]}_epoch{epoch}.npy"
+    return f"{location.rstrip('/')}/{order_file_name(epoch)}"
+
+
+def side_file(order_path: str) -> str:
+    """`global_indices.npy` -> `global_indices.json`: where the order's description lives."""
+    order_path = str(order_path)
+    return (order_path[: -len(".npy")] if order_path.endswith(".npy") else order_path) + ".json"
+
+
+def read_order_info(order_path: str) -> dict[str, Any] | None:
+    """The side file of an order, or None for an order without one (for example one that OLMo wrote)."""
+    path = side_file(order_path)
+    if not is_remote(path) and not os.path.exists(path):
+        return None
+    try:
+        with open_file(path, "rt", compression="disable") as f:
+            info = json.load(f)
+    except DataError:
+        if is_remote(path):
+            return None
+        raise
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e}); delete it and the order beside it and rebuild") from e
+    if not isinstance(info, dict) or info.get("format") != ORDER_FORMAT:
+        raise DataError(f"{path}: not an olmo-data order description (format != {ORDER_FORMAT!r})")
+    return info
+
+
+def write_order(
+    order_path: str,
+    order: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    source: InstanceSource | None = None,
+) -> str:
+    """Write an order and its side file atomically (side file first, so an existing order is always
+    complete)."""
+    info: dict[str, Any] = {
+        "format": ORDER_FORMAT,
+        "version": ORDER_VERSION,
+        "tool_version": __version__,
+        "num_instances": int(len(order)),
+        "seed": int(seed),
+        "epoch": int(epoch),
+        "dtype": str(order.dtype),
+        "permutation": "np.random.Generator(np.random.PCG64(seed + epoch)).shuffle(np.arange(num_instances))",
+    }
+    if source is not None:
+        info["data_fingerprint"] = source.fingerprint()
+        info["sequence_length"] = source.sequence_length
+        info["data"] = source.describe()
+    write_json_atomic(side_file(order_path), info)
+    with atomic_path(order_path) as tmp:
+        np.ascontiguousarray(order, dtype=order.dtype.newbyteorder("<")).tofile(tmp)
+    return str(order_path)
+
+
+def _check_matches(
+    order_path: str, info: dict[str, Any] | None, source: InstanceSource, seed: int | None, epoch: int | None
+) -> None:
+    n = len(source)
+    if info is None:
+        size = file_size(order_path)
+        if size % 4 or size // 4 > n:
+            raise DataError(
+                f"{order_path}: {size} bytes is not an order of at most {n} uint32 instance numbers; it was "
+                "built "
+                "for other data. Delete it to rebuild, or fix data.paths"
+            )
+        return
+    fp = info.get("data_fingerprint")
+    if fp is not None and fp != source.fingerprint():
+        recorded = info.get("data", {})
+        now = source.describe()
+        what = []
+        if recorded.get("sequence_length") != now["sequence_length"]:
+            what.append(f"sequence length {recorded.get('sequence_length')} -> {now['sequence_length']}")
+        old_files = {tuple(f[:2]) for f in recorded.get("files", [])}
+        new_files = {tuple(f[:2]) for f in now["files"]}
+        if old_files != new_files:
+            gone = sorted(p for p, _ in old_files - new_files)
+            added = sorted(p for p, _ in new_files - old_files)
+            what.append(f"files no longer as recorded: {gone[:3]}; new or changed: {added[:3]}")
+        elif [f[0] for f in recorded.get("files", [])] != [f[0] for f in now["files"]]:
+            what.append("the same files in another order")
+        if recorded.get("mix") != now["mix"]:
+            what.append("the mix changed")
+        raise DataError(
+            f"{order_path}: this order was built for other data (data fingerprint {fp}, now "
+            f"{source.fingerprint()}: {'; '.join(what) or 'files or dtypes differ'}). The data paths "
+            "changed since "
+            "the order was built: restore them, or use a new save_folder (or data.order_path) to build a "
+            "new order"
+        )
+    if int(info["num_instances"]) != n:
+        raise DataError(
+            f"{order_path}: the order has {info['num_instances']} instances but the data has {n}; rebuild "
+            "the order"
+        )
+    for key, want in (("seed", seed), ("epoch", epoch)):
+        if want is not None and int(info[key]) != int(want):
+            raise DataError(
+                f"{order_path}: the order was built with {key}={info[key]}, but {key}={want} was asked for; "
+                "use the original seed or a new save_folder"
+            )
+
+
+def ensure_order(train_data_dir: str, source: InstanceSource, seed: int, epoch: int = 0) -> str:
+    """The path of epoch `epoch`'s order for `source` in `train_data_dir`, building it if it does not exist.
+
+    An existing order is reused only if its side file says it was built for the same data (fingerprint), seed
+    and epoch; otherwise this raises DataError rather than train on an order that names other instances. An
+    order without a side file (OLMo's) is accepted when its length fits the data. Safe to call from many
+    processes at once: they write identical bytes to temporary names and rename.
+    `train_data_dir` may also be an explicit epoch-0 order file path (`data.order_path`).
+    """
+    path = order_path_for_epoch(train_data_dir, epoch)
+    if is_remote(path):
+        if read_order_info(path) is None and not _remote_exists(path):
+            raise DataError(f"{path}: order file not found, and orders can only be built on local disk")
+        _check_matches(path, read_order_info(path), source, seed, epoch)
+        return path
+    if os.path.exists(path):
+        _check_matches(path, read_order_info(path), source, seed, epoch)
+        return path
+    log.info("building the data order of epoch %d over %d instances: %s", epoch, len(source), path)
+    return write_order(path, build_order(len(source), seed, epoch), seed=seed, epoch=epoch, source=source)
+
+
+def _remote_exists(path: str) -> bool:
+    try:
+        file_size(path)
+        return True
+    except Exception:
+        return False
+
+
+def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray:
+    """The order at `path` as a read-only memory map (remote orders are fetched once into the local cache).
+
+    With `expected_fingerprint`, an order whose side file records another data fingerprint is refused.
+    """
+    path = str(path)
+    info = _checked_info(path, expected_fingerprint)
+    dtype = np.dtype(info["dtype"]) if info else np.dtype(np.uint32)
+    local = path
+    if is_remote(path):
+        from cached_path import cached_path
+
+        try:
+            local = str(cached_path(path))
+        except Exception as e:
+            raise DataError(f"{path}: cannot fetch the order file ({type(e).__name__}: {e})") from e
+    elif not os.path.exists(path):
+        raise DataError(
+            f"{path}: order file not found; build it with `olmo-data build-order` or check the path"
+        )
+    if os.path.getsize(local) == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(local, dtype=dtype.newbyteorder("<"), mode="r")
+
+
+def _checked_info(path: str, expected_fingerprint: str | None) -> dict[str, Any] | None:
+    info = read_order_info(path)
+    if info is not None and expected_fingerprint is not None:
+        fp = info.get("data_fingerprint")
+        if fp is not None and fp != expected_fingerprint:
+            raise DataError(
+                f"{path}: this order was built for other data (data fingerprint {fp}, expected "
+                f"{expected_fingerprint}); the data paths changed since the order was built: restore them, "
+                "or "
+                "build a new order in a new save_folder"
+            )
+    return info
+
+
+def read_order_range(
+    path: str,
+    start: int,
+    stop: int,
+    *,
+    expected_fingerprint: str | None = None,
+    num_instances: int | None = None,
+) -> np.ndarray:
+    """order[start:stop] without reading the whole order: a memory-map slice locally, one ranged read
+    remotely.
+
+    Raises DataError when the order file is missing or shorter than `stop`. `num_instances` picks the dtype of
+    an order without a side file (uint32 unless there are 2**32 instances or more).
+    """
+    path = str(path)
+    if not is_remote(path) and not os.path.exists(path):
+        raise DataError(
+            f"{path}: order file not found; build it with `olmo-data build-order CONFIG` (or train once), "
+            "or set "
+            "data.order_path to the order file"
+        )
+    info = _checked_info(path, expected_fingerprint)
+    dtype = np.dtype(info["dtype"]) if info else order_dtype(num_instances or 0)
+    try:
+        length = file_size(path) // dtype.itemsize
+    except Exception as e:
+        raise DataError(f"{path}: order file not found or unreadable ({type(e).__name__}: {e})") from e
+    if stop > length:
+        raise DataError(
+            f"{path}: the order holds {length} instances, fewer than the {stop} needed; the step is past "
+            "the end "
+            "of the order"
+        )
+    if is_remote(path):
+        from olmo_data.instances import remote_reader
+
+        raw = remote_reader().read(path, start * dtype.itemsize, (stop - start) * dtype.itemsize)
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).copy()
+    return np.array(np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r")[start:stop])
+
+
+# -- steps, batches and ranks --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchPosition:
+    """Where a global batch sits in the data: `global_batch` counts across epochs (= step - 1)."""
+
+    global_batch: int
+    epoch: int
+    batch_in_epoch: int
+    batches_per_epoch: int
+
+    @property
+    def step(self) -> int:
+        return self.global_batch + 1
+
+    def order_range(self, global_batch_size: int) -> tuple[int, int]:
+        """[start, stop) of this batch in its epoch's order."""
+        return self.batch_in_epoch * global_batch_size, (self.batch_in_epoch + 1) * global_batch_size
+
+
+def batches_per_epoch(num_instances: int, global_batch_size: int) -> int:
+    """Full global batches in one pass over the data (OLMo drops the tail that does not fill one)."""
+    if global_batch_size <= 0:
+        raise DataError(f"global_train_batch_size must be positive, got {global_batch_size}")
+    return num_instances // global_batch_size
+
+
+def batch_position(global_batch: int, global_batch_size: int, num_instances: int) -> BatchPosition:
+    """Epoch and batch-in-epoch of 0-based global batch `global_batch` (what `--batch-index` names)."""
+    if global_batch < 0:
+        raise DataError(f"batch index must be >= 0, got {global_batch}")
+    per_epoch = batches_per_epoch(num_instances, global_batch_size)
+    if per_epoch == 0:
+        raise DataError(
+            f"the data has {num_instances} instances, fewer than one global batch of {global_batch_size}; "
+            "add data or lower global_train_batch_size"
+        )
+    return BatchPosition(global_batch, global_batch // per_epoch, global_batch % per_epoch, per_epoch)
+
+
+def step_position(step: int, global_batch_size: int, num_instances: int) -> BatchPosition:
+    """Epoch and batch-in-epoch of 1-based training step `step` (it trains global batch step - 1)."""
+    if step < 1:
+        raise DataError(f"training steps count from 1 (step N trains batch N-1), got step {step}")
+    return batch_position(step - 1, global_batch_size, num_instances)
+
+
+def batch_from_order(order: np.ndarray, batch_in_epoch: int, global_batch_size: int) -> np.ndarray:
+    """`order[b*GBS:(b+1)*GBS]`, OLMo's README formula, refusing a batch past the end of the order."""
+    start, stop = batch_in_epoch * global_batch_size, (batch_in_epoch + 1) * global_batch_size
+    if batch_in_epoch < 0 or stop > len(order):
+        raise DataError(
+            f"batch {batch_in_epoch} is past the end of the order: it holds {len(order)} instances = "
+            f"{len(order) // global_batch_size} batches of {global_batch_size}"
+        )
+    return np.asarray(order[start:stop])
+
+
+def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """The part of a global batch that rank `rank` of `world_size` trains on: positions rank, rank+W, ...
+
+    This is OLMo's strided split; each position goes to exactly one rank, and the per-rank batch size is
+    GBS / W, so W must divide the global batch size.
+    """
+    if world_size <= 0 or not 0 <= rank < world_size:
+        raise DataError(f"rank must be in [0, world size), got rank {rank} of world size {world_size}")
+    if len(batch) % world_size:
+        raise DataError(
+            f"world size {world_size} does not divide the global batch size {len(batch)}; each rank must get "
+            "the same number of instances"
+        )
+    return batch[rank::world_size]
+
+
+def rank_positions(global_batch_size: int, rank: int, world_size: int) -> np.ndarray:
+    """Positions in the global batch of rank `rank`'s instances (see `rank_slice`)."""
+    return rank_slice(np.arange(global_batch_size), rank, world_size)
+
+
+def global_batch_indices(
+    order_location: str,
+    step: int,
+    global_batch_size: int,
+    *,
+    num_instances: int,
+    expected_fingerprint: str | None = None,
+) -> np.ndarray:
+    """Instance indices of training step `step`'s global batch, read from the order of the step's epoch.
+
+    `order_location` is the `train_data` directory or an explicit epoch-0 order file (local path or URL). Only
+    the batch's slice is read. A missing epoch order or a step past its end raises DataError naming the file.
+    """
+    pos = step_position(step, global_batch_size, num_instances)
+    path = order_path_for_epoch(order_location, pos.epoch)
+    start, stop = pos.order_range(global_batch_size)
+    if not is_remote(path) and not os.path.exists(path):
+        raise DataError(
+            f"{path}: order file not found (step {step} is batch {pos.batch_in_epoch} of epoch {pos.epoch}, "
+            f"{pos.batches_per_epoch} batches per epoch); build it with "
+            f"`olmo-data build-order CONFIG --epoch {pos.epoch}` or check save_folder / data.order_path"
+        )
+    try:
+        return read_order_range(
+            path, start, stop, expected_fingerprint=expected_fingerprint, num_instances=num_instances
+        )
+    except DataError as e:
+        if "past the end" in str(e):
+            raise DataError(f"step {step} is past the end of the order: {e}") from e
+        raise
+
+
+def default_order_location(save_folder: str) -> str:
+    return (
+        str(Path(save_folder) / TRAIN_DATA_DIR)
+        if not is_remote(save_folder)
+        else (f"{save_folder.rstrip('/')}/{TRAIN_DATA_DIR}")
+    )
