@@ -1,0 +1,282 @@
+"""Checkpoints that survive being killed at any moment and load on any number of ranks.
+
+Layout of `save_folder`:
+  stepN/                  sharded: torch.distributed.checkpoint files (model + optimizer), rng/rankR.pt,
+                          trainer_state.json
+  stepN-unsharded/        one file per state: model.pt, optim.pt, plus rng/rank0.pt and trainer_state.json
+  latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
+A checkpoint is written under `.tmp-stepN…` and renamed into place by rank 0 after every rank has finished
+writing; `trainer_state.json` is written last, so a directory without it is never taken for a checkpoint. A
+sharded checkpoint loads on a different world size (DCP reshards); an unsharded one loads anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+
+from olmo_data.errors import DataError
+from olmo_data.io import is_remote, write_json_atomic
+from olmo_train.distributed import Dist, barrier, broadcast_object
+
+log = logging.getLogger(__name__)
+
+TRAINER_STATE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+# test hook: seconds to sleep after the shards are written and before the checkpoint is made complete
+PAUSE_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE"
+
+
+@dataclass
+class TrainerState:
+    """Where a run is. Everything needed to continue it exactly, besides model and optimizer tensors."""
+
+    step: int = 0
+    epoch: int = 0
+    tokens_seen: int = 0
+    instances_seen: int = 0
+    world_size: int = 1
+    global_train_batch_size: int = 0
+    sequence_length: int = 0
+    seed: int = 0
+    data_fingerprint: str = ""
+    run_name: str = ""
+    wandb_run_id: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TrainerState:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _begin(folder: Path, name: str, d: Dist) -> Path:
+    tmp = folder / f".tmp-{name}"
+    if d.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        (tmp / "rng").mkdir()
+    barrier()
+    return tmp
+
+
+def _finish(
+    folder: Path, name: str, tmp: Path, state: TrainerState, pointer: str, keep: int, d: Dist
+) -> Path:
+    pause = float(os.environ.get(PAUSE_ENV, 0) or 0)
+    if pause and d.is_main:
+        (folder / f"{name}.saving").write_text("paused inside a checkpoint write (test hook)\n")
+        time.sleep(pause)
+    barrier()  # every rank has written its part
+    final = folder / name
+    if d.is_main:
+        write_json_atomic(tmp / TRAINER_STATE, asdict(state))  # last file: marks the checkpoint complete
+        if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _point(folder / pointer, name)
+        _prune(folder, unsharded=name.endswith("-unsharded"), keep=keep)
+    barrier()
+    return final
+
+
+def _point(link: Path, target: str) -> None:
+    tmp = link.with_name(f".tmp-{link.name}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def _prune(folder: Path, unsharded: bool, keep: int) -> None:
+    if keep < 0:
+        return
+    complete = [
+        (step, path) for step, is_unsharded, path in list_checkpoints(folder) if is_unsharded == unsharded
+    ]
+    for _, path in sorted(complete)[: max(0, len(complete) - keep)]:
+        log.info("removing old checkpoint %s (keeping the last %d)", path, keep)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def save_sharded(
+    folder: Path, model: nn.Module, optim: torch.optim.Optimizer, state: TrainerState, keep: int, d: Dist
+) -> Path:
+    name = f"step{state.step}"
+    tmp = _begin(folder, name, d)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    torch.save(rng_state(), tmp / "rng" / f"rank{d.rank}.pt")
+    return _finish(folder, name, tmp, state, "latest", keep, d)
+
+
+def save_unsharded(
+    folder: Path, model: nn.Module, optim: torch.optim.Optimizer, state: TrainerState, keep: int, d: Dist
+) -> Path:
+    name = f"step{state.step}-unsharded"
+    tmp = _begin(folder, name, d)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)  # collectives: every rank takes part
+    optim_sd = get_optimizer_state_dict(model, optim, options=opts)
+    if d.is_main:
+        torch.save(model_sd, tmp / "model.pt")
+        torch.save(optim_sd, tmp / "optim.pt")
+        torch.save(rng_state(), tmp / "rng" / "rank0.pt")
+    return _finish(folder, name, tmp, state, "latest-unsharded", keep, d)
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
+    """Complete checkpoints in a save folder: (step, is_unsharded, path)."""
+    out = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and not p.is_symlink() and (p / TRAINER_STATE).is_file():
+                out.append((int(m.group(1)), bool(m.group(2)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint, sharded preferred over unsharded at the same step."""
+    found = list_checkpoints(folder)
+    if not found:
+        return None
+    return max(found, key=lambda t: (t[0], not t[1]))[2]
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Leftovers of a run killed while saving: never complete, never read; delete them."""
+    for p in folder.glob(".tmp-step*"):
+        log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
+        shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob("step*.saving"):
+        p.unlink(missing_ok=True)
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    state_path = path / TRAINER_STATE
+    if not state_path.is_file():
+        raise DataError(f"{path}: not a complete checkpoint (no {TRAINER_STATE}); give a stepN directory")
+    return TrainerState.from_json(json.loads(state_path.read_text()))
+
+
+def localize(load_path: str, d: Dist) -> Path:
+    """A local directory holding the checkpoint at `load_path` (remote ones fetched through cached-path)."""
+    if not is_remote(load_path):
+        path = Path(load_path).expanduser()
+        if not path.is_dir():
+            raise DataError(f"load_path {load_path}: no such checkpoint directory")
+        return path
+    local: Path | None = None
+    if d.local_rank == 0:
+        local = _download(load_path.rstrip("/"))
+    barrier()
+    if d.local_rank != 0:
+        local = _download(load_path.rstrip("/"))  # already in the cache: only resolves the paths
+    assert local is not None
+    return local
+
+
+def _download(url: str) -> Path:
+    from cached_path import cached_path
+
+    def fetch(name: str) -> Path:
+        try:
+            return Path(cached_path(f"{url}/{name}"))
+        except Exception as e:
+            raise DataError(f"load_path {url}: cannot fetch {name} ({type(e).__name__}: {e})") from e
+
+    state = fetch(TRAINER_STATE)
+    dest = state.parent / f"checkpoint-{abs(hash(url)) % 10**12}"
+    dest.mkdir(exist_ok=True)
+    names = [TRAINER_STATE]
+    try:
+        fetch("model.pt")
+        names += ["model.pt", "optim.pt"]
+    except DataError:  # sharded: the metadata lists the shard files
+        meta = fetch(".metadata")
+        with open(meta, "rb") as f:
+            metadata = pickle.load(f)
+        names += [".metadata"] + sorted({info.relative_path for info in metadata.storage_data.values()})
+    for name in names:
+        target = dest / name
+        if not target.exists():
+            shutil.copyfile(fetch(name), target)
+    return dest
+
+
+def load_checkpoint(
+    path: Path, model: nn.Module, optim: torch.optim.Optimizer | None, d: Dist, *, restore_rng: bool = True
+) -> TrainerState:
+    """Load weights (and optimizer state unless `optim` is None) from a sharded or unsharded checkpoint."""
+    state = read_trainer_state(path)
+    if (path / "model.pt").is_file():
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(
+            model, torch.load(path / "model.pt", map_location="cpu", weights_only=True), options=opts
+        )
+        if optim is not None:
+            optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
+            set_optimizer_state_dict(model, optim, optim_sd, options=opts)
+    elif optim is None:
+        model_sd = get_model_state_dict(model)
+        dcp.load({"model": model_sd}, checkpoint_id=str(path))
+        set_model_state_dict(model, model_sd)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optim)
+        dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    rng_file = path / "rng" / f"rank{d.rank}.pt"
+    if restore_rng and rng_file.is_file():  # a rank that did not exist in the saving run keeps its seeded RNG
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return state
+
+
+def agree_on_checkpoint(candidate: Path | None) -> Path | None:
+    """Rank 0's choice, so that every rank loads the same checkpoint even if they see the filesystem
+    differently."""
+    chosen = broadcast_object(str(candidate) if candidate else None)
+    return Path(chosen) if isinstance(chosen, str) else None

@@ -1,0 +1,359 @@
+"""The training config: typed dataclasses, loaded from YAML, overridden by `--key.sub=value` arguments.
+
+Field names follow OLMo's where OLMo has one, so an OLMo user reads a config without a glossary. Every value
+is checked against its field's type at start: a typo or a wrong type fails before any process group or model
+exists, with the key, the problem and a suggestion. This module does not import torch, so loading a config is
+cheap (the data tools read the same file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from olmo_data.errors import DataError
+
+
+class ConfigError(DataError):
+    """A config key or value that is wrong; the message names the key, the problem and what to do."""
+
+
+@dataclass
+class ModelConfig:
+    """An OLMo-2-style decoder. Defaults are OLMo-2's choices (reordered norm, QK-norm, no biases, no
+    tying)."""
+
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: as many as n_heads (no GQA)
+    n_layers: int = 12
+    mlp_hidden_size: int | None = (
+        None  # SwiGLU hidden size; None: 8/3 * d_model rounded up to a multiple of 128
+    )
+    vocab_size: int = 50280
+    embedding_size: int | None = None  # rows of the embedding (vocab padded for speed); None: vocab_size
+    max_sequence_length: int = 1024
+    rope_theta: float = 500_000.0
+    layer_norm_eps: float = 1e-6
+    attention_layer_norm: bool = True  # QK-norm
+    norm_after: bool = True  # OLMo-2's reordered norm; false gives the classic pre-norm block
+    weight_tying: bool = False
+    init_std: float = 0.02
+    flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    learning_rate: float = 4e-4
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    decay_norm_and_bias: bool = False
+    decay_embeddings: bool = False
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`."""
+
+    name: str = (
+        "cosine_with_warmup"  # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup
+    )
+    units: str = "steps"  # steps | tokens
+    t_warmup: int = 0
+    t_max: int | None = None  # None: the run's length (max_duration)
+    alpha_f: float = 0.1  # final lr = alpha_f * learning_rate
+    warmup_min_lr: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)
+    label_mask_paths: list[str] | None = None
+    mix: str | None = None
+    dtype: str | None = None
+    order_path: str | None = None  # default: save_folder/train_data/global_indices.npy
+
+
+@dataclass
+class EvaluatorConfig:
+    label: str = "validation"
+    paths: list[str] = field(default_factory=list)
+    dtype: str | None = None
+    max_batches: int | None = None  # None: every instance
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str | None = None
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None  # default: run_name
+    mode: str = "online"  # online | offline
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "olmo-run"
+    seed: int = 6198
+    save_folder: str = "runs/olmo-run"
+    load_path: str | None = None  # used when save_folder holds no checkpoint yet
+    reset_trainer_state: bool = False  # load weights only from load_path; start at step 0 (fine-tuning)
+    force_load: bool = False  # accept a checkpoint whose data fingerprint differs from this config's data
+    max_duration: int | str = 1000  # steps (int), "…T" tokens or "…ep" epochs
+    stop_at: int | None = None  # stop (with a checkpoint) after this step, e.g. to split a run in pieces
+    global_train_batch_size: int = 512  # instances per optimizer step, all ranks together
+    device_train_microbatch_size: int = 8  # instances per forward/backward on one rank
+    device_eval_batch_size: int = 8
+    distributed_strategy: str = "fsdp"  # fsdp | ddp | single
+    precision: str = "amp_bf16"  # amp_bf16 (on GPU; CPU runs fp32) | fp32
+    max_grad_norm: float | None = 1.0
+    save_interval: int | None = 1000  # sharded checkpoint every N steps
+    save_interval_unsharded: int | None = None  # single-file checkpoint every N steps
+    save_num_checkpoints_to_keep: int = -1  # -1: keep all
+    save_num_unsharded_checkpoints_to_keep: int = -1
+    console_log_interval: int = 1
+    eval_interval: int | None = None
+    evaluators: list[EvaluatorConfig] = field(default_factory=list)
+    compile: bool = False  # torch.compile each block
+    peak_flops_per_device: float | None = None  # for MFU; None: guessed from the GPU's name
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "distributed_strategy": ("fsdp", "ddp", "single"),
+    "precision": ("amp_bf16", "fp32"),
+    "optimizer.name": ("adamw",),
+    "scheduler.name": ("constant", "constant_with_warmup", "linear_with_warmup", "cosine_with_warmup"),
+    "scheduler.units": ("steps", "tokens"),
+    "data.dtype": ("uint16", "uint32"),
+    "wandb.mode": ("online", "offline"),
+}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = ()
+) -> TrainConfig:
+    """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{path}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+        raw = loaded or {}
+    for key, value in parse_overrides(list(overrides)):
+        _set_dotted(raw, key, value)
+    cfg = _build(TrainConfig, raw, prefix="")
+    _check(cfg)
+    return cfg
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
+    """`--a.b=1 --c [x,y] --flag` -> [("a.b", 1), ("c", ["x", "y"]), ("flag", True)]; values parsed as
+    YAML."""
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"{arg!r}: expected an override like --key.sub=value")
+        key, eq, text = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                text = args[i + 1]
+                i += 1
+            else:
+                text = "true"
+        key = key.replace("-", "_")
+        out.append((key, _parse_scalar(text)))
+        i += 1
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the config"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+    kwargs = {key: _coerce(hints[key], value, f"{prefix}{key}") for key, value in raw.items()}
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it converted (ints to floats, tuples to lists)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"config key {key!r}: got {value!r}, expected {_type_name(tp)}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str) and item is str:
+            value = [value]  # a single path where a list was expected
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(
+                f"config key {key!r}: got {value!r}, expected a list ({_type_name(tp)}), e.g. [a,b]"
+            )
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"config key {key!r}: unsupported annotation {tp!r}")
+    raise ConfigError(
+        f"config key {key!r}: got {value!r} ({type(value).__name__}), expected {_type_name(tp)}"
+    )
+
+
+def _check(cfg: TrainConfig) -> None:
+    for dotted, choices in CHOICES.items():
+        value = _get_dotted(cfg, dotted)
+        if value is not None and value not in choices:
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"config key {dotted!r}: got {value!r}, expected one of {list(choices)}{hint}")
+    parse_duration(cfg.max_duration)
+    for key in ("global_train_batch_size", "device_train_microbatch_size", "device_eval_batch_size"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"config key {key!r}: must be positive, got {getattr(cfg, key)}")
+    m = cfg.model
+    if m.d_model % m.n_heads:
+        raise ConfigError(
+            f"config key 'model.d_model': {m.d_model} is not divisible by model.n_heads={m.n_heads}"
+        )
+    if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
+        raise ConfigError(
+            f"config key 'model.n_kv_heads': model.n_heads={m.n_heads} is not a multiple of {m.n_kv_heads}"
+        )
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError("config key 'model.d_model': the head size d_model/n_heads must be even for RoPE")
+    if m.embedding_size is not None and m.embedding_size < m.vocab_size:
+        raise ConfigError(
+            f"config key 'model.embedding_size': {m.embedding_size} < model.vocab_size={m.vocab_size}"
+        )
+    if len(cfg.optimizer.betas) != 2:
+        raise ConfigError(f"config key 'optimizer.betas': expected two numbers, got {cfg.optimizer.betas}")
+    if not cfg.data.paths and not cfg.data.mix:
+        raise ConfigError("config: no training data; set data.paths (token files or directories) or data.mix")
+    if cfg.data.paths and cfg.data.mix:
+        raise ConfigError("config: set either data.paths or data.mix, not both")
+    if cfg.data.label_mask_paths is not None and len(cfg.data.label_mask_paths) != len(cfg.data.paths):
+        raise ConfigError(
+            f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "
+            f"{len(cfg.data.paths)} data.paths; give one label mask per token file"
+        )
+
+
+def _get_dotted(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+_DURATION = re.compile(r"^\s*([0-9.eE+_]+)\s*(T|ep)?\s*$")
+
+
+def parse_duration(value: int | str) -> tuple[float, str]:
+    """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs")."""
+    if isinstance(value, int):
+        return float(value), "steps"
+    match = _DURATION.match(value)
+    if match:
+        try:
+            number = float(match.group(1).replace("_", ""))
+        except ValueError:
+            number = -1.0
+        if number > 0:
+            return number, {None: "steps", "T": "tokens", "ep": "epochs"}[match.group(2)]
+    raise ConfigError(
+        f"config key 'max_duration': got {value!r}, expected steps (1000), tokens ('2e9T') or epochs ('1ep')"
+    )
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: TrainConfig, path: str | os.PathLike[str]) -> None:
+    """Write the resolved config (defaults and overrides applied) so a run can be reproduced from its
+    folder."""
+    from olmo_data.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,167 @@
+"""The trainer's side of the data: a thin layer over `olmo_data` that turns a step number into this rank's
+batch.
+
+Everything about which instances a step trains (the order files, epochs, the rank split) is
+`olmo_data.order`'s, the same code `olmo-data build-order` and `inspect-batch` run, so the trainer cannot
+drift from the tools. Rank 0 reads the whole global batch (the others only their rows) to log the batch
+fingerprint `inspect-batch` prints. The next step's batch is read on a background thread while the current
+step computes.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from olmo_data.errors import DataError
+from olmo_data.fingerprint import batch_fingerprint
+from olmo_data.instances import InstanceSource, open_dataset
+from olmo_data.order import (
+    batches_per_epoch,
+    default_order_location,
+    ensure_order,
+    global_batch_indices,
+    rank_slice,
+    step_position,
+)
+from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
+from olmo_train.distributed import Dist, barrier
+
+
+@dataclass
+class Batch:
+    step: int
+    epoch: int
+    input_ids: torch.Tensor  # (local batch, L) int64
+    label_mask: torch.Tensor | None  # (local batch, L) bool; True = the token is a training target
+    fingerprint: str | None  # of the global batch; rank 0 only
+
+
+def open_train_source(cfg: TrainConfig) -> InstanceSource:
+    return open_dataset(
+        cfg.data.paths or None,
+        sequence_length=cfg.model.max_sequence_length,
+        label_mask_paths=cfg.data.label_mask_paths,
+        mix=cfg.data.mix,
+        dtype=cfg.data.dtype,
+    )
+
+
+class TrainData:
+    def __init__(self, cfg: TrainConfig, d: Dist) -> None:
+        self.cfg, self.d = cfg, d
+        self.gbs = cfg.global_train_batch_size
+        if self.gbs % d.world_size:
+            raise ConfigError(
+                f"config key 'global_train_batch_size': {self.gbs} is not divisible by the world size "
+                f"{d.world_size}; every rank must get the same number of instances"
+            )
+        self.source = open_train_source(cfg)
+        self.num_instances = len(self.source)
+        self.batches_per_epoch = batches_per_epoch(self.num_instances, self.gbs)
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"data.paths hold {self.num_instances} instances of {cfg.model.max_sequence_length} "
+                f"tokens, fewer than one global batch of {self.gbs}; add data or lower global_train_batch_size"
+            )
+        self.fingerprint = self.source.fingerprint()
+        self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
+        self._epochs_ready: set[int] = set()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="olmo-train-data")
+        self._pending: tuple[int, Future[Batch]] | None = None
+
+    def total_steps(self) -> int:
+        """max_duration in steps: steps as given, tokens rounded up to whole steps, epochs of full batches."""
+        amount, unit = parse_duration(self.cfg.max_duration)
+        if unit == "tokens":
+            return math.ceil(amount / (self.gbs * self.cfg.model.max_sequence_length))
+        if unit == "epochs":
+            return max(1, round(amount * self.batches_per_epoch))
+        return int(amount)
+
+    def epoch_of(self, step: int) -> int:
+        return (step - 1) // self.batches_per_epoch
+
+    def ensure_epoch(self, epoch: int) -> None:
+        """Build the epoch's order on rank 0 (if absent) before any rank reads it. Collective."""
+        if epoch in self._epochs_ready:
+            return
+        if self.d.is_main:
+            ensure_order(self.order_location, self.source, self.cfg.seed, epoch)
+        barrier()
+        self._epochs_ready.add(epoch)
+
+    def batch(self, step: int) -> Batch:
+        """This rank's part of step `step`'s global batch; prefetches the next step's."""
+        self.ensure_epoch(self.epoch_of(step))
+        if self._pending is not None and self._pending[0] == step:
+            result = self._pending[1].result()
+        else:
+            result = self._read(step)
+        nxt = step + 1
+        if self.epoch_of(nxt) in self._epochs_ready:
+            self._pending = (nxt, self._pool.submit(self._read, nxt))
+        else:
+            self._pending = None
+        return result
+
+    def _read(self, step: int) -> Batch:
+        indices = global_batch_indices(
+            self.order_location, step, self.gbs, num_instances=self.num_instances
+        ).astype(np.int64)
+        fingerprint = None
+        if self.d.is_main:
+            tokens, masks = self.source.get_batch(indices)
+            fingerprint = batch_fingerprint(tokens)
+            tokens = rank_slice(tokens, 0, self.d.world_size)
+            masks = rank_slice(masks, 0, self.d.world_size) if masks is not None else None
+        else:
+            tokens, masks = self.source.get_batch(rank_slice(indices, self.d.rank, self.d.world_size))
+        pos = step_position(step, self.gbs, self.num_instances)
+        return Batch(
+            step=step,
+            epoch=pos.epoch,
+            input_ids=torch.from_numpy(np.ascontiguousarray(tokens)),
+            label_mask=torch.from_numpy(np.ascontiguousarray(masks)) if masks is not None else None,
+            fingerprint=fingerprint,
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def labels_for(input_ids: torch.Tensor, label_mask: torch.Tensor | None) -> torch.Tensor:
+    """Next-token targets, -100 where the label mask says not to train (OLMo: the mask of the target
+    token)."""
+    labels = input_ids[:, 1:].clone()
+    if label_mask is not None:
+        labels.masked_fill_(~label_mask[:, 1:], -100)
+    return labels
+
+
+def eval_batches(
+    ev: EvaluatorConfig, cfg: TrainConfig, d: Dist
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """This rank's share of a validation set: instances in file order, rank r taking r, r+W, ...; all ranks
+    get the same number of batches (the tail that does not divide evenly is dropped), so collectives stay in
+    step."""
+    source = open_dataset(ev.paths, sequence_length=cfg.model.max_sequence_length, dtype=ev.dtype)
+    per_batch = cfg.device_eval_batch_size * d.world_size
+    n_batches = len(source) // per_batch
+    if ev.max_batches is not None:
+        n_batches = min(n_batches, ev.max_batches)
+    if n_batches == 0:
+        raise DataError(
+            f"evaluator {ev.label!r}: {len(source)} instances are fewer than one eval batch of {per_batch} "
+            "(device_eval_batch_size x world size); add data or lower device_eval_batch_size"
+        )
+    out = []
+    for b in range(n_batches):
+        indices = np.arange(b * per_batch, (b + 1) * per_batch)[d.rank :: d.world_size]
+        tokens, masks = source.get_batch(indices)
+        out.append((torch.from_numpy(tokens), torch.from_numpy(masks) if masks is not None else None))
+    return out

@@ -1,0 +1,176 @@
+"""An OLMo-2-style decoder-only transformer, small enough to read top to bottom.
+
+RMSNorm, rotary position embeddings, SwiGLU MLP, QK-norm, no biases, optional grouped-query attention and
+weight tying. `norm_after=True` is OLMo-2's reordered norm (the sublayer's output is normalised before it
+joins the residual stream, which keeps the residual stream's scale in check at scale); `norm_after=False` is
+the classic pre-norm block. Attention is torch's SDPA, or flash-attn when it is installed and the model runs
+on a GPU in bf16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+from olmo_train.config import ModelConfig
+
+try:  # optional: only on GPU machines that have it
+    from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the machine
+    flash_attn_func = None
+
+
+def mlp_hidden_size(cfg: ModelConfig) -> int:
+    if cfg.mlp_hidden_size is not None:
+        return cfg.mlp_hidden_size
+    return 128 * math.ceil(8 * cfg.d_model / 3 / 128)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 for stability under bf16 autocast, then return to the input's dtype
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+
+
+def rotary_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim), rotate-half layout as in OLMo / GPT-NeoX
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D); cos/sin: (T, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.use_flash = cfg.flash_attention and flash_attn_func is not None
+        self.w_q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.w_k = nn.Linear(cfg.d_model, kv_dim, bias=False)
+        self.w_v = nn.Linear(cfg.d_model, kv_dim, bias=False)
+        self.w_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        # OLMo-2's QK-norm normalises the whole projection (all heads together), before splitting into heads
+        self.q_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
+        self.k_norm = RMSNorm(kv_dim, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            y = y.reshape(B, T, C)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+            )
+            y = y.transpose(1, 2).reshape(B, T, C)
+        return self.w_out(y)  # type: ignore[no-any-return]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden = mlp_hidden_size(cfg)
+        self.w_gate = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, hidden, bias=False)
+        self.w_down = nn.Linear(hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # type: ignore[no-any-return]
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm_after = cfg.norm_after
+        self.attention = Attention(cfg)
+        self.attention_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.norm_after:  # OLMo-2: x + norm(f(x))
+            x = x + self.attention_norm(self.attention(x, cos, sin))
+            return x + self.mlp_norm(self.mlp(x))  # type: ignore[no-any-return]
+        x = x + self.attention(self.attention_norm(x), cos, sin)  # pre-norm: x + f(norm(x))
+        return x + self.mlp(self.mlp_norm(x))  # type: ignore[no-any-return]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        embedding_size = cfg.embedding_size or cfg.vocab_size
+        self.embeddings = nn.Embedding(embedding_size, cfg.d_model)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, embedding_size, bias=False)
+        if cfg.weight_tying:
+            self.lm_head.weight = self.embeddings.weight
+        cos, sin = rotary_tables(cfg.d_model // cfg.n_heads, cfg.max_sequence_length, cfg.rope_theta)
+        self.rope_cos: torch.Tensor
+        self.rope_sin: torch.Tensor
+        self.register_buffer("rope_cos", cos, persistent=False)  # derived from the config: not checkpointed
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """OLMo-2's init: every weight matrix ~ N(0, init_std) truncated at 3 std; norm weights 1."""
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, embedding_size) logits."""
+        T = input_ids.shape[1]
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x = self.embeddings(input_ids)
+        for block in self.blocks:
+            if self.cfg.activation_checkpointing and self.training:  # recompute activations in backward
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))  # type: ignore[no-any-return]
+
+    def num_params(self, include_embeddings: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())  # a tied weight is counted once
+        if not include_embeddings:
+            n -= self.embeddings.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 * non-embedding params (with the output head) + attention's
+        12*l*d*T."""
+        non_embedding = sum(p.numel() for p in self.parameters()) - self.embeddings.weight.numel()
+        if self.cfg.weight_tying:
+            non_embedding += self.embeddings.weight.numel()  # the tied head still does its matmul
+        return 6.0 * non_embedding + 12.0 * self.cfg.n_layers * self.cfg.d_model * seq_len

@@ -1,0 +1,343 @@
+"""The training loop: resume, step, log, evaluate, checkpoint, and stop cleanly when asked.
+
+A run is a function of (config, data, step): the batch of a step comes from the data order, the learning rate
+from the step, the token count from the step. So a resumed run, on any world size, continues exactly where the
+checkpoint left it, and a preempted job can simply be started again with the same command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from olmo_data.errors import DataError
+from olmo_train import checkpoint as ckpt
+from olmo_train.config import TrainConfig, load_config, save_config
+from olmo_train.data import Batch, TrainData, eval_batches, labels_for
+from olmo_train.distributed import (
+    Dist,
+    all_reduce_sum,
+    autocast,
+    barrier,
+    gradient_sync,
+    init_distributed,
+    parallelize,
+    shutdown,
+)
+from olmo_train.metrics import MetricsLog, console_line, peak_flops
+from olmo_train.model import Transformer
+from olmo_train.optim import build_optimizer, learning_rate, set_learning_rate
+
+log = logging.getLogger("olmo_train")
+
+
+class Preemption:
+    """SIGTERM / SIGUSR1 (Slurm's warning before preemption) ask the run to checkpoint and exit at the next
+    step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    supervised_tokens: int
+    stop_requested: bool
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
+    """The same initial weights on every rank (same seed, built on CPU), then sharded or replicated."""
+    torch.manual_seed(cfg.seed)
+    model = Transformer(cfg.model)
+    return parallelize(model, cfg, d), model
+
+
+def token_loss_sum(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of the cross-entropy of every supervised target token (labels -100 are skipped)."""
+    logits = model(input_ids)[:, :-1]
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+
+
+def train_step(
+    model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig, d: Dist, stop_flag: bool
+) -> StepResult:
+    """One optimizer step over this rank's part of the global batch, in micro-batches.
+
+    The loss is the sum of token losses over the whole global batch divided by the global number of supervised
+    tokens, so it does not depend on how the batch is split over ranks and micro-batches. Data-parallel
+    wrappers average gradients over ranks, hence the factor world_size.
+    """
+    input_ids = batch.input_ids.to(d.device, non_blocking=True)
+    labels = labels_for(batch.input_ids, batch.label_mask).to(d.device, non_blocking=True)
+    local_count = int((labels != -100).sum())
+    (global_count,) = all_reduce_sum([float(local_count)], d.device)
+    scale = d.world_size / max(global_count, 1.0)
+    mbs = cfg.device_train_microbatch_size
+    starts = list(range(0, input_ids.shape[0], mbs))
+    loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    for i, start in enumerate(starts):
+        with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
+            ce = token_loss_sum(model, input_ids[start : start + mbs], labels[start : start + mbs])
+            (ce * scale).backward()
+        loss_sum += ce.detach().double()
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+    if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
+        norm = norm.full_tensor()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    total_loss, stop = all_reduce_sum([float(loss_sum), float(stop_flag)], d.device)
+    return StepResult(total_loss / max(global_count, 1.0), float(norm), int(global_count), stop > 0)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, cache: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    model.eval()
+    for ev in cfg.evaluators:
+        if ev.label not in cache:
+            cache[ev.label] = eval_batches(ev, cfg, d)
+        total, count = 0.0, 0.0
+        for input_ids, mask in cache[ev.label]:
+            labels = labels_for(input_ids, mask).to(d.device)
+            with autocast(cfg, d.device):
+                total += float(token_loss_sum(model, input_ids.to(d.device), labels))
+            count += float((labels != -100).sum())
+        total, count = all_reduce_sum([total, count], d.device)
+        out[f"eval/{ev.label}/loss"] = total / max(count, 1.0)
+    model.train()
+    return out
+
+
+def check_resumable(state: ckpt.TrainerState, cfg: TrainConfig, data: TrainData, path: Path) -> None:
+    """Refuse to continue a run on data (or batch size) other than the one its checkpoint was trained on."""
+    problems = []
+    if state.data_fingerprint and state.data_fingerprint != data.fingerprint:
+        problems.append(
+            f"data fingerprint {state.data_fingerprint} != {data.fingerprint} (data.paths/mix changed)"
+        )
+    if state.global_train_batch_size and state.global_train_batch_size != cfg.global_train_batch_size:
+        problems.append(
+            f"global_train_batch_size {state.global_train_batch_size} != {cfg.global_train_batch_size}"
+        )
+    if state.seed != cfg.seed:
+        problems.append(f"seed {state.seed} != {cfg.seed} (the data order would change)")
+    if problems and not cfg.force_load:
+        raise DataError(
+            f"{path}: the checkpoint was trained with other data settings: {'; '.join(problems)}. "
+            "Restore them, use a new save_folder, set --reset_trainer_state to load only the weights, or --force_load to "
+            "continue anyway"
+        )
+    for problem in problems:
+        log.warning("continuing despite %s (force_load)", problem)
+
+
+def resume(
+    cfg: TrainConfig, model: nn.Module, optim: torch.optim.Optimizer, data: TrainData, d: Dist
+) -> ckpt.TrainerState:
+    """Continue from save_folder's latest complete checkpoint, else from load_path, else start fresh."""
+    save_folder = Path(cfg.save_folder)
+    fresh = ckpt.TrainerState(
+        world_size=d.world_size,
+        global_train_batch_size=cfg.global_train_batch_size,
+        sequence_length=cfg.model.max_sequence_length,
+        seed=cfg.seed,
+        data_fingerprint=data.fingerprint,
+        run_name=cfg.run_name,
+    )
+    own = ckpt.agree_on_checkpoint(ckpt.latest_checkpoint(save_folder) if d.is_main else None)
+    if own is not None:
+        log.info("resuming from %s", own)
+        state = ckpt.read_trainer_state(own)
+        check_resumable(state, cfg, data, own)
+        state = ckpt.load_checkpoint(own, model, optim, d)
+    elif cfg.load_path:
+        path = ckpt.localize(cfg.load_path, d)
+        state = ckpt.read_trainer_state(path)
+        if cfg.reset_trainer_state:
+            log.info("loading weights only from %s (reset_trainer_state): a fresh run starts at step 0", path)
+            ckpt.load_checkpoint(path, model, None, d, restore_rng=False)
+            return fresh
+        log.info("resuming from load_path %s", path)
+        check_resumable(state, cfg, data, path)
+        state = ckpt.load_checkpoint(path, model, optim, d)
+    else:
+        return fresh
+    if state.world_size != d.world_size:
+        log.info("the checkpoint was written by %d ranks; continuing on %d", state.world_size, d.world_size)
+    state.world_size = d.world_size
+    state.data_fingerprint = data.fingerprint
+    return state
+
+
+def save(
+    kind: str,
+    cfg: TrainConfig,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    state: ckpt.TrainerState,
+    d: Dist,
+) -> None:
+    folder = Path(cfg.save_folder)
+    t0 = time.perf_counter()
+    if kind == "sharded":
+        path = ckpt.save_sharded(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, d)
+    else:
+        path = ckpt.save_unsharded(folder, model, optim, state, cfg.save_num_unsharded_checkpoints_to_keep, d)
+    log.info("saved %s in %.1fs", path, time.perf_counter() - t0)
+
+
+def train(cfg: TrainConfig) -> int:
+    d = init_distributed()
+    logging.basicConfig(
+        level=logging.INFO if d.is_main else logging.WARNING,
+        format=f"%(asctime)s [rank {d.rank}] %(message)s",
+        datefmt="%H:%M:%S",
+        force=True,
+    )
+    preemption = Preemption()
+    save_folder = Path(cfg.save_folder)
+    if d.is_main:
+        save_folder.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_stale_temporaries(save_folder)
+        save_config(cfg, save_folder / "config.yaml")
+    barrier()
+    seed_everything(cfg.seed)
+    data = TrainData(cfg, d)
+    model, inner = build_model(cfg, d)
+    optim = build_optimizer(model, cfg.optimizer)
+    state = resume(cfg, model, optim, data, d)
+    total_steps = data.total_steps()
+    stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps
+    metrics = MetricsLog(save_folder / "metrics.jsonl", enabled=d.is_main)
+    metrics.start(state.step)
+    state.wandb_run_id = metrics.start_wandb(cfg, state.wandb_run_id)
+    L = cfg.model.max_sequence_length
+    tokens_per_step = cfg.global_train_batch_size * L
+    flops_per_token = inner.flops_per_token(L)
+    peak = peak_flops(cfg, torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None)
+    total_tokens = total_steps * tokens_per_step
+    log.info(
+        "model: %.1fM parameters (%.1fM without embeddings) | world size %d (%s) | data: %d instances of %d "
+        "tokens, %d steps per epoch | training steps %d..%d of %d",
+        inner.num_params() / 1e6,
+        inner.num_params(include_embeddings=False) / 1e6,
+        d.world_size,
+        cfg.distributed_strategy,
+        data.num_instances,
+        L,
+        data.batches_per_epoch,
+        state.step + 1,
+        stop_step,
+        total_steps,
+    )
+    eval_cache: dict[str, Any] = {}
+    last_saved = {"sharded": state.step, "unsharded": -1}
+    model.train()
+    preempted = False
+    while state.step < stop_step:
+        step = state.step + 1
+        t0 = time.perf_counter()
+        batch = data.batch(step)
+        progress = step if cfg.scheduler.units == "steps" else step * tokens_per_step
+        total = total_steps if cfg.scheduler.units == "steps" else total_tokens
+        lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total)
+        set_learning_rate(optim, lr)
+        result = train_step(model, optim, batch, cfg, d, preemption.requested)
+        state.step = step
+        state.epoch = batch.epoch
+        state.tokens_seen += tokens_per_step
+        state.instances_seen += cfg.global_train_batch_size
+        dt = time.perf_counter() - t0
+        record: dict[str, Any] = {
+            "step": step,
+            "train/loss": result.loss,
+            "train/tokens_seen": state.tokens_seen,
+            "train/instances_seen": state.instances_seen,
+            "train/epoch": state.epoch,
+            "train/supervised_tokens": result.supervised_tokens,
+            "train/batch_fingerprint": batch.fingerprint,
+            "optim/lr": lr,
+            "optim/grad_norm": result.grad_norm,
+            "throughput/tokens_per_second": tokens_per_step / dt,
+        }
+        if peak:
+            record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
+        if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
+            record.update(evaluate(model, cfg, d, eval_cache))
+        metrics.write(record)
+        if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
+            log.info(console_line(record, total_steps))
+        if cfg.save_interval and step % cfg.save_interval == 0:
+            save("sharded", cfg, model, optim, state, d)
+            last_saved["sharded"] = step
+        if cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
+            save("unsharded", cfg, model, optim, state, d)
+            last_saved["unsharded"] = step
+        if result.stop_requested:
+            log.warning("stop signal received: saving a checkpoint at step %d and exiting", step)
+            preempted = True
+            break
+    if last_saved["sharded"] != state.step and last_saved["unsharded"] != state.step:
+        save("sharded", cfg, model, optim, state, d)
+    data.close()
+    metrics.close()
+    if d.is_main:
+        done = (
+            "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
+        )
+        log.info("%s at step %d, %d tokens seen", done, state.step, state.tokens_seen)
+    barrier()
+    shutdown()
+    return 0
+
+
+USAGE = """usage: python -m olmo_train CONFIG.yaml [--key.sub=value ...]
+       torchrun --nproc-per-node N -m olmo_train CONFIG.yaml [--key.sub=value ...]
+
+Overrides use the config's dotted keys, e.g. --optimizer.learning_rate=1e-3 --data.paths=[a.npy,b.npy]
+--max_duration=2e9T --stop_at=100 --load_path=runs/base/step1000 --reset_trainer_state."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if args else 2
+    config_path, overrides = (None, args) if args[0].startswith("--") else (args[0], args[1:])
+    try:
+        cfg = load_config(config_path, overrides)
+        return train(cfg)
+    except DataError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
+        shutdown()
+        return 2
