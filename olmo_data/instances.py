@@ -244,10 +244,8 @@ class InstanceSource:
     def _mix_digest(self) -> str | None:
         if self.mix is None:
             return None
-        h = hashlib.sha256(json.dumps(self.mix, sort_keys=True).encode())
-        for sel in self._selections:
-            h.update(np.ascontiguousarray(sel, dtype="<i8").tobytes())
-        return h.hexdigest()[:16]
+        # the mix identity holds each selection's sha256, so huge selections need not be hashed again here
+        return hashlib.sha256(json.dumps(self.mix, sort_keys=True).encode()).hexdigest()[:16]
 
     # -- locating instances ----------------------------------------------------------------------------------
 
@@ -283,7 +281,7 @@ class InstanceSource:
         for i, b, k, off in zip(
             idx.tolist(), base.tolist(), file_idx.tolist(), offsets.tolist(), strict=True
         ):
-            out.append(InstanceLocation(i, b, k, self.files[k].path, off, self._source_of_file(k)))
+            out.append(InstanceLocation(i, b, k, self.files[k].path, off, self.source_of_file(k)))
         return out
 
     def locate(self, index: int) -> tuple[str, int]:
@@ -291,7 +289,17 @@ class InstanceSource:
         loc = self.locate_many([index])[0]
         return loc.path, loc.token_offset
 
-    def _source_of_file(self, file_index: int) -> str | None:
+    @property
+    def source_names(self) -> list[str]:
+        """The mix's source names, in instance order (empty without a mix)."""
+        return list(self._source_names)
+
+    def source_instances(self, name: str) -> int:
+        """How many of the dataset's instances come from mix source `name`."""
+        return len(self._selections[self._source_names.index(name)])
+
+    def source_of_file(self, file_index: int) -> str | None:
+        """The mix source a file belongs to (None without a mix)."""
         for name, (lo, hi) in zip(self._source_names, self._source_file_ranges, strict=True):
             if lo <= file_index < hi:
                 return name

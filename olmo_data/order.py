@@ -397,7 +397,7 @@ def global_batch_indices(
         raise DataError(
             f"{path}: order file not found (step {step} is batch {pos.batch_in_epoch} of epoch {pos.epoch}, "
             f"{pos.batches_per_epoch} batches per epoch); build it with "
-            f"`olmo-data build-order CONFIG --epoch {pos.epoch}` or check save_folder / data.order_path"
+            f"`olmo-data build-order CONFIG --first-epoch {pos.epoch}` or check save_folder / data.order_path"
         )
     try:
         return read_order_range(
@@ -415,3 +415,69 @@ def default_order_location(save_folder: str) -> str:
         if not is_remote(save_folder)
         else (f"{save_folder.rstrip('/')}/{TRAIN_DATA_DIR}")
     )
+
+
+@dataclass(frozen=True)
+class OrderSummary:
+    """What `olmo-data build-order` reports for one epoch's order."""
+
+    path: str
+    epoch: int
+    num_instances: int
+    dtype: str
+    built: bool  # False: an existing order was checked and kept
+    seconds: float
+    global_batch_size: int
+    batches_per_epoch: int
+    dropped_instances: int  # the tail that does not fill a global batch
+
+    def line(self) -> str:
+        what = f"built in {self.seconds:.2f} s" if self.built else "already there, checked against the data"
+        return (
+            f"{self.path}: epoch {self.epoch}, {self.num_instances:,} instances ({self.dtype}), {what}; "
+            f"{self.batches_per_epoch:,} batches of {self.global_batch_size} per epoch, "
+            f"{self.dropped_instances:,} instances in the tail dropped"
+        )
+
+
+def build_config_orders(
+    config: dict[str, Any], *, epochs: int = 1, first_epoch: int = 0, location: str | None = None
+) -> list[OrderSummary]:
+    """Build (or check) the orders of epochs first_epoch .. first_epoch+epochs-1 for a training config.
+
+    `location` overrides `data.order_path` / `save_folder/train_data`. The data, seed and global batch size
+    come from the config exactly as the trainer reads them, so the trainer then finds and accepts these
+    orders.
+    """
+    import time
+
+    from olmo_data.instances import open_from_config
+
+    if epochs < 1 or first_epoch < 0:
+        raise DataError(f"--epochs must be >= 1 and --first-epoch >= 0, got {epochs} and {first_epoch}")
+    source = open_from_config(config)
+    explicit = (config.get("data") or {}).get("order_path")
+    where = location or (str(explicit) if explicit else default_order_location(str(config["save_folder"])))
+    gbs = int(config["global_train_batch_size"])
+    n = len(source)
+    per_epoch = batches_per_epoch(n, gbs)
+    out = []
+    for epoch in range(first_epoch, first_epoch + epochs):
+        path = order_path_for_epoch(where, epoch)
+        existed = is_remote(path) or os.path.exists(path)
+        t0 = time.perf_counter()
+        ensure_order(where, source, int(config["seed"]), epoch)
+        out.append(
+            OrderSummary(
+                path,
+                epoch,
+                n,
+                str(order_dtype(n)),
+                not existed,
+                time.perf_counter() - t0,
+                gbs,
+                per_epoch,
+                n - per_epoch * gbs,
+            )
+        )
+    return out

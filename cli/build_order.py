@@ -1,0 +1,28 @@
+"""`olmo-data build-order`: write the data order(s) a training config will use, before training."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("build-order")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--epochs", default=1, show_default=True, help="How many epochs' orders to build.")
+@click.option("--first-epoch", default=0, show_default=True, help="The first epoch to build (0-based).")
+@click.option(
+    "--destination",
+    default=None,
+    help="Order directory or epoch-0 .npy file (default: data.order_path, else save_folder/train_data).",
+)
+def build_order(config: str, epochs: int, first_epoch: int, destination: str | None) -> None:
+    """Build OLMo-compatible global_indices.npy orders for CONFIG's data, seed and global batch size.
+
+    The order of epoch e is a PCG64(seed + e) shuffle of all instances, stored as headerless uint32, with a
+    .json side file recording the data fingerprint; an existing order is kept if it matches the data.
+    """
+    from olmo_data.inspect import read_train_config
+    from olmo_data.order import build_config_orders
+
+    cfg = read_train_config(config)
+    for summary in build_config_orders(cfg, epochs=epochs, first_epoch=first_epoch, location=destination):
+        click.echo(summary.line())

@@ -1,0 +1,61 @@
+"""`olmo-data inspect-batch`: the tokens and documents of any training batch, from the training config."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("inspect-batch")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--step", type=int, default=None, help="Training step (1-based; step N trains batch N-1).")
+@click.option(
+    "--batch-index", type=int, default=None, help="Global batch index (0-based), instead of --step."
+)
+@click.option(
+    "--rank", type=int, default=None, help="Show only the part rank R consumed (needs --world-size)."
+)
+@click.option("--world-size", type=int, default=None, help="Number of ranks the run used.")
+@click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
+@click.option("--decode", is_flag=True, help="Decode each instance to text.")
+@click.option(
+    "--tokenizer", default=None, help="Tokenizer for --decode (default: the manifest's, if a path)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--max-tokens", default=16, show_default=True, help="Token ids shown per instance (text output)."
+)
+def inspect_batch(
+    config: str,
+    step: int | None,
+    batch_index: int | None,
+    rank: int | None,
+    world_size: int | None,
+    order: str | None,
+    decode: bool,
+    tokenizer: str | None,
+    as_json: bool,
+    max_tokens: int,
+) -> None:
+    """Show which instances, tokens and documents a training step of CONFIG's run trained on.
+
+    Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics.
+    """
+    from olmo_data.inspect import format_report
+    from olmo_data.inspect import inspect_batch as inspect
+
+    report = inspect(
+        config,
+        step=step,
+        batch_index=batch_index,
+        rank=rank,
+        world_size=world_size,
+        order=order,
+        decode=decode,
+        tokenizer=tokenizer,
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_json(), ensure_ascii=False))
+    else:
+        click.echo(format_report(report, max_tokens=max_tokens))

@@ -1,0 +1,22 @@
+"""`olmo-data mix`: combine tokenized sources by share or token budget into a mix manifest."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("mix")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option(
+    "--destination", "-d", required=True, help="Directory for mix.json and the selected instance ids."
+)
+def mix(spec: str, destination: str) -> None:
+    """Select instances from each source of SPEC (YAML) and write DESTINATION/mix.json.
+
+    Point a training config's data.mix at DESTINATION. Prints the requested vs realized shares.
+    """
+    from olmo_data.mixture import build_mix, load_spec, mix_report
+
+    manifest = build_mix(load_spec(spec), destination)
+    click.echo(mix_report(manifest))
+    click.echo(f"wrote {destination.rstrip('/')}/mix.json")

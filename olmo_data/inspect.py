@@ -1,0 +1,451 @@
+"""Reconstruct any training batch: its instances, their tokens, and the documents they came from.
+
+`inspect_batch(config, step=N)` answers "what did the model see at step N?" from the training config alone:
+the data section and sequence length give the instance index, the seed and global batch size give the order
+and the batch's slice of it, and the tokenize metadata (`part-*.csv.gz`, rows `start,end,id,src,loc`) gives
+the documents each instance overlaps. The batch fingerprint is the one the trainer logs each step, so the two
+can be compared.
+
+Document lookups use a side index built once per token file (`DocIndex`): sorted document starts and ends as
+`.npy` arrays plus the ids and sources, in a cache directory. A lookup is two binary searches on memory maps,
+so inspecting a batch never scans a CSV, whatever the dataset size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmo_data.errors import DataError
+from olmo_data.fingerprint import batch_fingerprint
+from olmo_data.instances import InstanceSource, open_from_config
+from olmo_data.io import is_remote, open_file
+from olmo_data.manifest import read_manifest
+from olmo_data.order import (
+    BatchPosition,
+    batch_position,
+    default_order_location,
+    order_path_for_epoch,
+    rank_positions,
+    read_order_range,
+    step_position,
+)
+
+DOCINDEX_VERSION = 1
+
+
+def read_train_config(path: str) -> dict[str, Any]:
+    """The keys of a training config that the data side needs, checked, with the trainer's defaults.
+
+    Only PyYAML is used (not the trainer's config module) so that inspecting data never needs the trainer.
+    """
+    import yaml
+
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: config file not found") from e
+    except yaml.YAMLError as e:
+        raise DataError(f"{path}: not valid YAML ({e})") from e
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a mapping of config keys at the top level")
+    raw.setdefault("seed", 6198)  # the trainer's default, as OLMo's
+    raw.setdefault("save_folder", "runs/olmo-run")
+    raw.setdefault("global_train_batch_size", 512)
+    raw.setdefault("model", {})
+    raw["model"].setdefault("max_sequence_length", 1024)
+    raw.setdefault("data", {})
+    for key in ("seed", "global_train_batch_size"):
+        if not isinstance(raw[key], int) or isinstance(raw[key], bool):
+            raise DataError(f"{path}: {key} must be an integer, got {raw[key]!r}")
+    if not isinstance(raw["model"]["max_sequence_length"], int):
+        raise DataError(f"{path}: model.max_sequence_length must be an integer")
+    return raw
+
+
+def order_location(config: dict[str, Any]) -> str:
+    """`data.order_path` if the config sets one, else `save_folder/train_data`, where the trainer puts it."""
+    explicit = (config.get("data") or {}).get("order_path")
+    return str(explicit) if explicit else default_order_location(str(config["save_folder"]))
+
+
+# -- the document side index ---------------------------------------------------------------------------------
+
+
+def metadata_path_for(token_path: str) -> str | None:
+    """The `.csv.gz` beside a token file: the manifest's `metadata` entry, else dolma's naming (same stem)."""
+    directory, _, name = token_path.rpartition("/")
+    with contextlib.suppress(DataError):
+        manifest = read_manifest(directory or ".")
+        if manifest:
+            for entry in manifest.get("files", []):
+                if entry.get("path") == name and entry.get("metadata"):
+                    return f"{directory}/{entry['metadata']}"
+    candidate = token_path[: -len(".npy")] + ".csv.gz" if token_path.endswith(".npy") else None
+    if candidate is None or (not is_remote(candidate) and not os.path.exists(candidate)):
+        return None
+    return candidate
+
+
+@dataclass(frozen=True)
+class DocumentSpan:
+    """A document an instance overlaps: its identity, its token span in the file, and the overlap."""
+
+    id: str
+    src: str
+    loc: int  # 1-based line of the document in `src`
+    start: int  # document's token span in the token file [start, end)
+    end: int
+    instance_start: int  # the overlap, as positions within the instance [instance_start, instance_end)
+    instance_end: int
+    document_start: int  # which token of the document the overlap starts at (0: the instance holds its start)
+
+
+class _FileIndex:
+    """The arrays of one token file's metadata (memory-mapped .npy files in one directory)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.starts = np.load(directory / "starts.npy", mmap_mode="r")
+        self.ends = np.load(directory / "ends.npy", mmap_mode="r")
+        self.locs = np.load(directory / "locs.npy", mmap_mode="r")
+        self.src_codes = np.load(directory / "src_codes.npy", mmap_mode="r")
+        self.id_offsets = np.load(directory / "id_offsets.npy", mmap_mode="r")
+        self.ids = (
+            np.memmap(directory / "ids.bin", dtype=np.uint8, mode="r")
+            if (directory / "ids.bin").stat().st_size
+            else np.zeros(0, dtype=np.uint8)
+        )
+        self.sources: list[str] = json.loads((directory / "sources.json").read_text())
+
+    def doc(self, k: int) -> tuple[str, str, int, int, int]:
+        lo, hi = int(self.id_offsets[k]), int(self.id_offsets[k + 1])
+        doc_id = bytes(self.ids[lo:hi]).decode("utf-8")
+        return (
+            doc_id,
+            self.sources[int(self.src_codes[k])],
+            int(self.locs[k]),
+            int(self.starts[k]),
+            int(self.ends[k]),
+        )
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
+
+
+class DocIndex:
+    """Document lookups by token offset, from per-file side indexes built once from the tokenize metadata.
+
+    The index of a metadata file lives in `cache_dir/docindex/<digest>/`, where the digest covers the metadata
+    file's location, size and modification time: a rewritten metadata file gets a new index, never a stale
+    one. Building is atomic (a temporary directory renamed into place), so concurrent users cannot see half an
+    index.
+    """
+
+    def __init__(self, cache_dir: str | None = None) -> None:
+        self.root = Path(cache_dir or default_cache_dir()) / "docindex"
+        self._files: dict[str, _FileIndex | None] = {}
+        self._lock = threading.Lock()
+        self.built = 0  # how many indexes this object had to build (tests check that lookups reuse them)
+
+    def _key(self, metadata: str) -> str:
+        if is_remote(metadata):
+            from olmo_data.io import file_size
+
+            stamp = f"{metadata}|{file_size(metadata)}"
+        else:
+            st = os.stat(metadata)
+            stamp = f"{os.path.abspath(metadata)}|{st.st_size}|{st.st_mtime_ns}"
+        return hashlib.sha256(f"v{DOCINDEX_VERSION}|{stamp}".encode()).hexdigest()[:24]
+
+    def index_for(self, token_path: str) -> _FileIndex | None:
+        """The side index of a token file, building it on first use; None when the file has no metadata."""
+        with self._lock:
+            if token_path in self._files:
+                return self._files[token_path]
+            metadata = metadata_path_for(token_path)
+            index = None
+            if metadata is not None:
+                directory = self.root / self._key(metadata)
+                if not (directory / "done").exists():
+                    build_doc_index(metadata, directory)
+                    self.built += 1
+                index = _FileIndex(directory)
+            self._files[token_path] = index
+            return index
+
+    def lookup(self, token_path: str, start: int, end: int) -> list[DocumentSpan] | None:
+        """The documents overlapping tokens [start, end) of a token file, in order; None without metadata."""
+        index = self.index_for(token_path)
+        if index is None:
+            return None
+        first = int(np.searchsorted(index.ends, start, side="right"))  # first document ending after `start`
+        last = int(np.searchsorted(index.starts, end, side="left"))  # documents starting before `end`
+        out = []
+        for k in range(first, last):
+            doc_id, src, loc, d_start, d_end = index.doc(k)
+            lo = max(d_start, start)
+            out.append(
+                DocumentSpan(
+                    doc_id, src, loc, d_start, d_end, lo - start, min(d_end, end) - start, lo - d_start
+                )
+            )
+        return out
+
+
+def build_doc_index(metadata: str, directory: Path) -> None:
+    """Index a `.csv.gz` metadata file (rows `start,end,id,src,loc`) into `directory`, atomically."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    names = ["start", "end", "id", "src", "loc"]
+    types = {"start": pa.int64(), "end": pa.int64(), "id": pa.string(), "src": pa.string(), "loc": pa.int64()}
+    try:
+        with open_file(metadata, "rb") as f:  # decompressed by extension
+            table = pacsv.read_csv(
+                f,
+                read_options=pacsv.ReadOptions(column_names=names),
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+            )
+    except (pa.ArrowInvalid, ValueError) as e:
+        raise DataError(f"{metadata}: not a metadata file of rows start,end,id,src,loc ({e})") from e
+    starts = table.column("start").to_numpy().astype(np.int64)
+    ends = table.column("end").to_numpy().astype(np.int64)
+    if len(starts) and (np.any(np.diff(starts) < 0) or np.any(ends < starts)):
+        raise DataError(
+            f"{metadata}: document rows are not in token order (start ascending, end >= start); "
+            "the file is damaged: re-run tokenize"
+        )
+    src_dict = table.column("src").combine_chunks().dictionary_encode()
+    sources = [str(s) for s in src_dict.dictionary.to_pylist()]
+    src_codes = src_dict.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    ids = table.column("id").combine_chunks()
+    id_bytes = [s.encode("utf-8") for s in ids.to_pylist()]
+    id_offsets = np.zeros(len(id_bytes) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in id_bytes], out=id_offsets[1:])
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}.", dir=directory.parent))
+    try:
+        np.save(tmp / "starts.npy", starts)
+        np.save(tmp / "ends.npy", ends)
+        np.save(tmp / "locs.npy", table.column("loc").to_numpy().astype(np.int64))
+        np.save(tmp / "src_codes.npy", src_codes)
+        np.save(tmp / "id_offsets.npy", id_offsets)
+        (tmp / "ids.bin").write_bytes(b"".join(id_bytes))
+        (tmp / "sources.json").write_text(json.dumps(sources))
+        (tmp / "done").write_text(json.dumps({"metadata": metadata, "documents": len(starts)}) + "\n")
+        try:
+            os.replace(tmp, directory)
+        except OSError:  # another process built it first: keep theirs
+            if not (directory / "done").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- batch reports -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class InstanceReport:
+    position: int  # in the global batch
+    instance: int  # index in the dataset (what the order holds)
+    path: str
+    token_offset: int
+    token_ids: list[int]
+    label_mask: list[bool] | None = None
+    source: str | None = None  # mixture source
+    documents: list[DocumentSpan] | None = None  # None: the token file has no metadata
+    text: str | None = None
+
+
+@dataclass
+class BatchReport:
+    step: int
+    global_batch: int
+    epoch: int
+    batch_in_epoch: int
+    batches_per_epoch: int
+    global_batch_size: int
+    sequence_length: int
+    seed: int
+    num_instances: int
+    order_path: str
+    data_fingerprint: str
+    batch_fingerprint: str
+    rank: int | None
+    world_size: int | None
+    instances: list[InstanceReport] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def inspect_batch(
+    config: str | dict[str, Any],
+    *,
+    step: int | None = None,
+    batch_index: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    order: str | None = None,
+    decode: bool = False,
+    tokenizer: str | None = None,
+    doc_index: DocIndex | None = None,
+    source: InstanceSource | None = None,
+) -> BatchReport:
+    """The global batch of training step `step` (1-based) or `batch_index` (0-based), or rank `rank`'s part.
+
+    `config` is the training config (path or dict). `order` overrides where the order is read (a directory, an
+    epoch-0 order file or a URL). The batch fingerprint always covers the whole global batch, as the
+    trainer's.
+    """
+    cfg = read_train_config(config) if isinstance(config, str) else config
+    if (step is None) == (batch_index is None):
+        raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
+    if (rank is None) != (world_size is None):
+        raise DataError(
+            "--rank and --world-size go together: rank r of world size W trains positions r, r+W, ..."
+        )
+    if source is None:
+        source = open_from_config(cfg)
+    gbs = int(cfg["global_train_batch_size"])
+    n = len(source)
+    pos: BatchPosition = (
+        step_position(step, gbs, n) if step is not None else batch_position(int(batch_index or 0), gbs, n)
+    )
+    path = order_path_for_epoch(order or order_location(cfg), pos.epoch)
+    start, stop = pos.order_range(gbs)
+    if not is_remote(path) and not os.path.exists(path):
+        raise DataError(
+            f"step {pos.step} is past the end of the orders built: it is batch {pos.batch_in_epoch} of epoch "
+            f"{pos.epoch} ({pos.batches_per_epoch} batches per epoch) and {path}: order file not found; "
+            "build it "
+            f"with `olmo-data build-order CONFIG --first-epoch {pos.epoch}`, or point data.order_path / "
+            "--order at "
+            "the order file"
+        )
+    try:
+        indices = read_order_range(
+            path, start, stop, expected_fingerprint=source.fingerprint(), num_instances=n
+        )
+    except DataError as e:
+        if "past the end" in str(e):
+            raise DataError(
+                f"step {pos.step} (batch index {pos.global_batch}) is past the end of the order: {e}"
+            ) from e
+        raise
+    tokens, masks = source.get_batch(indices)
+    report = BatchReport(
+        step=pos.step,
+        global_batch=pos.global_batch,
+        epoch=pos.epoch,
+        batch_in_epoch=pos.batch_in_epoch,
+        batches_per_epoch=pos.batches_per_epoch,
+        global_batch_size=gbs,
+        sequence_length=source.sequence_length,
+        seed=int(cfg["seed"]),
+        num_instances=n,
+        order_path=path,
+        data_fingerprint=source.fingerprint(),
+        batch_fingerprint=batch_fingerprint(tokens),
+        rank=rank,
+        world_size=world_size,
+    )
+    positions = (
+        rank_positions(gbs, rank, world_size)
+        if rank is not None and world_size is not None
+        else np.arange(gbs)
+    )
+    locations = source.locate_many(indices[positions])
+    docs = doc_index or DocIndex()
+    decoder = _load_decoder(tokenizer, source) if decode else None
+    L = source.sequence_length
+    for p, loc in zip(positions.tolist(), locations, strict=True):
+        ids = tokens[p].tolist()
+        report.instances.append(
+            InstanceReport(
+                position=p,
+                instance=loc.index,
+                path=loc.path,
+                token_offset=loc.token_offset,
+                token_ids=ids,
+                label_mask=masks[p].tolist() if masks is not None else None,
+                source=loc.source,
+                documents=docs.lookup(loc.path, loc.token_offset, loc.token_offset + L),
+                text=decoder.decode(ids) if decoder is not None else None,
+            )
+        )
+    return report
+
+
+def _load_decoder(tokenizer: str | None, source: InstanceSource) -> Any:
+    from olmo_data.tokenizer import load_tokenizer
+
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer, "hf")
+    first = source.files[0].path
+    manifest = read_manifest(first.rpartition("/")[0] or ".")
+    name = ((manifest or {}).get("tokenizer") or {}).get("name")
+    try:
+        if not name:
+            raise DataError("the token files have no manifest naming a tokenizer")
+        return load_tokenizer(str(name), "hf")
+    except DataError as e:
+        raise DataError(
+            f"--decode needs the tokenizer: the token directory's manifest names {name!r}, which cannot be "
+            "loaded "
+            f"here ({e}); pass --tokenizer PATH (a tokenizer.json or .tiktoken file)"
+        ) from e
+
+
+def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
+    """The human-readable form `olmo-data inspect-batch` prints."""
+    r = report
+    lines = [
+        f"step {r.step} = global batch {r.global_batch} (epoch {r.epoch}, batch {r.batch_in_epoch} of "
+        f"{r.batches_per_epoch} per epoch); global batch size {r.global_batch_size}, sequence length "
+        f"{r.sequence_length}, seed {r.seed}, {r.num_instances:,} instances",
+        f"order: {r.order_path}",
+        f"data fingerprint: {r.data_fingerprint}",
+        f"batch fingerprint: {r.batch_fingerprint}",
+    ]
+    if r.rank is not None:
+        lines.append(
+            f"rank {r.rank} of world size {r.world_size}: positions {r.rank}, {r.rank}+{r.world_size}, ... "
+            f"({len(r.instances)} instances)"
+        )
+    for inst in r.instances:
+        src = f" (source {inst.source})" if inst.source else ""
+        lines.append(
+            f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}"
+        )
+        shown = " ".join(map(str, inst.token_ids[:max_tokens]))
+        more = f" ... ({len(inst.token_ids)} tokens)" if len(inst.token_ids) > max_tokens else ""
+        lines.append(f"    tokens: {shown}{more}")
+        if inst.label_mask is not None:
+            lines.append(
+                f"    label mask: {sum(inst.label_mask)} of {len(inst.label_mask)} tokens are targets"
+            )
+        if inst.documents is None:
+            lines.append("    documents: (no metadata beside the token file)")
+        for d in inst.documents or []:
+            lines.append(
+                f"    doc {d.id!r} from {d.src} line {d.loc}: instance tokens [{d.instance_start}, "
+                f"{d.instance_end}) = document tokens [{d.document_start}, "
+                f"{d.document_start + d.instance_end - d.instance_start}) of {d.end - d.start}"
+            )
+        if inst.text is not None:
+            lines.append("    text: " + json.dumps(inst.text, ensure_ascii=False))
+    return "\n".join(lines)

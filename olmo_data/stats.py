@@ -1,0 +1,212 @@
+"""Dataset statistics: what a training run will actually see, before it runs.
+
+Token counts in a directory are not what training consumes: each file loses its leftover tokens when cut into
+instances, a mix selects or repeats instances, and the batch size drops the tail of every epoch. These numbers
+are computed here from the same instance index the trainer uses, so "how many epochs will 10k steps take" has
+one answer everywhere. Document lengths come from the tokenize metadata via the document side index.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from olmo_data.errors import DataError
+from olmo_data.instances import InstanceSource
+
+PERCENTILES = (0, 10, 50, 90, 99, 100)
+
+
+@dataclass
+class FileStats:
+    path: str
+    source: str
+    tokens: int
+    instances: int
+    dropped_tokens: int  # leftovers at the end of the file that no instance holds
+    documents: int | None  # None: no metadata beside the file
+
+
+@dataclass
+class SourceStats:
+    name: str
+    files: int
+    tokens: int  # in the files
+    documents: int | None
+    available_instances: int  # cut from the files
+    instances: int  # in the dataset (after a mix's selection)
+    share: float  # of the dataset's instances
+
+
+@dataclass
+class DatasetStats:
+    sequence_length: int
+    num_instances: int
+    instance_tokens: int
+    file_tokens: int
+    documents: int | None
+    files: list[FileStats]
+    sources: list[SourceStats]
+    document_lengths: dict[str, float] = field(default_factory=dict)  # percentiles, mean
+    length_histogram: list[tuple[int, int, int]] = field(default_factory=list)  # [lo, hi) tokens, documents
+    global_batch_size: int | None = None
+    batches_per_epoch: int | None = None
+    dropped_per_epoch: int | None = None
+    duration: str | None = None
+    steps: int | None = None
+    epochs: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_duration(value: int | str) -> tuple[float, str]:
+    """OLMo's max_duration: an int of steps, `...T` tokens or `...ep` epochs -> (amount, unit)."""
+    if isinstance(value, int):
+        return float(value), "steps"
+    text = str(value).strip()
+    m = re.fullmatch(r"([0-9.eE+_]+)\s*(T|ep)?", text)
+    if not m:
+        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)")
+    try:
+        amount = float(m.group(1).replace("_", ""))
+    except ValueError as e:
+        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
+    return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
+
+
+def _source_name(source: InstanceSource, file_index: int) -> str:
+    name = source.source_of_file(file_index)
+    return name if name is not None else os.path.dirname(source.files[file_index].path) or "."
+
+
+def dataset_stats(
+    source: InstanceSource,
+    *,
+    global_batch_size: int | None = None,
+    duration: int | str | None = None,
+    document_lengths: bool = True,
+    cache_dir: str | None = None,
+) -> DatasetStats:
+    """Tokens, documents and instances per file and source; document lengths; epochs for a batch size and
+    a duration (OLMo's max_duration: steps, tokens or epochs)."""
+    from olmo_data.inspect import DocIndex
+
+    L = source.sequence_length
+    docs = DocIndex(cache_dir) if document_lengths else None
+    files: list[FileStats] = []
+    lengths: list[np.ndarray] = []
+    for k, f in enumerate(source.files):
+        n = f.num_tokens // L
+        index = docs.index_for(f.path) if docs is not None else None
+        if index is not None:
+            lengths.append(np.asarray(index.ends) - np.asarray(index.starts))
+        files.append(
+            FileStats(
+                f.path,
+                _source_name(source, k),
+                f.num_tokens,
+                n,
+                f.num_tokens - n * L,
+                len(index.starts) if index is not None else None,
+            )
+        )
+    names = list(dict.fromkeys(fs.source for fs in files))
+    total = len(source)
+    sources = []
+    for name in names:
+        mine = [fs for fs in files if fs.source == name]
+        available = sum(fs.instances for fs in mine)
+        used = source.source_instances(name) if source.mix is not None else available
+        doc_counts = [fs.documents for fs in mine]
+        sources.append(
+            SourceStats(
+                name,
+                len(mine),
+                sum(fs.tokens for fs in mine),
+                None if any(d is None for d in doc_counts) else sum(d or 0 for d in doc_counts),
+                available,
+                used,
+                used / total if total else 0.0,
+            )
+        )
+    doc_total = None if any(fs.documents is None for fs in files) else sum(fs.documents or 0 for fs in files)
+    out = DatasetStats(
+        L, total, total * L, sum(f.num_tokens for f in source.files), doc_total, files, sources
+    )
+    if lengths:
+        all_lengths = np.concatenate(lengths)
+        if len(all_lengths):
+            pct = np.percentile(all_lengths, PERCENTILES)
+            out.document_lengths = {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
+            out.document_lengths["mean"] = float(all_lengths.mean())
+            top = max(1, int(all_lengths.max()))
+            edges = [0] + [2**i for i in range(int(math.log2(top)) + 2)]
+            counts, _ = np.histogram(all_lengths, bins=edges)
+            out.length_histogram = [(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts) if c]
+    if global_batch_size is not None:
+        from olmo_data.order import batches_per_epoch
+
+        per_epoch = batches_per_epoch(total, global_batch_size)
+        out.global_batch_size = global_batch_size
+        out.batches_per_epoch = per_epoch
+        out.dropped_per_epoch = total - per_epoch * global_batch_size
+        if duration is not None:
+            amount, unit = parse_duration(duration)
+            if unit == "steps":
+                steps = int(amount)
+            elif unit == "tokens":
+                steps = math.ceil(amount / (global_batch_size * L))
+            else:
+                steps = math.ceil(amount * per_epoch)
+            out.duration = str(duration)
+            out.steps = steps
+            out.epochs = steps / per_epoch if per_epoch else math.inf
+    return out
+
+
+def format_stats(stats: DatasetStats) -> str:
+    """The text `olmo-data stats` prints."""
+    s = stats
+    docs = f"{s.documents:,} documents, " if s.documents is not None else ""
+    lines = [
+        f"{docs}{s.file_tokens:,} tokens in {len(s.files)} files; {s.num_instances:,} instances of "
+        f"{s.sequence_length} tokens = {s.instance_tokens:,} tokens",
+        "",
+        "per source:",
+    ]
+    for src in s.sources:
+        d = f"{src.documents:,} docs, " if src.documents is not None else ""
+        lines.append(
+            f"  {src.name}: {src.files} files, {d}{src.tokens:,} tokens, {src.available_instances:,} "
+            f"instances available, {src.instances:,} used ({src.share:.1%} of the dataset)"
+        )
+    lines.append("per file:")
+    for f in s.files:
+        d = f"{f.documents:,} docs, " if f.documents is not None else ""
+        lines.append(
+            f"  {f.path}: {d}{f.tokens:,} tokens, {f.instances:,} instances, {f.dropped_tokens:,} "
+            "tokens dropped at the end"
+        )
+    if s.document_lengths:
+        dl = s.document_lengths
+        lines.append("document length (tokens): " + ", ".join(f"{k} {v:,.0f}" for k, v in dl.items()))
+        width = max(c for _, _, c in s.length_histogram)
+        for lo, hi, c in s.length_histogram:
+            lines.append(f"  [{lo:>9,}, {hi:>9,}) {c:>8,} " + "#" * max(1, round(40 * c / width)))
+    if s.global_batch_size is not None:
+        lines.append(
+            f"global batch size {s.global_batch_size}: {s.batches_per_epoch:,} steps per epoch, "
+            f"{s.dropped_per_epoch:,} instances dropped per epoch"
+        )
+    if s.steps is not None:
+        lines.append(
+            f"duration {s.duration}: {s.steps:,} steps = {s.epochs:.3f} epochs "
+            f"({s.steps * (s.global_batch_size or 0) * s.sequence_length:,} tokens)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,309 @@
+"""inspect-batch: every instance's tokens and documents, checked against the documents' own text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from cli.main import main
+from olmo_data.errors import DataError
+from olmo_data.fingerprint import batch_fingerprint
+from olmo_data.inspect import DocIndex, format_report, inspect_batch
+from olmo_data.instances import open_from_config
+from olmo_data.order import build_config_orders
+from olmo_data.tokenizer import load_tokenizer
+
+SEQ, GBS, SEED = 128, 12, 77
+
+
+@pytest.fixture(scope="module")
+def tokens_dir(demo_corpus: list[str], demo_tokenizer: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    from olmo_data.tokenize import TokenizeOptions, tokenize
+
+    dest = tmp_path_factory.mktemp("tokens") / "demo"
+    tokenize(demo_corpus, dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=60_000))
+    return str(dest)
+
+
+@pytest.fixture(scope="module")
+def documents(demo_corpus: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Every document of the corpus by (file, 1-based line), read independently of the library."""
+    out = {}
+    for path in demo_corpus:
+        with gzip.open(path, "rt") as f:
+            for line_no, line in enumerate(f, start=1):
+                out[(path, line_no)] = json.loads(line)
+    return out
+
+
+def write_config(tmp_path: Path, tokens_dir: str, **data: Any) -> str:
+    cfg = {
+        "seed": SEED,
+        "save_folder": str(tmp_path / "run"),
+        "global_train_batch_size": GBS,
+        "model": {"max_sequence_length": SEQ},
+        "data": {"paths": [tokens_dir], **data},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def reference_instances(tokens_dir: str) -> np.ndarray:
+    manifest = json.loads((Path(tokens_dir) / "manifest.json").read_text())
+    chunks = []
+    for f in manifest["files"]:
+        arr = np.fromfile(Path(tokens_dir) / f["path"], dtype=manifest["dtype"])
+        chunks.append(arr[: len(arr) // SEQ * SEQ].reshape(-1, SEQ))
+    return np.concatenate(chunks).astype(np.int64)
+
+
+def test_provenance_of_sampled_batches_matches_document_text(
+    tmp_path: Path, tokens_dir: str, demo_tokenizer: str, documents: dict[tuple[str, int], dict[str, Any]]
+) -> None:
+    config = write_config(tmp_path, tokens_dir)
+    cfg = yaml.safe_load(Path(config).read_text())
+    build_config_orders(cfg, epochs=2)
+    ref = reference_instances(tokens_dir)
+    n = len(ref)
+    per_epoch = n // GBS
+    tok = load_tokenizer(demo_tokenizer, "hf")
+    eos = json.loads((Path(tokens_dir) / "manifest.json").read_text())["eos_token_id"]
+    encoded: dict[tuple[str, int], list[int]] = {}
+    index = DocIndex(str(tmp_path / "cache"))
+    for step in (1, 2, per_epoch // 2, per_epoch, per_epoch + 1, 2 * per_epoch):
+        report = inspect_batch(config, step=step, doc_index=index)
+        epoch, b = (step - 1) // per_epoch, (step - 1) % per_epoch
+        perm = np.arange(n)
+        np.random.Generator(np.random.PCG64(SEED + epoch)).shuffle(perm)
+        expect = perm[b * GBS : (b + 1) * GBS]
+        assert [i.instance for i in report.instances] == expect.tolist()
+        assert (report.epoch, report.batch_in_epoch) == (epoch, b)
+        assert report.batch_fingerprint == batch_fingerprint(ref[expect])
+        for inst in report.instances:
+            assert inst.token_ids == ref[inst.instance].tolist()
+            assert inst.documents
+            covered = 0
+            for d in inst.documents:
+                assert d.instance_start == covered  # documents tile the instance in order
+                covered = d.instance_end
+                doc = documents[(d.src, d.loc)]
+                assert doc["id"] == d.id
+                if (d.src, d.loc) not in encoded:
+                    # tokenize strips surrounding whitespace (as `dolma tokens` does) and appends EOS
+                    encoded[(d.src, d.loc)] = tok.encode(doc["text"].strip()) + [eos]
+                full = encoded[(d.src, d.loc)]
+                assert len(full) == d.end - d.start
+                span = d.instance_end - d.instance_start
+                assert (
+                    inst.token_ids[d.instance_start : d.instance_end]
+                    == full[d.document_start : d.document_start + span]
+                )
+            assert covered == SEQ
+    assert index.built > 0
+    again = DocIndex(str(tmp_path / "cache"))
+    inspect_batch(config, step=1, doc_index=again)
+    assert again.built == 0  # the side indexes were built once and reused
+
+
+def test_rank_parts_and_decode(tmp_path: Path, tokens_dir: str, demo_tokenizer: str) -> None:
+    config = write_config(tmp_path, tokens_dir)
+    build_config_orders(yaml.safe_load(Path(config).read_text()))
+    cache = DocIndex(str(tmp_path / "cache"))
+    full = inspect_batch(config, batch_index=3, doc_index=cache)
+    assert full.step == 4
+    for world in (1, 2, 3, 4, 6, 12):
+        parts = [
+            inspect_batch(config, batch_index=3, rank=r, world_size=world, doc_index=cache)
+            for r in range(world)
+        ]
+        positions = sorted(i.position for p in parts for i in p.instances)
+        assert positions == list(range(GBS))
+        for r, p in enumerate(parts):
+            assert [i.position for i in p.instances] == list(range(r, GBS, world))
+            assert p.batch_fingerprint == full.batch_fingerprint  # always the whole global batch's
+            for i in p.instances:
+                assert i.instance == full.instances[i.position].instance
+    decoded = inspect_batch(
+        config, step=4, rank=1, world_size=4, decode=True, tokenizer=demo_tokenizer, doc_index=cache
+    )
+    tok = load_tokenizer(demo_tokenizer, "hf")
+    for i in decoded.instances:
+        assert i.text == tok.decode(i.token_ids) and i.text
+    assert "batch fingerprint: " + full.batch_fingerprint in format_report(decoded)
+
+
+def test_cli_json_and_text(tmp_path: Path, tokens_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    config = write_config(tmp_path, tokens_dir)
+    runner = CliRunner()
+    built = runner.invoke(main, ["build-order", config, "--epochs", "2"])
+    assert built.exit_code == 0, built.output
+    assert (
+        "global_indices.npy: epoch 0" in built.output and "global_indices_epoch1.npy: epoch 1" in built.output
+    )
+    res = runner.invoke(main, ["inspect-batch", config, "--step", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    api = inspect_batch(config, step=5, doc_index=DocIndex(str(tmp_path / "cache")))
+    assert doc["batch_fingerprint"] == api.batch_fingerprint
+    assert [i["instance"] for i in doc["instances"]] == [i.instance for i in api.instances]
+    first_docs = api.instances[0].documents
+    assert first_docs and doc["instances"][0]["documents"][0]["id"] == first_docs[0].id
+    text = runner.invoke(
+        main, ["inspect-batch", config, "--batch-index", "4", "--rank", "1", "--world-size", "3"]
+    )
+    assert text.exit_code == 0, text.output
+    assert f"batch fingerprint: {api.batch_fingerprint}" in text.output
+    assert (
+        "rank 1 of world size 3" in text.output
+        and "[1] instance" in text.output
+        and "[4] instance" in text.output
+    )
+
+
+def test_bad_input_messages(tmp_path: Path, tokens_dir: str) -> None:
+    config = write_config(tmp_path, tokens_dir)
+    cfg = yaml.safe_load(Path(config).read_text())
+    cache = DocIndex(str(tmp_path / "cache"))
+    # missing order file
+    with pytest.raises(DataError, match=r"global_indices.npy: order file not found"):
+        inspect_batch(config, step=1, doc_index=cache)
+    build_config_orders(cfg)
+    per_epoch = len(open_from_config(cfg)) // GBS
+    # a step past the end of the order (only epoch 0 was built)
+    with pytest.raises(
+        DataError,
+        match=rf"step {per_epoch + 1} is past the end of the orders built: it is batch 0 "
+        r"of epoch 1 .*global_indices_epoch1.npy: order file not found",
+    ):
+        inspect_batch(config, step=per_epoch + 1, doc_index=cache)
+    short = tmp_path / "short.npy"
+    np.fromfile(tmp_path / "run" / "train_data" / "global_indices.npy", dtype="<u4")[: 2 * GBS].tofile(short)
+    with pytest.raises(
+        DataError,
+        match=r"step 3 \(batch index 2\) is past the end of the order: .*short.npy: the "
+        r"order holds 24 instances",
+    ):
+        inspect_batch(config, step=3, order=str(short), doc_index=cache)
+    # a dtype that disagrees with the manifest
+    (tmp_path / "d").mkdir()
+    bad_dtype = write_config(tmp_path / "d", tokens_dir, dtype="uint32")
+    with pytest.raises(
+        DataError, match=r"dtype uint32 was requested but the directory's manifest says uint16"
+    ):
+        inspect_batch(bad_dtype, step=1, doc_index=cache)
+    # data paths changed since the order was built (same save_folder, one file fewer)
+    manifest = json.loads((Path(tokens_dir) / "manifest.json").read_text())
+    fewer = [str(Path(tokens_dir) / f["path"]) for f in manifest["files"][:-1]]
+    cfg_changed = dict(cfg, data={"paths": fewer})
+    with pytest.raises(
+        DataError,
+        match=r"this order was built for other data .*the data paths changed since the "
+        r"order was built",
+    ):
+        inspect_batch(cfg_changed, step=1, doc_index=cache)
+    with pytest.raises(DataError, match=r"--rank and --world-size go together"):
+        inspect_batch(config, step=1, rank=1, doc_index=cache)
+    with pytest.raises(DataError, match=r"exactly one of --step .* and --batch-index"):
+        inspect_batch(config, doc_index=cache)
+    with pytest.raises(DataError, match=r"world size 5 does not divide the global batch size 12"):
+        inspect_batch(config, step=1, rank=0, world_size=5, doc_index=cache)
+    with pytest.raises(DataError, match=r"nope.yaml: config file not found"):
+        inspect_batch(str(tmp_path / "nope.yaml"), step=1)
+    res = CliRunner().invoke(main, ["inspect-batch", config, "--step", "0"])
+    assert (
+        res.exit_code == 2 and "training steps count from 1" in res.output and "Traceback" not in res.output
+    )
+
+
+def test_decode_without_a_loadable_tokenizer(tmp_path: Path, tokens_dir: str) -> None:
+    config = write_config(tmp_path, tokens_dir)
+    build_config_orders(yaml.safe_load(Path(config).read_text()))
+    with pytest.raises(DataError, match=r"--decode needs the tokenizer: .*pass --tokenizer PATH"):
+        inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+
+
+def test_token_files_without_metadata(tmp_path: Path) -> None:
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "plain.npy")
+    cfg = {
+        "seed": 1,
+        "save_folder": str(tmp_path / "run"),
+        "global_train_batch_size": 2,
+        "model": {"max_sequence_length": 10},
+        "data": {"paths": [str(tmp_path / "plain.npy")]},
+    }
+    build_config_orders(cfg)
+    report = inspect_batch(cfg, step=1, doc_index=DocIndex(str(tmp_path / "c")))
+    assert all(i.documents is None for i in report.instances)
+    assert "no metadata beside the token file" in format_report(report)
+
+
+def test_sparse_100b_token_dataset(tmp_path: Path) -> None:
+    """Offsets past 2**32 tokens, on sparse files (no real disk use): locations and documents stay exact."""
+    seq = 1 << 20
+    sizes = [60_000_000_000, 40_000_000_000]  # 100B uint32 tokens = 400 GB apparent size, ~0 bytes on disk
+    paths = []
+    for k, size in enumerate(sizes):
+        p = tmp_path / f"part-{k:05d}-00000.npy"
+        with open(p, "wb") as f:
+            f.truncate(size * 4)
+        docs = np.linspace(0, size, 1001, dtype=np.int64)  # 1000 documents per file
+        with gzip.open(tmp_path / f"part-{k:05d}-00000.csv.gz", "wt") as g:
+            for i in range(1000):
+                g.write(f"{docs[i]},{docs[i + 1]},doc-{k}-{i},src{k}.jsonl,{i + 1}\n")
+        paths.append(str(p))
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "olmo-data.tokens",
+                "version": 1,
+                "dtype": "uint32",
+                "files": [
+                    {"path": Path(p).name, "metadata": Path(p).name.replace(".npy", ".csv.gz"), "tokens": s}
+                    for p, s in zip(paths, sizes, strict=True)
+                ],
+            }
+        )
+    )
+    cfg = {
+        "seed": 3,
+        "save_folder": str(tmp_path / "run"),
+        "global_train_batch_size": 4,
+        "model": {"max_sequence_length": seq},
+        "data": {"paths": [str(tmp_path)]},
+    }
+    per_file = [s // seq for s in sizes]
+    n = sum(per_file)
+    perm = np.arange(n)
+    np.random.Generator(np.random.PCG64(3)).shuffle(perm)
+    # mark the instances of one batch with their own index, written into the sparse files
+    step = 1000
+    batch = perm[(step - 1) * 4 : step * 4]
+    for inst in batch.tolist():
+        k = 0 if inst < per_file[0] else 1
+        offset = (inst - (0 if k == 0 else per_file[0])) * seq
+        m = np.memmap(paths[k], dtype="<u4", mode="r+")
+        m[offset : offset + 3] = [inst, inst + 1, inst + 2]
+        m.flush()
+        del m
+    build_config_orders(cfg)
+    report = inspect_batch(cfg, step=step, doc_index=DocIndex(str(tmp_path / "cache")))
+    assert [i.instance for i in report.instances] == batch.tolist()
+    for inst in report.instances:
+        k = 0 if inst.instance < per_file[0] else 1
+        offset = (inst.instance - (0 if k == 0 else per_file[0])) * seq
+        assert (Path(inst.path).name, inst.token_offset) == (Path(paths[k]).name, offset)
+        assert inst.token_ids[:4] == [inst.instance, inst.instance + 1, inst.instance + 2, 0]
+        docs = np.linspace(0, sizes[k], 1001, dtype=np.int64)
+        i = int(np.searchsorted(docs, offset, side="right")) - 1
+        assert inst.documents and inst.documents[0].id == f"doc-{k}-{i}"
+        assert inst.documents[0].document_start == offset - docs[i]
+    assert sum(p.stat().st_blocks for p in tmp_path.glob("part-*.npy")) * 512 < 100 * 2**20  # still sparse
