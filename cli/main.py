@@ -18,6 +18,10 @@ COMMANDS: dict[str, str] = {
     "sample": "cli.sample:sample",
     "tokenize": "cli.tokenize:tokenize",
     "demo": "cli.demo:demo",
+    "build-order": "cli.build_order:build_order",
+    "mix": "cli.mix:mix",
+    "inspect-batch": "cli.inspect_batch:inspect_batch",
+    "stats": "cli.stats:stats",
 }
 
 
