@@ -66,7 +66,8 @@ class TrainData:
         if self.batches_per_epoch == 0:
             raise DataError(
                 f"data.paths hold {self.num_instances} instances of {cfg.model.max_sequence_length} "
-                f"tokens, fewer than one global batch of {self.gbs}; add data or lower global_train_batch_size"
+                f"tokens, fewer than one global batch of {self.gbs}; add data or lower "
+                "global_train_batch_size"
             )
         self.fingerprint = self.source.fingerprint()
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)

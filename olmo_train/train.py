@@ -153,8 +153,8 @@ def check_resumable(state: ckpt.TrainerState, cfg: TrainConfig, data: TrainData,
     if problems and not cfg.force_load:
         raise DataError(
             f"{path}: the checkpoint was trained with other data settings: {'; '.join(problems)}. "
-            "Restore them, use a new save_folder, set --reset_trainer_state to load only the weights, or --force_load to "
-            "continue anyway"
+            "Restore them, use a new save_folder, set --reset_trainer_state to load only the weights, or "
+            "--force_load to continue anyway"
         )
     for problem in problems:
         log.warning("continuing despite %s (force_load)", problem)
