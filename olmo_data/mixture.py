@@ -302,7 +302,7 @@ def read_mix_manifest(path: str) -> tuple[dict[str, Any], str]:
     path = os.path.expanduser(str(path))
     if is_remote(path):
         raise DataError(f"{path}: mix manifests are read from local disk; copy the mix directory here first")
-    file = os.path.join(path, MIX_MANIFEST) if os.path.isdir(path) else path
+    file = path if path.endswith(".json") and not os.path.isdir(path) else os.path.join(path, MIX_MANIFEST)
     if not os.path.exists(file):
         raise DataError(
             f"{file}: mix manifest not found; write it with `olmo-data mix SPEC --destination DIR`"

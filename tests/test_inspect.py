@@ -307,3 +307,45 @@ def test_sparse_100b_token_dataset(tmp_path: Path) -> None:
         assert inst.documents and inst.documents[0].id == f"doc-{k}-{i}"
         assert inst.documents[0].document_start == offset - docs[i]
     assert sum(p.stat().st_blocks for p in tmp_path.glob("part-*.npy")) * 512 < 100 * 2**20  # still sparse
+
+
+def test_inspect_over_http_matches_local(
+    tmp_path: Path, tokens_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token files, metadata and the order served over HTTP (ranged reads) give the same batch as local disk."""
+    import http.server
+    import shutil
+    import threading
+
+    from olmo_data.instances import RangeReader
+    from tests.test_instances import _RangeHandler
+
+    www = tmp_path / "www"
+    shutil.copytree(tokens_dir, www / "demo")
+    handler = type("H", (_RangeHandler,), {"connections": set(), "range_requests": 0})
+
+    def make(*args: Any, **kw: Any) -> http.server.SimpleHTTPRequestHandler:
+        return handler(*args, directory=str(www), **kw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    reader = RangeReader()
+    monkeypatch.setattr("olmo_data.instances._READER", reader)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        local = yaml.safe_load(Path(write_config(tmp_path, tokens_dir)).read_text())
+        remote = dict(local, data={"paths": [f"{url}/demo/"]})
+        build_config_orders(local)
+        build_config_orders(remote, location=str(www / "order"))
+        a = inspect_batch(local, step=7, doc_index=DocIndex(str(tmp_path / "c1")))
+        b = inspect_batch(remote, step=7, order=f"{url}/order", doc_index=DocIndex(str(tmp_path / "c2")))
+        assert b.order_path == f"{url}/order/global_indices.npy"
+        assert a.batch_fingerprint == b.batch_fingerprint
+        for x, y in zip(a.instances, b.instances, strict=True):
+            assert (x.instance, x.token_offset, x.token_ids) == (y.instance, y.token_offset, y.token_ids)
+            assert y.path.startswith(url) and Path(x.path).name == y.path.rsplit("/", 1)[1]
+            assert [d.id for d in x.documents or []] == [d.id for d in y.documents or []]
+        assert handler.range_requests >= GBS  # one ranged read per instance (plus the order's slice)
+    finally:
+        server.shutdown()
+        server.server_close()
