@@ -312,7 +312,7 @@ def test_sparse_100b_token_dataset(tmp_path: Path) -> None:
 def test_inspect_over_http_matches_local(
     tmp_path: Path, tokens_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Token files, metadata and the order served over HTTP (ranged reads) give the same batch as local disk."""
+    """Token files, metadata and the order served over HTTP (ranged reads) give the batch local disk gives."""
     import http.server
     import shutil
     import threading

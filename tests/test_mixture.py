@@ -22,7 +22,7 @@ SEQ = 8
 
 
 def make_source(directory: Path, name: str, sizes: list[int], base: int) -> list[str]:
-    """Token files whose token at position p of file k is base + 1000*k + p: each instance says where it is."""
+    """Token files whose token p of file k is base + 1000*k + p, so that each instance says where it is."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for k, n in enumerate(sizes):
