@@ -1,23 +1,461 @@
 """tiktoken backend: the same ids as HF `tokenizers` for byte-level BPE vocabularies, several times faster.
 
-(Work in progress: `try_tiktoken` returns None, so every tokenizer runs on HF `tokenizers` for now.)
+Why this can be exact: a byte-level BPE tokenizer is (1) optional Unicode normalisation, (2) splitting out
+the added tokens that appear in the text, (3) a split regex, (4) BPE over bytes. tiktoken does (3) and (4) in
+Rust; it ranks merges by token id where `tokenizers` ranks them by their place in the merge list, which agree
+when the merge results' ids grow with the merge order (true of GPT-2, cl100k and GPT-NeoX-20B, and of every
+vocabulary the HF trainer makes). (1) and (2) we do here in Python, the way `tokenizers` does them: added
+tokens whose `normalized` flag is false are matched in the raw text, the rest is normalised and then the
+normalised added tokens are matched in it, both leftmost-longest. tiktoken's own special-token matching is
+not used, because it does not prefer the longest token (which matters for GPT-NeoX-20B's added space runs).
+
+We only build the equivalent when the tokenizer.json has nothing we cannot reproduce (see `_plan_from_json`),
+and even then a start-up self-check compares both backends on probe strings; any difference falls back to
+`tokenizers` (`auto`) or is an error (`--backend tiktoken`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import base64
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from olmo_data.errors import DataError
 
 if TYPE_CHECKING:
+    import tiktoken
+
     from olmo_data.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
 
-def try_tiktoken(tok: Tokenizer, strict: bool = False) -> Tokenizer | None:
-    if strict:
-        raise DataError(f"{tok.name}: no exact tiktoken equivalent could be built; use --backend hf or auto")
+# The split regex of the HF ByteLevel pre-tokenizer (use_regex=True), which is GPT-2's.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Bytes that occur in valid UTF-8; each needs a one-byte token or tiktoken cannot encode every text.
+UTF8_BYTES = [*range(0x00, 0xC0), *range(0xC2, 0xF5)]
+
+# The tokenize stage runs one process per core, so one thread each; more are for single-process callers.
+DEFAULT_NUM_THREADS = 1
+
+
+class Unsupported(Exception):
+    """The tokenizer has something tiktoken cannot reproduce exactly; the message says what."""
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map that byte-level BPE vocabularies are written in.
+
+    Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) move to 256 + n in order.
+    """
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+@dataclass
+class Plan:
+    """What a tokenizer.json reduces to for tiktoken: ranks, split regex, normalisation and added tokens."""
+
+    pat_str: str
+    ranks: dict[bytes, int]
+    nfc: bool = False
+    raw_tokens: dict[str, int] = field(default_factory=dict)  # added tokens matched before normalisation
+    normalized_tokens: dict[str, int] = field(default_factory=dict)  # matched in the normalised text
+
+
+def _pattern_of(pre: dict[str, Any] | None) -> str:
+    """The split regex of a byte-level pre-tokenizer, or Unsupported."""
+    if pre is None:
+        raise Unsupported("it has no pre-tokenizer (not byte-level BPE)")
+    kind = pre.get("type")
+    if kind == "ByteLevel":
+        if pre.get("add_prefix_space"):
+            raise Unsupported("its ByteLevel pre-tokenizer adds a prefix space")
+        if not pre.get("use_regex", True):
+            raise Unsupported("its ByteLevel pre-tokenizer does not split (use_regex false)")
+        return GPT2_PATTERN
+    if kind == "Sequence":
+        steps = pre.get("pretokenizers") or []
+        if len(steps) == 1:
+            return _pattern_of(steps[0])
+        if len(steps) == 2 and steps[0].get("type") == "Split" and steps[1].get("type") == "ByteLevel":
+            split, level = steps
+            pattern = split.get("pattern") or {}
+            if "Regex" not in pattern:
+                raise Unsupported("its Split pre-tokenizer splits on a string, not a regex")
+            if split.get("behavior") != "Isolated" or split.get("invert"):
+                raise Unsupported(
+                    f"its Split pre-tokenizer has behavior {split.get('behavior')!r}, not Isolated"
+                )
+            if level.get("add_prefix_space") or level.get("use_regex", True):
+                raise Unsupported("its ByteLevel step after Split adds a prefix space or splits again")
+            return str(pattern["Regex"])
+        raise Unsupported(
+            f"its pre-tokenizer sequence {[s.get('type') for s in steps]} is not Split + ByteLevel"
+        )
+    raise Unsupported(f"its pre-tokenizer is {kind}, not ByteLevel")
+
+
+def _uses_nfc(norm: dict[str, Any] | None) -> bool:
+    if norm is None:
+        return False
+    kind = norm.get("type")
+    if kind == "NFC":
+        return True
+    if kind == "Sequence":
+        return any([_uses_nfc(n) for n in norm.get("normalizers") or []])
+    raise Unsupported(f"its normaliser {kind} is not supported (only none or NFC)")
+
+
+def _plan_from_json(data: dict[str, Any]) -> Plan:
+    """Check a tokenizer.json structure for exact tiktoken equivalence and extract what tiktoken needs."""
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise Unsupported(f"its model is {model.get('type')}, not BPE")
+    if model.get("dropout"):
+        raise Unsupported("its BPE model uses dropout")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise Unsupported("its BPE model uses a subword prefix or word suffix")
+    if model.get("byte_fallback"):
+        raise Unsupported("its BPE model uses byte fallback (not byte-level)")
+    pat_str = _pattern_of(data.get("pre_tokenizer"))
+    nfc = _uses_nfc(data.get("normalizer"))
+
+    plan = Plan(pat_str=pat_str, ranks={}, nfc=nfc)
+    added_ids = set()
+    for added in data.get("added_tokens") or []:
+        content, tid = added["content"], int(added["id"])
+        for flag in ("lstrip", "rstrip", "single_word"):
+            if added.get(flag):
+                raise Unsupported(f"its added token {content!r} has {flag} set")
+        if added.get("normalized", not added.get("special", False)):
+            plan.normalized_tokens[unicodedata.normalize("NFC", content) if nfc else content] = tid
+        else:
+            plan.raw_tokens[content] = tid
+        added_ids.add(tid)
+
+    alphabet = byte_level_alphabet()
+    to_latin1 = str.maketrans({ch: chr(b) for b, ch in alphabet.items()})  # then .encode("latin-1") = bytes
+    foreign = re.compile(f"[^{re.escape(''.join(alphabet.values()))}]")
+    vocab: dict[str, int] = model.get("vocab") or {}
+    merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges") or []]
+    # Without ignore_merges, `tokenizers` only ever produces single bytes and merge results; a vocabulary
+    # entry that no merge makes is unreachable there, so it must be unreachable for tiktoken too.
+    reachable = None if model.get("ignore_merges") else {a + b for a, b in merges}
+    for token, tid in vocab.items():
+        if tid in added_ids or foreign.search(token):
+            continue
+        if reachable is not None and len(token) > 1 and token not in reachable:
+            continue
+        plan.ranks[token.translate(to_latin1).encode("latin-1")] = int(tid)
+    for b in UTF8_BYTES:
+        if bytes([b]) not in plan.ranks:
+            raise Unsupported(f"byte 0x{b:02x} has no token of its own")
+    last = -1
+    for n, (left, right) in enumerate(merges):
+        merged = vocab.get(left + right)
+        if merged is None or merged in added_ids:
+            raise Unsupported(f"merge {n} ({left} {right}) gives a token that is not in the BPE vocabulary")
+        if merged < last:
+            raise Unsupported(
+                f"merge {n} ({left} {right}) gives id {merged}, lower than an earlier merge's id {last}"
+            )
+        last = merged
+    return plan
+
+
+def _alternation(tokens: Sequence[str]) -> re.Pattern[str] | None:
+    """A regex matching `tokens` leftmost-longest, as `tokenizers` matches added tokens."""
+    if not tokens:
+        return None
+    lengths = sorted(len(t) for t in tokens)
+    one_char_runs = all(t == tokens[0][0] * len(t) for t in tokens)
+    if one_char_runs and lengths == [*range(lengths[0], lengths[-1] + 1)]:
+        # Runs of one character (GPT-NeoX's space tokens): a bounded greedy repeat matches the same, faster.
+        return re.compile(f"{re.escape(tokens[0][0])}{{{lengths[0]},{lengths[-1]}}}")
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
+
+
+class TiktokenEncoder:
+    """The batch encoder of a tiktoken-backed `Tokenizer`: added tokens and NFC here, the rest in tiktoken.
+
+    Picklable (the thread pool is made on first use in each process), so a `Tokenizer` can go to workers.
+    """
+
+    def __init__(self, enc: tiktoken.Encoding, plan: Plan, num_threads: int = DEFAULT_NUM_THREADS) -> None:
+        self.enc = enc
+        self.plan = plan
+        self.num_threads = num_threads
+        self._raw_re = _alternation(list(plan.raw_tokens))
+        # tiktoken's `encode_ordinary` holds the GIL; `encode` with nothing allowed gives the same ids and
+        # lets threads run in parallel (it needs a special token registered, or it scans every position).
+        self._encode_piece: Callable[[str], list[int]] = enc.encode_ordinary
+        if enc.special_tokens_set:
+            self._encode_piece = functools.partial(
+                enc.encode, allowed_special=frozenset(), disallowed_special=()
+            )
+        self._norm_re = _alternation(list(plan.normalized_tokens))
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"enc": self.enc, "plan": self.plan, "num_threads": self.num_threads}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["enc"], state["plan"], state["num_threads"])  # type: ignore[misc]
+
+    def encode(self, text: str) -> list[int]:
+        raw = self._raw_re
+        if raw is None or raw.search(text) is None:
+            return self._encode_normalized(text)
+        ids: list[int] = []
+        pos = 0
+        for m in raw.finditer(text):
+            ids += self._encode_normalized(text[pos : m.start()])
+            ids.append(self.plan.raw_tokens[m.group()])
+            pos = m.end()
+        ids += self._encode_normalized(text[pos:])
+        return ids
+
+    def _encode_normalized(self, text: str) -> list[int]:
+        if self.plan.nfc:
+            text = unicodedata.normalize("NFC", text)
+        norm = self._norm_re
+        encode = self._encode_piece
+        if norm is None:
+            return encode(text)
+        table = self.plan.normalized_tokens
+        ids: list[int] = []
+        pos = 0
+        for m in norm.finditer(text):
+            start = m.start()
+            if start > pos:
+                ids += encode(text[pos:start])
+            ids.append(table[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids += encode(text[pos:])
+        return ids
+
+    def _encode_list(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        threads = min(self.num_threads, len(texts))
+        if threads <= 1:
+            return self._encode_list(texts)
+        if self._pool is None or self._pool_pid != os.getpid() or self._pool._max_workers != threads:
+            self._pool = ThreadPoolExecutor(threads)  # a pool inherited through fork has no threads
+            self._pool_pid = os.getpid()
+        step = -(-len(texts) // threads)
+        chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
+        out: list[list[int]] = []
+        for part in self._pool.map(self._encode_list, chunks):
+            out += part
+        return out
+
+
+def _probes(plan: Plan) -> list[tuple[str, str]]:
+    """(label, text) pairs where a wrong split regex, normalisation or added-token rule would show."""
+    added = sorted({*plan.raw_tokens, *plan.normalized_tokens}, key=lambda t: (-len(t), t))[:40]
+    specials = "".join(f"x{t}y {t}{t}\n{t} " for t in added)
+    spaces = "".join(f"a{' ' * n}b\n{' ' * n}c{' ' * n}\n" for n in range(1, 60))
+    probes = [
+        ("contractions", "It's I'm we'll you're they've he'd IT'S WE'LL YOU'RE I'D 's 't 're 'S 'T"),
+        ("numbers", "1 12 123 1234 12345 3.14159 1,000,000 0x1F 2024-01-02 ٣٤٥ ⅷ ½ 10^9"),
+        (
+            "whitespace",
+            "a  b   c    d\t\te\n\nf \n g\r\n h      \n\n\n    i \u00a0j\u2003k\u3000l\x0bm\x0c  ",
+        ),
+        ("space runs", spaces),
+        ("leading and trailing space", "   start and end   "),
+        ("code", "def f(x):\n    if x:  # note\n        return {'a': [1, 2.5e-3, None]}\n\treturn x<<2\n"),
+        ("markup", '<div class="x">y</div> https://example.com/a?b=c&d=e#f `code` **bold** $x^2$'),
+        ("unicode", "naïve café Ünïcödé — “quotes” … 日本語のテキスト 中文 한국어 Русский العربية עברית ไทย"),
+        (
+            "NFD",
+            unicodedata.normalize("NFD", "café résumé naïve Ångström Ελληνικά ḱṷṓn") + " a\u0301 o\u0308",
+        ),
+        ("emoji", "👍🏽 👨‍👩‍👧‍👦 🇺🇸 ❤️ 😀😀😀 ☃ \U0001f9ea"),
+        ("controls", "\x00\x01\x1b[31m red\x7f \ufeffbom \u200bzw\u200d"),
+        ("special tokens in text", specials or "no added tokens"),
+        ("long word", "a" * 300 + " " + "ab" * 200 + " " + "😀" * 50),
+        ("empty", ""),
+    ]
+    # A sample of the vocabulary itself, one token a line: where rank order and merge order disagree, the
+    # pieces that show it are mostly vocabulary entries.
+    tokens = [t for t, _ in sorted(plan.ranks.items(), key=lambda kv: kv[1]) if len(t) > 1]
+    words = []
+    for t in tokens[:: max(1, len(tokens) // 5000)]:
+        try:
+            words.append(t.decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    probes.append(("vocabulary sample", "\n".join(words)))
+    return probes
+
+
+def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], hf: Any, plan: Plan) -> str | None:
+    """The label of the first probe where `encoder` and `tokenizers` differ, or None when all agree."""
+    probes = _probes(plan)
+    texts = [t for _, t in probes]
+    ours = encoder(texts)
+    theirs = [e.ids for e in hf.encode_batch_fast(texts, add_special_tokens=False)]
+    for (label, _), a, b in zip(probes, ours, theirs, strict=True):
+        if a != list(b):
+            return label
     return None
 
 
-def load_tiktoken_file(path: str) -> Tokenizer:
-    raise DataError(f"{path}: .tiktoken files are not supported yet")
+def build_encoding(name: str, plan: Plan) -> tiktoken.Encoding:
+    import tiktoken
+
+    # tiktoken keeps special tokens for decoding only here: `TiktokenEncoder` matches them itself.
+    specials = {**plan.raw_tokens, **plan.normalized_tokens}
+    return tiktoken.Encoding(name, pat_str=plan.pat_str, mergeable_ranks=plan.ranks, special_tokens=specials)
+
+
+def try_tiktoken(
+    tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS
+) -> Tokenizer | None:
+    """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact."""
+    from olmo_data.tokenizer import Tokenizer
+
+    def refuse(reason: str) -> None:
+        if strict:
+            raise DataError(
+                f"{tok.name}: the tiktoken backend cannot reproduce this tokenizer: {reason}; "
+                "use --backend hf (or auto, which falls back by itself)"
+            )
+        log.debug("%s: not using tiktoken: %s", tok.name, reason)
+
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        refuse("tiktoken is not installed")
+        return None
+    try:
+        plan = _plan_from_json(json.loads(tok.hf.to_str()))
+        encoder = TiktokenEncoder(build_encoding(tok.name, plan), plan, num_threads)
+    except Unsupported as e:
+        refuse(str(e))
+        return None
+    except (ValueError, KeyError, TypeError) as e:  # a regex or vocabulary tiktoken rejects
+        refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
+        return None
+    differs = self_check(encoder, tok.hf, plan)
+    if differs is not None:
+        if strict:
+            raise DataError(
+                f"{tok.name}: tiktoken and tokenizers give different ids on the self-check probe "
+                f"{differs!r}; use --backend hf or auto"
+            )
+        log.warning(
+            "%s: tiktoken self-check differs from tokenizers on probe %r; using the hf backend",
+            tok.name,
+            differs,
+        )
+        return None
+    return Tokenizer(
+        name=tok.name,
+        sha256=tok.sha256,
+        vocab_size=tok.vocab_size,
+        backend="tiktoken",
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+        hf=tok.hf,
+        _encode_batch=encoder,
+    )
+
+
+def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError("expected two fields")
+            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+        except ValueError as e:
+            raise DataError(f"{path}:{n}: expected 'BASE64_TOKEN RANK' ({e})") from None
+    if not ranks:
+        raise DataError(f"{path}: no ranks in file; expected lines 'BASE64_TOKEN RANK'")
+    return ranks
+
+
+def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer:
+    """A `.tiktoken` ranks file plus its `<path>.json` sidecar (`pat_str`, `special_tokens`) as a Tokenizer.
+
+    The ranks file alone does not say how text is split or which special tokens exist: a sidecar is required.
+    Special tokens found in the text become their ids, as `tokenizers` does with a tokenizer.json.
+    """
+    from olmo_data.tokenizer import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
+
+    sidecar = path + ".json"
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: tiktoken ranks file not found")
+    if not os.path.isfile(sidecar):
+        raise DataError(
+            f"{path}: a .tiktoken ranks file needs a sidecar {sidecar} holding the split regex and the "
+            'special tokens, e.g. {"pat_str": "...", "special_tokens": {"<|endoftext|>": 100257}}'
+        )
+    with open(path, "rb") as f:
+        data = f.read()
+    ranks = _read_ranks(path, data)
+    try:
+        with open(sidecar, encoding="utf-8") as side:
+            meta = json.load(side)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{sidecar}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("pat_str"), str):
+        raise DataError(f"{sidecar}: expected an object with a string 'pat_str' (the split regex)")
+    specials = meta.get("special_tokens", {})
+    if not isinstance(specials, dict) or not all(isinstance(v, int) for v in specials.values()):
+        raise DataError(f"{sidecar}: 'special_tokens' must map token strings to integer ids")
+    plan = Plan(pat_str=meta["pat_str"], ranks=ranks, raw_tokens=dict(specials))
+    name = os.path.basename(path)
+    try:
+        enc = build_encoding(name, plan)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({type(e).__name__}: {e})") from None
+
+    def find(candidates: Sequence[str]) -> int | None:
+        return next((specials[c] for c in candidates if c in specials), None)
+
+    return Tokenizer(
+        name=name,
+        sha256=hashlib.sha256(data).hexdigest(),
+        vocab_size=enc.max_token_value + 1,
+        backend="tiktoken",
+        eos_token_id=find(EOS_CANDIDATES),
+        bos_token_id=find(BOS_CANDIDATES),
+        pad_token_id=find(PAD_CANDIDATES),
+        hf=None,
+        _encode_batch=TiktokenEncoder(enc, plan, num_threads),
+        _decode=enc.decode,
+    )
+
+
+__all__ = ["TiktokenEncoder", "Unsupported", "load_tiktoken_file", "try_tiktoken"]

@@ -1,8 +1,8 @@
 """Tokenizer backends behind one small interface.
 
 `load_tokenizer(spec)` takes a `tokenizer.json` path, a `.tiktoken` ranks file, or a Hugging Face hub id, and
-returns a `Tokenizer`. Encoding never adds special tokens: the tokenize stage adds BOS/EOS itself so that the rule
-is the same for every backend.
+returns a `Tokenizer`. Encoding never adds special tokens: the tokenize stage adds BOS/EOS itself so that the
+rule is the same for every backend.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ class Tokenizer:
     eos_token_id: int | None
     bos_token_id: int | None
     pad_token_id: int | None
-    hf: Any = field(repr=False)  # the `tokenizers.Tokenizer`, kept for decoding and as the reference
+    hf: Any = field(repr=False)  # `tokenizers.Tokenizer`: decoding and the reference; None for .tiktoken
     _encode_batch: Any = field(repr=False, default=None)
+    _decode: Any = field(repr=False, default=None)  # used when there is no `hf` (a .tiktoken file)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._encode_batch is not None:
@@ -50,11 +51,25 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self.hf is None:
+            return str(self._decode(list(map(int, ids))))
         return str(self.hf.decode(list(map(int, ids)), skip_special_tokens=False))
+
+    def set_num_threads(self, num_threads: int) -> None:
+        """Threads one `encode_batch` call may use (tiktoken backend; default 1, as the tokenize stage runs
+        one process per core). HF `tokenizers` sizes its own pool (RAYON_NUM_THREADS, TOKENIZERS_PARALLELISM).
+        """
+        if hasattr(self._encode_batch, "num_threads"):
+            self._encode_batch.num_threads = max(1, int(num_threads))
 
     def identity(self) -> dict[str, Any]:
         """What a manifest records about the tokenizer."""
-        return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size, "backend": self.backend}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "backend": self.backend,
+        }
 
 
 def _find_special(hf: Any, candidates: Sequence[str]) -> int | None:
@@ -103,6 +118,9 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
     spec = os.path.expanduser(str(spec))
     if spec.endswith(".tiktoken"):
         from olmo_data import tiktoken_backend
+
+        if backend == "hf":
+            raise DataError(f"{spec}: a .tiktoken ranks file runs on the tiktoken backend only; use auto")
 
         return tiktoken_backend.load_tiktoken_file(spec)
     hf, name, sha = _load_hf(spec)

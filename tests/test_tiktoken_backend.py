@@ -1,0 +1,284 @@
+"""The tiktoken backend gives the ids of HF `tokenizers`, document by document, or is not used.
+
+Each real tokenizer is run through both backends on real text (the stdlib demo corpus, cut several ways) and
+on strings written to hit the places where the two could part: space runs, tabs, newlines, Unicode, NFD text,
+emoji, code, and special tokens inside the text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+import shutil
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from olmo_data.documents import read_documents
+from olmo_data.errors import DataError
+from olmo_data.tiktoken_backend import byte_level_alphabet, load_tiktoken_file, try_tiktoken
+from olmo_data.tokenizer import Tokenizer, load_tokenizer
+from tests.conftest import shared_tokenizer
+
+SHARED = ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"]
+
+TRICKY = [
+    "",
+    " ",
+    "  ",
+    "\n",
+    "a" + " " * 25 + "b",  # 24-space token + a single space that stays with "b" (GPT-NeoX)
+    "x" + " " * 48 + "y" + " " * 49 + "z" + " " * 50,
+    "".join(" " * n + str(n) for n in range(70)),
+    "\t\tindented\twith\ttabs\t \t \n\t\n",
+    "line\r\nwindows\r\n\r\n  \r\n\n\n\n   \n",
+    "trailing spaces   ",
+    "   leading spaces",
+    "It's, I'm, we'll, you're, they've, he'd; IT'S WE'LL YOU'RE I'D 'S 'T",
+    "3.14159 1,000,000 12345678901234567890 0x1F 1e-9 ٣٤٥ ⅷ ½",
+    "naïve café résumé Ünïcödé — “quotes” ‘single’ … 日本語のテキスト 中文 한국어 Русский",
+    "العربية עברית हिन्दी ไทย ქართული Ελληνικά",
+    unicodedata.normalize("NFD", "café résumé naïve Ångström Ελληνικά Tiếng Việt ḱṷṓn"),
+    "e\u0301 a\u0308 o\u0302\u0323 n\u0303 \u1100\u1161\u11a8 Å Ω ﬁ ①",  # composable, and compatibility-only
+    "👍🏽 👨‍👩‍👧‍👦 🇺🇸🇫🇷 ❤️ 😀😀😀 ☃ 🧪",
+    "\x00\x01\x1b[31mred\x1b[0m\x7f \ufeffbom zero\u200bwidth\u200d \u00a0nbsp\u2003em\u3000ideo",
+    "def f(x):\n    if x:  # comment\n        return {'a': [1, 2.5e-3, None]}\n\treturn x<<2\n",
+    '<div class="x">y</div> https://example.com/a?b=c&d=e#f `code` **bold** $x^2$ \\frac{a}{b}',
+    "<|endoftext|>",
+    "text<|endoftext|>more text <|endoftext|><|endoftext|>\n<|endoftext|> end",
+    "<|endoftext|<|endoftext|>|> <|endoftext <|ENDOFTEXT|>",
+    "pad <|padding|> and <|fim_prefix|>a<|fim_middle|>b<|fim_suffix|>c<|endofprompt|>",
+    "spaces before    <|endoftext|>    and after",
+    "a" * 2000,
+    "ab" * 500 + " " + "😀" * 100,
+]
+
+
+def _texts(corpus: list[str]) -> list[str]:
+    """About 1,200 documents: whole modules, paragraphs of some, NFD versions, and the tricky strings."""
+    docs = [doc.text for path in corpus for doc in read_documents(path)]
+    paragraphs = [p for d in docs[:40] for p in d.split("\n\n")][:1000]
+    nfd = [unicodedata.normalize("NFD", d) for d in docs[:10]]
+    return docs + paragraphs + nfd + TRICKY
+
+
+@pytest.fixture(scope="module")
+def texts(demo_corpus: list[str]) -> list[str]:
+    return _texts(demo_corpus)
+
+
+def _reference(path: str, texts: list[str]) -> tuple[Tokenizer, list[list[int]]]:
+    hf = load_tokenizer(path, "hf")
+    assert hf.backend == "hf"
+    return hf, [list(e.ids) for e in hf.hf.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _assert_same(texts: list[str], expected: list[list[int]], got: list[list[int]]) -> None:
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+        assert b == a, f"document {i} differs: {texts[i][:80]!r}"
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_tokenizers_identical_ids(name: str, texts: list[str]) -> None:
+    path = shared_tokenizer(name)
+    hf, expected = _reference(path, texts)
+    fast = load_tokenizer(path, "auto")
+    assert fast.backend == "tiktoken"
+    assert (fast.name, fast.sha256, fast.vocab_size) == (hf.name, hf.sha256, hf.vocab_size)
+    assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
+        hf.eos_token_id,
+        hf.bos_token_id,
+        hf.pad_token_id,
+    )
+    assert fast.identity() == {**hf.identity(), "backend": "tiktoken"}
+    _assert_same(texts, expected, fast.encode_batch(texts))
+
+
+def test_shared_special_tokens_in_text_become_their_ids() -> None:
+    """Pinned against the tokenizers' own special ids (../shared/README.md), not against our output."""
+    cases = {"gpt2.json": 50256, "cl100k_base.json": 100257, "gpt-neox-20b.json": 0}
+    for name, eos in cases.items():
+        tok = load_tokenizer(shared_tokenizer(name), "tiktoken")
+        ids = tok.encode("a<|endoftext|>b")
+        assert ids.count(eos) == 1 and ids[0] != eos and ids[-1] != eos, name
+        assert tok.encode("<|endoftext|>") == [eos]
+
+
+def test_neox_space_runs_use_added_tokens() -> None:
+    """GPT-NeoX-20B's added tokens 50254-50276 are runs of 24..2 spaces, matched longest first."""
+    tok = load_tokenizer(shared_tokenizer("gpt-neox-20b.json"), "tiktoken")
+    hf = load_tokenizer(shared_tokenizer("gpt-neox-20b.json"), "hf")
+    ids = tok.encode("a" + " " * 50 + "b")
+    assert ids[1:4] == [50254, 50254, 50276]  # 24 + 24 + 2 spaces
+    assert len(ids) == 5 and tok.decode(ids) == "a" + " " * 50 + "b"
+    assert ids == hf.encode("a" + " " * 50 + "b")
+    ids = tok.encode("a" + " " * 25 + "b")  # 24 spaces, then " b": a lone space stays with the next word
+    assert ids[1] == 50254 and len(ids) == 3 and ids == hf.encode("a" + " " * 25 + "b")
+
+
+def test_demo_tokenizer_identical_ids(demo_tokenizer: str, texts: list[str]) -> None:
+    hf, expected = _reference(demo_tokenizer, texts)
+    fast = load_tokenizer(demo_tokenizer, "auto")
+    assert fast.backend == "tiktoken"
+    assert (fast.eos_token_id, fast.pad_token_id, fast.vocab_size) == (0, 1, hf.vocab_size)
+    _assert_same(texts, expected, fast.encode_batch(texts))
+
+
+def test_threads_and_pickling_keep_ids(demo_tokenizer: str, texts: list[str]) -> None:
+    fast = load_tokenizer(demo_tokenizer, "tiktoken")
+    one = fast.encode_batch(texts)
+    fast.set_num_threads(3)
+    assert fast.encode_batch(texts) == one
+    copy = pickle.loads(pickle.dumps(fast))
+    assert copy.backend == "tiktoken" and copy.encode_batch(texts) == one
+
+
+def test_backend_values(demo_tokenizer: str) -> None:
+    assert load_tokenizer(demo_tokenizer, "hf").backend == "hf"
+    assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"
+    assert load_tokenizer(demo_tokenizer, "tiktoken").backend == "tiktoken"
+    with pytest.raises(DataError, match="unknown tokenizer backend 'fast'; expected auto, tiktoken or hf"):
+        load_tokenizer(demo_tokenizer, "fast")  # type: ignore[arg-type]
+
+
+# Tokenizers that tiktoken cannot reproduce: auto falls back, strict says why.
+
+
+def _edited(demo_tokenizer: str, tmp_path: Path, edit: str) -> str:
+    data = json.loads(Path(demo_tokenizer).read_text())
+    if edit == "lowercase":
+        data["normalizer"] = {"type": "Lowercase"}
+    elif edit == "prefix space":
+        data["pre_tokenizer"]["add_prefix_space"] = True
+    elif edit == "lstrip":
+        data["added_tokens"][0]["lstrip"] = True
+    elif edit == "whitespace":
+        data["pre_tokenizer"] = {"type": "Whitespace"}
+    elif edit == "merge order":
+        data["model"]["merges"] = data["model"]["merges"][::-1]
+    path = tmp_path / f"{edit.replace(' ', '-')}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ("lowercase", "its normaliser Lowercase is not supported"),
+        ("prefix space", "its ByteLevel pre-tokenizer adds a prefix space"),
+        ("lstrip", r"its added token '<\|endoftext\|>' has lstrip set"),
+        ("whitespace", "its pre-tokenizer is Whitespace, not ByteLevel"),
+        ("merge order", r"merge 1 \(.+\) gives id \d+, lower than an earlier merge's id \d+"),
+    ],
+)
+def test_unsupported_structure_falls_back(
+    demo_tokenizer: str, tmp_path: Path, edit: str, reason: str
+) -> None:
+    path = _edited(demo_tokenizer, tmp_path, edit)
+    assert load_tokenizer(path, "auto").backend == "hf"
+    with pytest.raises(DataError, match=f"cannot reproduce this tokenizer: {reason}.*use --backend hf"):
+        load_tokenizer(path, "tiktoken")
+
+
+def _rank_order_trap(tmp_path: Path) -> str:
+    """A byte-level BPE whose structure passes but whose ids differ: merges `r e`, `e t`, `r et` (no `re t`).
+
+    `tokenizers` encodes "return" as re|t|u|r|n (no merge joins re and t); tiktoken merges any adjacent pair
+    whose concatenation is in the vocabulary, so it makes ret|u|r|n. Only the self-check can see this.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {ch: b for b, ch in byte_level_alphabet().items()}  # a byte's id is its value
+    vocab.update({"re": 256, "et": 257, "ret": 258})
+    merges = [("r", "e"), ("e", "t"), ("r", "et")]
+    tok = HFTokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    path = tmp_path / "trap.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def test_self_check_difference_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _rank_order_trap(tmp_path)
+    assert load_tokenizer(path, "hf").encode("return") == [256, ord("t"), ord("u"), ord("r"), ord("n")]
+    with caplog.at_level(logging.WARNING, logger="olmo_data.tiktoken_backend"):
+        tok = load_tokenizer(path, "auto")
+    assert tok.backend == "hf"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert (
+        "trap.json: tiktoken self-check differs from tokenizers on probe 'code'" in warnings[0].getMessage()
+    )
+    with pytest.raises(DataError, match="different ids on the self-check probe 'code'; use --backend hf"):
+        load_tokenizer(path, "tiktoken")
+
+
+def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tmp_path: Path) -> None:
+    tok = load_tokenizer(_edited(demo_tokenizer, tmp_path, "lowercase"), "hf")
+    assert try_tiktoken(tok, strict=False) is None
+
+
+# .tiktoken ranks files
+
+
+def test_tiktoken_file_matches_hf_cl100k(texts: list[str]) -> None:
+    ranks = shared_tokenizer("cl100k_base.tiktoken")
+    tok = load_tokenizer(ranks)
+    assert tok.backend == "tiktoken" and tok.hf is None
+    assert tok.name == "cl100k_base.tiktoken"
+    assert tok.sha256 == hashlib.sha256(Path(ranks).read_bytes()).hexdigest()
+    assert (tok.vocab_size, tok.eos_token_id, tok.pad_token_id) == (100277, 100257, None)
+    # `<|pad|>` exists only in the HF file, so it stays out of the texts compared here.
+    sample = [t for t in texts if "<|pad|>" not in t]
+    _, expected = _reference(shared_tokenizer("cl100k_base.json"), sample)
+    _assert_same(sample, expected, tok.encode_batch(sample))
+    for text in TRICKY:
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_tiktoken_file_without_sidecar(tmp_path: Path) -> None:
+    ranks = tmp_path / "mini.tiktoken"
+    shutil.copy(shared_tokenizer("cl100k_base.tiktoken"), ranks)
+    with pytest.raises(
+        DataError, match=r"mini.tiktoken: a .tiktoken ranks file needs a sidecar .*\.tiktoken\.json"
+    ):
+        load_tokenizer(str(ranks))
+    with pytest.raises(DataError, match="runs on the tiktoken backend only"):
+        load_tokenizer(str(ranks), "hf")
+
+
+def _tiny_ranks(tmp_path: Path, lines: list[str], sidecar: object) -> str:
+    path = tmp_path / "tiny.tiktoken"
+    path.write_text("\n".join(lines) + "\n")
+    if sidecar is not None:
+        Path(str(path) + ".json").write_text(sidecar if isinstance(sidecar, str) else json.dumps(sidecar))
+    return str(path)
+
+
+def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
+    import base64
+
+    good = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    side = {"pat_str": r"\S+|\s+", "special_tokens": {"<|endoftext|>": 256}}
+    with pytest.raises(DataError, match=r"tiny.tiktoken:3: expected 'BASE64_TOKEN RANK'"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, [*good[:2], "AAA= x", *good[3:]], side))
+    with pytest.raises(DataError, match="tiny.tiktoken.json: not valid JSON"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, good, "{pat_str"))
+    with pytest.raises(DataError, match="tiny.tiktoken.json: expected an object with a string 'pat_str'"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, good, {"special_tokens": {}}))
+    with pytest.raises(DataError, match="'special_tokens' must map token strings to integer ids"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, good, {"pat_str": "x", "special_tokens": ["<|endoftext|>"]}))
+    with pytest.raises(DataError, match="missing.tiktoken: tiktoken ranks file not found"):
+        load_tiktoken_file(str(tmp_path / "missing.tiktoken"))
+    tok = load_tiktoken_file(_tiny_ranks(tmp_path, good, side))
+    assert (tok.vocab_size, tok.eos_token_id) == (257, 256)
+    assert tok.encode("ab <|endoftext|>") == [97, 98, 32, 256]
