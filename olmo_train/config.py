@@ -221,8 +221,8 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     for key in raw:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; known keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     kwargs = {key: _coerce(hints[key], value, f"{prefix}{key}") for key, value in raw.items()}
     return cls(**kwargs)
 
@@ -271,6 +271,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value

@@ -99,19 +99,19 @@ def final_weights(run: Path, step: int = STEPS) -> dict[str, Any]:
     return torch.load(run / f"step{step}-unsharded" / "model.pt", weights_only=True)
 
 
-def expected_fingerprints(data: list[str], save_folder: Path) -> dict[int, str]:
-    """What `olmo-data inspect-batch --step N` computes: the order files, the step's global batch, the
-    digest."""
-    from olmo_data.fingerprint import batch_fingerprint
-    from olmo_data.instances import open_dataset
-    from olmo_data.order import global_batch_indices
+def expected_fingerprints(config: Path) -> dict[int, str]:
+    """What `olmo-data inspect-batch CONFIG --step N` reports for each step (its library function)."""
+    from olmo_data.inspect import inspect_batch
 
-    source = open_dataset(data, sequence_length=SEQ)
-    out = {}
-    for step in range(1, STEPS + 1):
-        idx = global_batch_indices(str(save_folder / "train_data"), step, GBS, num_instances=len(source))
-        out[step] = batch_fingerprint(source.get_batch(idx.astype(np.int64))[0])
-    return out
+    return {step: inspect_batch(str(config), step=step).batch_fingerprint for step in range(1, STEPS + 1)}
+
+
+def cli_fingerprint(config: Path, step: int) -> str:
+    """The fingerprint the `olmo-data inspect-batch` command prints (run as a user would)."""
+    cmd = [sys.executable, "-m", "cli.main", "inspect-batch", str(config), "--step", str(step), "--json"]
+    proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return str(json.loads(proc.stdout)["batch_fingerprint"])
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_stop_and_resume_is_bitwise_identical(
     state = json.loads((run / "latest-unsharded" / "trainer_state.json").read_text())
     assert state["step"] == STEPS and state["tokens_seen"] == STEPS * GBS * SEQ and state["epoch"] == 1
     # the fingerprints logged are those the data tools compute for the same steps (inspect-batch's definition)
-    expected = expected_fingerprints(data, run)
+    expected = expected_fingerprints(config)
     assert {r["step"]: r["train/batch_fingerprint"] for r in metrics(run)} == expected
 
 
@@ -215,7 +215,8 @@ def test_sigkill_during_checkpoint_write_keeps_previous(data: list[str], tmp_pat
     got = metrics(run)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
-    assert got[-1]["train/batch_fingerprint"] == expected_fingerprints(data, run)[STEPS]
+    assert got[-1]["train/batch_fingerprint"] == cli_fingerprint(config, STEPS)
+    assert got[2]["train/batch_fingerprint"] == cli_fingerprint(config, 3)
 
 
 @pytest.mark.slow
