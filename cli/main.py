@@ -17,11 +17,12 @@ from olmo_data import DataError, __version__
 COMMANDS: dict[str, str] = {
     "sample": "cli.sample:sample",
     "tokenize": "cli.tokenize:tokenize",
-    "demo": "cli.demo:demo",
+    "demo-data": "cli.demo:demo_data",
     "build-order": "cli.build_order:build_order",
     "mix": "cli.mix:mix",
     "inspect-batch": "cli.inspect_batch:inspect_batch",
     "stats": "cli.stats:stats",
+    "prepare-tulu": "cli.prepare_tulu:prepare_tulu",
 }
 
 
@@ -54,9 +55,7 @@ def main(verbose: bool) -> None:
     The stages: sample documents, tokenize them into token files, (build a data order, mix sources, inspect any
     training batch), and train with `torchrun -m olmo_train`.
     """
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
 if __name__ == "__main__":

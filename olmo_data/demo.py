@@ -21,13 +21,13 @@ def stdlib_sources(max_files: int | None = None) -> list[Path]:
     """The standard library's `.py` files, sorted, so that the corpus is the same on every run."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
-    files = sorted(
-        p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts)
-    )
+    files = sorted(p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts))
     return files[:max_files] if max_files else files
 
 
-def make_demo_corpus(destination: str | os.PathLike[str], *, num_shards: int = 4, max_files: int | None = None) -> list[str]:
+def make_demo_corpus(
+    destination: str | os.PathLike[str], *, num_shards: int = 4, max_files: int | None = None
+) -> list[str]:
     """Write the stdlib corpus as dolma-format `.jsonl.gz` shards (one document per module); return their paths.
 
     Modules are dealt round-robin to shards. Each document has `id` (the module's path), `text`, `source` and
@@ -55,9 +55,7 @@ def make_demo_corpus(destination: str | os.PathLike[str], *, num_shards: int = 4
     return out
 
 
-def train_demo_tokenizer(
-    files: list[str], destination: str | os.PathLike[str], *, vocab_size: int = 8192
-) -> str:
+def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], *, vocab_size: int = 8192) -> str:
     """Train a byte-level BPE tokenizer (GPT-2 style) on the given dolma files; write and return `tokenizer.json`.
 
     `<|endoftext|>` is id 0 and `<|padding|>` id 1, as in GPT-NeoX-20B, so the demo exercises the same special-id

@@ -101,7 +101,7 @@ def _s3_glob(pattern: str) -> list[str]:
     bucket, key_pattern = pattern[5:].split("/", 1)
     prefix = key_pattern.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
     paginator = s3_client().get_paginator("list_objects_v2")
-    keys = []
+    keys: list[str] = []
     for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
         keys.extend(obj["Key"] for obj in page.get("Contents", []) if fnmatch.fnmatchcase(obj["Key"], key_pattern))
     return [f"s3://{bucket}/{k}" for k in sorted(keys)]

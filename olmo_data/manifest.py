@@ -31,7 +31,7 @@ from olmo_data.io import is_remote, open_file
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
-DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {"uint16": np.uint16, "uint32": np.uint32}
 
 
 def smallest_dtype(vocab_size: int) -> str:

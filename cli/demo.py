@@ -1,0 +1,25 @@
+"""`olmo-data demo-data`: make the built-in demo corpus and tokenizer (offline, from the standard library)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from olmo_data.demo import make_demo_corpus, train_demo_tokenizer
+
+
+@click.command("demo-data")
+@click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--shards", type=int, default=4, show_default=True, help="Number of .jsonl.gz shards.")
+@click.option("--max-files", type=int, help="Use only the first N standard-library modules.")
+@click.option("--vocab-size", type=int, default=8192, show_default=True, help="Vocabulary of the demo tokenizer.")
+def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: int) -> None:
+    """Write a real-text corpus (the standard library's sources, dolma format) and a BPE tokenizer trained on it.
+
+    Creates DESTINATION/documents/*.jsonl.gz and DESTINATION/tokenizer.json; needs no network.
+    """
+    dest = Path(destination)
+    files = make_demo_corpus(dest / "documents", num_shards=shards, max_files=max_files)
+    tokenizer = train_demo_tokenizer(files, dest / "tokenizer.json", vocab_size=vocab_size)
+    click.echo(f"wrote {len(files)} document shards to {dest / 'documents'} and the tokenizer {tokenizer}")

@@ -1,0 +1,41 @@
+"""`olmo-data sample`."""
+
+from __future__ import annotations
+
+import click
+
+from cli.options import document_options
+from olmo_data.sample import sample as run_sample
+
+
+@click.command()
+@document_options
+@click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--fraction", type=float, help="Keep each document with this probability (hash of seed and id).")
+@click.option("--every", type=int, help="Keep lines 1, K+1, 2K+1, ... of each file.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --fraction hash.")
+def sample(
+    documents: tuple[str, ...],
+    text_field: str,
+    id_field: str,
+    skip_bad_documents: bool,
+    destination: str,
+    fraction: float | None,
+    every: int | None,
+    seed: int,
+) -> None:
+    """Sample documents deterministically into dolma-format shards (one per input file, same names).
+
+    With --fraction the same documents are kept whatever the machine, file order or process count.
+    """
+    summary = run_sample(
+        documents,
+        destination,
+        fraction=fraction,
+        every=every,
+        seed=seed,
+        text_field=text_field,
+        id_field=id_field,
+        skip_bad_documents=skip_bad_documents,
+    )
+    click.echo(summary.line())

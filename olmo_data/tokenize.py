@@ -1,0 +1,522 @@
+"""`olmo-data tokenize`: documents in, token files out, compatible with `dolma tokens`.
+
+Layout of the destination (see also olmo_data/manifest.py):
+  part-IIIII-KKKKK.npy     headerless little-endian uint16/uint32 tokens; input file I, part K
+  part-IIIII-KKKKK.csv.gz  headerless rows `start,end,id,src,loc` (token offsets, end exclusive; 1-based line)
+  manifest.json            what the directory holds; written last, so its presence means "complete"
+  .progress/               per-input completion records, so a killed run resumes where it stopped
+
+Each input file is tokenized on its own into its own parts, in file order. That makes the output a function of the
+inputs and options only, byte-identical whatever `processes` is, and lets a rerun skip finished inputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmo_data import __version__
+from olmo_data.documents import BadDocuments, Document, read_documents
+from olmo_data.errors import DataError
+from olmo_data.io import expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
+from olmo_data.manifest import DTYPES, MANIFEST_NAME, MANIFEST_VERSION, smallest_dtype
+from olmo_data.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16
+BATCH_DOCUMENTS = 1024  # documents per encode call: large enough to amortise call overhead
+BATCH_CHARS = 4 * 1024 * 1024  # ... but bounded in size, so memory stays small on very long documents
+PROGRESS_DIR = ".progress"
+
+
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """Everything that changes the bytes of the output (and so goes into the manifest and the rerun check)."""
+
+    tokenizer: str
+    backend: str = "auto"
+    dtype: str | None = None
+    eos_token_id: int | None = None
+    bos_token_id: int | None = None
+    max_tokens_per_file: int = DEFAULT_MAX_TOKENS_PER_FILE
+    text_field: str = "text"
+    id_field: str = "id"
+    skip_bad_documents: bool = False
+
+
+@dataclass
+class InputResult:
+    """What one input file produced (also the content of its `.progress/` record)."""
+
+    index: int
+    path: str
+    size: int
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    documents: int = 0
+    tokens: int = 0
+    skipped_empty: int = 0
+    skipped_bad: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TokenizeSummary:
+    destination: str
+    documents: int
+    tokens: int
+    skipped_empty: int
+    skipped_bad: int
+    files: int
+    inputs: int
+    inputs_reused: int
+    seconds: float
+    dtype: str
+    backend: str
+    bad_examples: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        reused = f", {self.inputs_reused} of {self.inputs} inputs already done" if self.inputs_reused else ""
+        return (
+            f"tokenized {self.documents:,} documents into {self.tokens:,} tokens ({self.dtype}, {self.files} files, "
+            f"{self.backend} backend); skipped {self.skipped_empty:,} empty and {self.skipped_bad:,} bad documents; "
+            f"{self.seconds:.1f} s, {self.tokens_per_second / 1e6:.2f} M tokens/s{reused}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolving options against the tokenizer
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Options with defaults filled in from the tokenizer, as recorded in the manifest."""
+
+    options: TokenizeOptions
+    dtype: str
+    eos: int | None
+    bos: int | None
+    tokenizer_identity: dict[str, Any]
+
+    def run_key(self, inputs: list[dict[str, Any]]) -> str:
+        """A digest of everything that determines the output; a rerun must match it to reuse work."""
+        blob = json.dumps(
+            {
+                "options": _recorded_options(self.options),
+                "dtype": self.dtype,
+                "eos": self.eos,
+                "bos": self.bos,
+                "tokenizer": self.tokenizer_identity["sha256"],
+                "inputs": inputs,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _recorded_options(options: TokenizeOptions) -> dict[str, Any]:
+    d = asdict(options)
+    for k in ("tokenizer", "backend", "dtype", "eos_token_id", "bos_token_id"):
+        d.pop(k)  # recorded in their resolved form elsewhere in the manifest
+    return d
+
+
+def _resolve(options: TokenizeOptions, tok: Tokenizer) -> _Resolved:
+    eos = options.eos_token_id if options.eos_token_id is not None else tok.eos_token_id
+    if eos is None:
+        raise DataError(f"{options.tokenizer}: the tokenizer has no recognisable EOS token; pass --eos-token-id")
+    dtype = options.dtype or smallest_dtype(tok.vocab_size)
+    if dtype not in DTYPES:
+        raise DataError(f"--dtype {dtype!r}: expected uint16 or uint32")
+    limit = int(np.iinfo(DTYPES[dtype]).max)
+    for name, value in (("--eos-token-id", eos), ("--bos-token-id", options.bos_token_id)):
+        if value is not None and not 0 <= value <= limit:
+            raise DataError(f"{name} {value} does not fit {dtype} (0..{limit}); use --dtype uint32")
+    if options.max_tokens_per_file < 1:
+        raise DataError(f"--max-tokens-per-file must be positive, got {options.max_tokens_per_file}")
+    identity = tok.identity()
+    identity.pop("backend")  # the backend does not change the bytes: both give identical ids
+    return _Resolved(options, dtype, eos, options.bos_token_id, identity)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Writing parts of one input
+
+
+def _gzip_text_writer(path: Path) -> io.TextIOWrapper:
+    """A gzip text stream with a fixed header (no file name, mtime 0), so equal content gives equal bytes."""
+    raw = open(path, "wb")  # noqa: SIM115 - closed through the wrapper
+    gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=6)
+    gz.myfileobj = raw  # type: ignore[assignment]  # closing the GzipFile then closes the raw file too
+    return io.TextIOWrapper(gz, encoding="utf-8", newline="")
+
+
+class _PartWriter:
+    """Appends documents to `part-IIIII-KKKKK.npy` files, starting a new part when the next would overflow.
+
+    Files are written under `.tmp-` names and renamed when each part is complete. A document is never split: one
+    larger than `max_tokens` gets a part of its own.
+    """
+
+    def __init__(self, dest: Path, input_index: int, dtype: str, max_tokens: int):
+        self.dest, self.input_index, self.dtype, self.max_tokens = dest, input_index, dtype, max_tokens
+        self.parts: list[dict[str, Any]] = []
+        self.tokens = 0
+        self.documents = 0
+        self._npy: Any = None
+        self._csv: io.TextIOWrapper | None = None
+        self._writer: Any = None
+        self._names: tuple[str, str] = ("", "")
+
+    def _open(self) -> None:
+        stem = f"part-{self.input_index:05d}-{len(self.parts):05d}"
+        self._names = (f"{stem}.npy", f"{stem}.csv.gz")
+        self._npy = open(self.dest / f".tmp-{self._names[0]}", "wb")  # noqa: SIM115
+        self._csv = _gzip_text_writer(self.dest / f".tmp-{self._names[1]}")
+        self._writer = csv.writer(self._csv, lineterminator="\n")
+        self.tokens = self.documents = 0
+
+    def close_part(self) -> None:
+        if self._npy is None:
+            return
+        self._npy.close()
+        assert self._csv is not None
+        self._csv.close()
+        for name in self._names:
+            os.replace(self.dest / f".tmp-{name}", self.dest / name)
+        self.parts.append(
+            {"path": self._names[0], "metadata": self._names[1], "documents": self.documents, "tokens": self.tokens}
+        )
+        self._npy = self._csv = None
+
+    def abort(self) -> None:
+        for f in (self._npy, self._csv):
+            if f is not None:
+                f.close()
+        for name in self._names:
+            (self.dest / f".tmp-{name}").unlink(missing_ok=True)
+        self._npy = self._csv = None
+
+    def write(self, flat: np.ndarray, lengths: Sequence[int], docs: Sequence[Document], src: str) -> None:
+        """Append a batch: `flat` holds the documents' tokens back to back, `lengths[i]` tokens each."""
+        pos = 0
+        run_start = 0  # start in `flat` of the run of documents not yet written to the open part
+        for doc, n in zip(docs, lengths, strict=True):
+            if self._npy is None or (self.tokens > 0 and self.tokens + n > self.max_tokens):
+                if self._npy is not None:
+                    self._npy.write(flat[run_start:pos].tobytes())
+                    self.close_part()
+                self._open()
+                run_start = pos
+            self._writer.writerow((self.tokens, self.tokens + n, doc.id, src, doc.line))
+            self.tokens += n
+            self.documents += 1
+            pos += n
+        if self._npy is not None and pos > run_start:
+            self._npy.write(flat[run_start:pos].tobytes())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizing one input file (runs in worker processes)
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(resolved: _Resolved, backend: str, progress: Any, threads: int | None) -> None:
+    if threads == 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # N processes on N cores: no thread pools inside each
+        os.environ["RAYON_NUM_THREADS"] = "1"
+    tok = load_tokenizer(resolved.options.tokenizer, backend)  # type: ignore[arg-type]
+    _worker.update(resolved=resolved, tok=tok, progress=progress)
+
+
+def _encode(tok: Tokenizer, texts: list[str], eos: int | None, bos: int | None) -> tuple[np.ndarray, list[int]]:
+    """Encode a batch and add BOS/EOS where not already present; returns (flat uint32 tokens, lengths)."""
+    encoded = tok.encode_batch(texts)
+    for ids in encoded:
+        if bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids.append(eos)
+    lengths = [len(ids) for ids in encoded]
+    flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.uint32, count=sum(lengths))
+    return flat, lengths
+
+
+def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
+    index, path, size, dest = task
+    resolved: _Resolved = _worker["resolved"]
+    tok: Tokenizer = _worker["tok"]
+    progress = _worker["progress"]
+    opts = resolved.options
+    result = InputResult(index=index, path=path, size=size)
+    bad = BadDocuments() if opts.skip_bad_documents else None
+    limit = int(np.iinfo(DTYPES[resolved.dtype]).max)
+    writer = _PartWriter(Path(dest), index, resolved.dtype, opts.max_tokens_per_file)
+    docs: list[Document] = []
+    texts: list[str] = []
+    chars = 0
+
+    def flush() -> None:
+        nonlocal chars
+        flat, lengths = _encode(tok, texts, resolved.eos, resolved.bos)
+        if flat.size and int(flat.max()) > limit:
+            offending = int(np.argmax(flat > limit))
+            doc_i = int(np.searchsorted(np.cumsum(lengths), offending, side="right"))
+            raise DataError(
+                f"{path}:{docs[doc_i].line}: token id {int(flat[offending])} does not fit {resolved.dtype} "
+                f"(max {limit}); use --dtype uint32"
+            )
+        writer.write(flat.astype(resolved.dtype, copy=False), lengths, docs, path)
+        result.documents += len(docs)
+        result.tokens += int(flat.size)
+        if progress is not None:
+            progress.put((len(docs), int(flat.size), chars))
+        docs.clear()
+        texts.clear()
+        chars = 0
+
+    try:
+        for doc in read_documents(path, text_field=opts.text_field, id_field=opts.id_field, bad=bad):
+            text = doc.text.strip()
+            if not text:
+                result.skipped_empty += 1
+                continue
+            docs.append(doc)
+            texts.append(text)
+            chars += len(text)
+            if len(docs) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
+                flush()
+        if docs:
+            flush()
+        writer.close_part()
+    except BaseException:
+        writer.abort()
+        for part in writer.parts:  # parts of an unfinished input are not reusable
+            for key in ("path", "metadata"):
+                (Path(dest) / part[key]).unlink(missing_ok=True)
+        raise
+    result.parts = writer.parts
+    if bad is not None:
+        result.skipped_bad, result.bad_examples = bad.count, bad.examples
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The driver
+
+
+def tokenize(
+    documents: Sequence[str],
+    destination: str | os.PathLike[str],
+    options: TokenizeOptions,
+    *,
+    processes: int = 1,
+    progress: bool | None = None,
+) -> TokenizeSummary:
+    """Tokenize every document of the input files into `destination`; see the module docstring for the layout.
+
+    A rerun into the same destination with the same inputs and options reuses the inputs already done. Different
+    inputs or options are refused, so one directory never mixes two runs. On bad input, this call's own outputs
+    are removed (earlier complete inputs are kept for a rerun) and `DataError` names the file and line.
+    """
+    start = time.perf_counter()
+    if processes < 1:
+        raise DataError(f"--processes must be at least 1, got {processes}")
+    paths = expand_patterns(documents)
+    inputs: list[dict[str, Any]] = [{"path": p, "size": file_size(p)} for p in paths]
+    tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
+    resolved = _resolve(options, tok)
+    dest = Path(destination)
+    created_dest = not dest.exists()
+    dest.mkdir(parents=True, exist_ok=True)
+    progress_dir = dest / PROGRESS_DIR
+    run_key = resolved.run_key(inputs)
+    _check_destination(dest, run_key)
+    progress_dir.mkdir(exist_ok=True)
+    remove_stale_temporaries(dest)
+    (progress_dir / "run.json").write_text(json.dumps({"run_key": run_key, "inputs": inputs}, indent=2) + "\n")
+
+    results: dict[int, InputResult] = {}
+    todo: list[tuple[int, str, int, str]] = []
+    for i, inp in enumerate(inputs):
+        done = _load_done(progress_dir, i, inp)
+        if done is not None and all((dest / p["path"]).exists() for p in done.parts):
+            results[i] = done
+        else:
+            _remove_parts_of(dest, i)
+            todo.append((i, str(inp["path"]), int(inp["size"]), str(dest)))
+    reused = len(results)
+    written_now: list[int] = []
+    try:
+        for result in _run_tasks(todo, resolved, options.backend, processes, progress, len(inputs), reused):
+            write_json_atomic(progress_dir / f"{result.index:05d}.json", asdict(result))
+            results[result.index] = result
+            written_now.append(result.index)
+    except BaseException as e:
+        if isinstance(e, DataError):  # bad input: leave nothing of this call behind
+            for i in written_now:
+                _remove_parts_of(dest, i)
+                (progress_dir / f"{i:05d}.json").unlink(missing_ok=True)
+            if created_dest:
+                shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+    ordered = [results[i] for i in range(len(inputs))]
+    files = [dict(part, input=r.index) for r in ordered for part in r.parts]
+    totals = {
+        "documents": sum(r.documents for r in ordered),
+        "tokens": sum(r.tokens for r in ordered),
+        "skipped_empty": sum(r.skipped_empty for r in ordered),
+        "skipped_bad": sum(r.skipped_bad for r in ordered),
+    }
+    manifest = {
+        "format": "olmo-data.tokens",
+        "version": MANIFEST_VERSION,
+        "tool_version": __version__,
+        "dtype": resolved.dtype,
+        "tokenizer": resolved.tokenizer_identity,
+        "eos_token_id": resolved.eos,
+        "bos_token_id": resolved.bos,
+        "pad_token_id": tok.pad_token_id,
+        "options": _recorded_options(options),
+        "inputs": inputs,
+        "files": files,
+        "totals": totals,
+    }
+    write_json_atomic(dest / MANIFEST_NAME, manifest)
+    return TokenizeSummary(
+        destination=str(dest),
+        files=len(files),
+        inputs=len(inputs),
+        inputs_reused=reused,
+        seconds=time.perf_counter() - start,
+        dtype=resolved.dtype,
+        backend=tok.backend,
+        bad_examples=[m for r in ordered for m in r.bad_examples][:5],
+        **totals,
+    )
+
+
+def _check_destination(dest: Path, run_key: str) -> None:
+    """Refuse a destination that holds output of a different run (other inputs, options or tokenizer)."""
+    run_file = dest / PROGRESS_DIR / "run.json"
+    if run_file.exists():
+        previous = json.loads(run_file.read_text()).get("run_key")
+        if previous != run_key:
+            raise DataError(
+                f"{dest}: holds tokenized output of a different run (other inputs, options or tokenizer); "
+                "use an empty destination, or delete this one to start over"
+            )
+        return
+    leftovers = [p.name for p in dest.iterdir() if p.name.startswith("part-") or p.name == MANIFEST_NAME]
+    if leftovers:
+        raise DataError(
+            f"{dest}: already holds token files ({leftovers[0]}, ...) that this tool did not record; "
+            "use an empty destination"
+        )
+
+
+def _load_done(progress_dir: Path, index: int, inp: dict[str, Any]) -> InputResult | None:
+    record = progress_dir / f"{index:05d}.json"
+    if not record.exists():
+        return None
+    data = json.loads(record.read_text())
+    if data.get("path") != inp["path"] or data.get("size") != inp["size"]:
+        return None
+    return InputResult(**data)
+
+
+def _remove_parts_of(dest: Path, index: int) -> None:
+    for p in dest.glob(f"part-{index:05d}-*"):
+        p.unlink(missing_ok=True)
+
+
+def _run_tasks(
+    todo: list[tuple[int, str, int, str]],
+    resolved: _Resolved,
+    backend: str,
+    processes: int,
+    show_progress: bool | None,
+    n_inputs: int,
+    reused: int,
+) -> Any:
+    """Yield InputResults as inputs finish, with a progress bar fed by the workers."""
+    from tqdm import tqdm
+
+    bar = tqdm(
+        desc="tokenize", unit=" docs", disable=(None if show_progress is None else not show_progress), leave=False
+    )
+    tokens = 0
+    chars = 0
+    t0 = time.perf_counter()
+    files_done = reused
+
+    def update(msg: tuple[int, int, int]) -> None:
+        nonlocal tokens, chars
+        bar.update(msg[0])
+        tokens += msg[1]
+        chars += msg[2]
+        dt = max(time.perf_counter() - t0, 1e-9)
+        bar.set_postfix_str(
+            f"files {files_done}/{n_inputs}, {tokens / 1e6:.1f}M tokens, {chars / dt / 1e6:.1f} MB/s", refresh=False
+        )
+
+    try:
+        if processes == 1 or len(todo) <= 1:
+            local_q: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+            _init_worker(resolved, backend, local_q, None)
+            for task in todo:
+                result = _tokenize_input(task)
+                while not local_q.empty():
+                    update(local_q.get())
+                files_done += 1
+                yield result
+            return
+        # inputs are independent: largest first, so the last worker to finish is not stuck with a big file
+        todo = sorted(todo, key=lambda t: -t[2])
+        # fork where there is one: workers start at once and inherit the imported modules; each loads its own
+        # tokenizer in the initializer, with thread pools off, so nothing threaded crosses the fork
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        progress_q = ctx.Queue()
+        with ctx.Pool(
+            min(processes, len(todo)), initializer=_init_worker, initargs=(resolved, backend, progress_q, 1)
+        ) as pool:
+            pending = pool.imap_unordered(_tokenize_input, todo)
+            remaining = len(todo)
+            while remaining:
+                try:
+                    finished: InputResult | None = pending.next(timeout=0.2)
+                except mp.TimeoutError:
+                    finished = None
+                while True:
+                    try:
+                        update(progress_q.get_nowait())
+                    except queue.Empty:
+                        break
+                if finished is not None:
+                    remaining -= 1
+                    files_done += 1
+                    yield finished
+    finally:
+        bar.close()

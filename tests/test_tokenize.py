@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from olmo_data.documents import read_documents
+from olmo_data.errors import DataError
+from olmo_data.tokenize import TokenizeOptions, tokenize
+from olmo_data.tokenizer import load_tokenizer
+from tests.conftest import shared_tokenizer
+from tests.helpers import docs, write_jsonl
+
+
+def read_output(dest: Path) -> list[tuple[str, str, int, list[int]]]:
+    """(id, src, line, tokens) for every document in a token directory, in manifest order."""
+    manifest = json.loads((dest / "manifest.json").read_text())
+    out = []
+    for f in manifest["files"]:
+        tokens = np.memmap(dest / f["path"], dtype=manifest["dtype"], mode="r")
+        assert tokens.size == f["tokens"]
+        with gzip.open(dest / f["metadata"], "rt", newline="") as fh:
+            rows = list(csv.reader(fh))
+        assert len(rows) == f["documents"]
+        for start, end, doc_id, src, loc in rows:
+            out.append((doc_id, src, int(loc), tokens[int(start) : int(end)].tolist()))
+    return out
+
+
+def test_every_document_equals_encoding_plus_eos(demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    summary = tokenize(demo_corpus, dest, TokenizeOptions(tokenizer=demo_tokenizer, backend="hf"))
+    ref = load_tokenizer(demo_tokenizer, "hf")
+    expected = [
+        (d.id, path, d.line, ref.encode(d.text.strip()) + [0])
+        for path in demo_corpus
+        for d in read_documents(path)
+        if d.text.strip()
+    ]
+    got = read_output(dest)
+    assert got == expected
+    assert summary.documents == len(expected)
+    assert summary.tokens == sum(len(e[3]) for e in expected)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["dtype"] == "uint16" and manifest["eos_token_id"] == 0
+    assert manifest["totals"]["documents"] == len(expected)
+    assert [i["path"] for i in manifest["inputs"]] == demo_corpus
+    assert manifest["tokenizer"]["sha256"] == ref.sha256
+
+
+@pytest.mark.parametrize("name", ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"])
+def test_real_tokenizers_match_reference_document_by_document(
+    demo_corpus: list[str], tmp_path: Path, name: str
+) -> None:
+    """The auto backend's output (tiktoken where possible) equals HF tokenizers' encoding of every document."""
+    path = shared_tokenizer(name)
+    dest = tmp_path / "out"
+    tokenize(demo_corpus[:1], dest, TokenizeOptions(tokenizer=path))
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(path)
+    eos = hf.token_to_id("<|endoftext|>")
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert manifest["dtype"] == ("uint32" if name.startswith("cl100k") else "uint16")
+    got = read_output(dest)
+    texts = [d.text.strip() for d in read_documents(demo_corpus[0]) if d.text.strip()]
+    assert len(got) == len(texts)
+    for (doc_id, _, _, tokens), text in zip(got, texts, strict=True):
+        assert tokens == hf.encode(text, add_special_tokens=False).ids + [eos], doc_id
+
+
+def test_empty_documents_skipped_and_bos_eos_not_duplicated(demo_tokenizer: str, tmp_path: Path) -> None:
+    tok = load_tokenizer(demo_tokenizer, "hf")
+    inp = write_jsonl(tmp_path / "in.jsonl", docs("  hello world  ", "   \n\t ", "", "ends with<|endoftext|>"))
+    dest = tmp_path / "out"
+    s = tokenize([inp], dest, TokenizeOptions(tokenizer=demo_tokenizer, backend="hf", bos_token_id=1))
+    assert s.skipped_empty == 2 and s.documents == 2
+    got = read_output(dest)
+    assert [g[3] for g in got] == [
+        [1] + tok.encode("hello world") + [0],
+        [1] + tok.encode("ends with") + [0],  # the text's own EOS is kept, not doubled
+    ]
+    assert [g[2] for g in got] == [1, 4]
+
+
+def test_output_is_identical_whatever_the_process_count(
+    demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path
+) -> None:
+    opts = TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=20_000)
+    tokenize(demo_corpus, tmp_path / "p1", opts, processes=1)
+    tokenize(demo_corpus, tmp_path / "p2", opts, processes=2)
+    names = sorted(p.name for p in (tmp_path / "p1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "p2").iterdir())
+    assert len([n for n in names if n.endswith(".npy")]) > len(demo_corpus)  # parts were split
+    for name in names:
+        if name != ".progress":
+            assert (tmp_path / "p1" / name).read_bytes() == (tmp_path / "p2" / name).read_bytes(), name
+
+
+def test_documents_never_split_and_oversized_gets_own_file(demo_tokenizer: str, tmp_path: Path) -> None:
+    texts = ["short one", "x " * 400, "another short", "and one more", "y " * 10]
+    inp = write_jsonl(tmp_path / "in.jsonl", docs(*texts))
+    dest = tmp_path / "out"
+    tokenize([inp], dest, TokenizeOptions(tokenizer=demo_tokenizer, backend="hf", max_tokens_per_file=20))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    got = read_output(dest)
+    assert [g[0] for g in got] == [f"doc-{i}" for i in range(5)]
+    assert all(f["tokens"] <= 20 or f["documents"] == 1 for f in manifest["files"])
+    assert any(f["tokens"] > 20 for f in manifest["files"])
+    tok = load_tokenizer(demo_tokenizer, "hf")
+    assert [g[3] for g in got] == [tok.encode(t.strip()) + [0] for t in texts]
+
+
+def test_id_too_large_for_dtype_is_an_error_and_leaves_nothing(tmp_path: Path) -> None:
+    path = shared_tokenizer("cl100k_base.json")
+    inp = write_jsonl(tmp_path / "in.jsonl", docs("plain ascii", "naïve café 日本語 text"))
+    dest = tmp_path / "out"
+    with pytest.raises(DataError, match=r"in\.jsonl:2: token id \d+ does not fit uint16 \(max 65535\)"):
+        tokenize([inp], dest, TokenizeOptions(tokenizer=path, dtype="uint16", eos_token_id=0))
+    assert not dest.exists()
+    with pytest.raises(DataError, match=r"--eos-token-id 100257 does not fit uint16"):
+        tokenize([inp], dest, TokenizeOptions(tokenizer=path, dtype="uint16"))
+
+
+def test_bad_input_fails_with_line_and_leaves_no_output(demo_tokenizer: str, tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "a.jsonl", docs("fine"))
+    bad = write_jsonl(tmp_path / "b.jsonl", docs("fine too"), raw_lines=[b"{not json}\n"])
+    dest = tmp_path / "out"
+    with pytest.raises(DataError, match=r"b\.jsonl:2: malformed JSON .*--skip-bad-documents"):
+        tokenize([good, bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert not dest.exists()
+    s = tokenize([good, bad], dest, TokenizeOptions(tokenizer=demo_tokenizer, skip_bad_documents=True))
+    assert (s.documents, s.skipped_bad) == (2, 1)
+    assert "b.jsonl:2" in s.bad_examples[0]
+
+
+def test_rerun_with_other_options_is_refused(demo_tokenizer: str, tmp_path: Path) -> None:
+    inp = write_jsonl(tmp_path / "a.jsonl", docs("some text"))
+    tokenize([inp], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer))
+    again = tokenize([inp], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer))
+    assert again.inputs_reused == 1
+    with pytest.raises(DataError, match=r"out: holds tokenized output of a different run"):
+        tokenize([inp], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer, dtype="uint32"))
+
+
+def test_missing_eos_is_an_error(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.save(str(tmp_path / "t.json"))
+    inp = write_jsonl(tmp_path / "a.jsonl", docs("ab"))
+    with pytest.raises(DataError, match=r"t\.json: the tokenizer has no recognisable EOS token; pass --eos-token-id"):
+        tokenize([inp], tmp_path / "out", TokenizeOptions(tokenizer=str(tmp_path / "t.json"), backend="hf"))
+
+
+def test_killed_run_reruns_to_the_same_output(demo_tokenizer: str, tmp_path: Path) -> None:
+    """SIGKILL a run part-way; the rerun reuses finished inputs and ends byte-identical to an uninterrupted run."""
+    from olmo_data.demo import make_demo_corpus
+
+    corpus = make_demo_corpus(tmp_path / "corpus", num_shards=12, max_files=240)
+    code = (
+        "import sys; from olmo_data.tokenize import tokenize, TokenizeOptions; "
+        f"tokenize(sys.argv[1:-1], sys.argv[-1], TokenizeOptions(tokenizer={demo_tokenizer!r}, backend='hf'))"
+    )
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", code, *corpus, str(killed)], cwd=Path(__file__).parents[1])
+    deadline = time.time() + 60
+    while not (killed / ".progress" / "00001.json").exists() and time.time() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "manifest.json").exists(), "the run finished before it could be killed"
+    s = tokenize(corpus, killed, TokenizeOptions(tokenizer=demo_tokenizer, backend="hf"))
+    assert 2 <= s.inputs_reused < 12
+    clean = tmp_path / "clean"
+    tokenize(corpus, clean, TokenizeOptions(tokenizer=demo_tokenizer, backend="hf"))
+    assert not list(killed.glob(".tmp-*"))
+    for p in clean.iterdir():
+        if p.is_file():
+            assert p.read_bytes() == (killed / p.name).read_bytes(), p.name
+
+
+def test_cli_tokenize_prints_summary(demo_tokenizer: str, tmp_path: Path) -> None:
+    inp = write_jsonl(tmp_path / "a.jsonl.gz", docs("hello there", ""))
+    r = CliRunner().invoke(
+        main, ["tokenize", "-d", inp, "-t", demo_tokenizer, "--destination", str(tmp_path / "o"), "--no-progress"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "tokenized 1 documents" in r.output and "skipped 1 empty and 0 bad documents" in r.output
+    r = CliRunner().invoke(
+        main, ["tokenize", "-d", str(tmp_path / "nope*"), "-t", demo_tokenizer, "--destination", "x"]
+    )
+    assert r.exit_code == 2 and "nope*: the pattern matches no file" in r.output
