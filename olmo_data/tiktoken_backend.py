@@ -195,6 +195,38 @@ def _alternation(tokens: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=lambda t: (-len(t), t))))
 
 
+# GPT-2's whitespace alternatives, rewritten never to take two spaces in a row (see `fold_space_runs`).
+_WS_NO_SPACE_RUN = r"(?:[^\S ]| (?! ))+"
+
+
+def fold_space_runs(plan: Plan) -> Plan:
+    """Let tiktoken's regex split out added space-run tokens (GPT-NeoX-20B's 2..24 spaces) instead of Python.
+
+    Exact for GPT-2's split regex only: there, whitespace is taken by the two last alternatives and as one
+    leading space by the others. With ` {2,K}` tried first and the whitespace alternatives kept off runs of
+    two spaces, the text splits exactly where `tokenizers` splits out the added tokens (leftmost-longest), and
+    no other piece holds two spaces in a row, so the base vocabulary's space-run entries are unreachable, as
+    they are in `tokenizers`; the runs' bytes get the added ids instead. The equivalence tests check it on
+    real text; it is about 1.5x faster than splitting in Python on code (full of indentation). Others: as is.
+    """
+    runs = plan.normalized_tokens
+    lengths = sorted(len(t) for t in runs)
+    if (
+        plan.pat_str != GPT2_PATTERN
+        or not runs
+        or any(set(t) != {" "} for t in runs)
+        or lengths != [*range(2, lengths[-1] + 1)]
+    ):
+        return plan
+    tail = r"\s+(?!\S)|\s+"
+    pat_str = f" {{2,{lengths[-1]}}}|" + GPT2_PATTERN.replace(
+        tail, f"{_WS_NO_SPACE_RUN}(?!\\S)|{_WS_NO_SPACE_RUN}"
+    )
+    ranks = {b: i for b, i in plan.ranks.items() if b"  " not in b}
+    ranks.update({t.encode(): i for t, i in runs.items()})
+    return Plan(pat_str=pat_str, ranks=ranks, nfc=plan.nfc, raw_tokens=plan.raw_tokens)
+
+
 class TiktokenEncoder:
     """The batch encoder of a tiktoken-backed `Tokenizer`: added tokens and NFC here, the rest in tiktoken.
 
@@ -355,7 +387,8 @@ def try_tiktoken(
         return None
     try:
         plan = _plan_from_json(json.loads(tok.hf.to_str()))
-        encoder = TiktokenEncoder(build_encoding(tok.name, plan), plan, num_threads)
+        fast = fold_space_runs(plan)
+        encoder = TiktokenEncoder(build_encoding(tok.name, fast), fast, num_threads)
     except Unsupported as e:
         refuse(str(e))
         return None

@@ -7,10 +7,12 @@ emoji, code, and special tokens inside the text.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import pickle
+import random
 import shutil
 import unicodedata
 from pathlib import Path
@@ -21,9 +23,10 @@ from olmo_data.documents import read_documents
 from olmo_data.errors import DataError
 from olmo_data.tiktoken_backend import byte_level_alphabet, load_tiktoken_file, try_tiktoken
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
-from tests.conftest import shared_tokenizer
+from tests.conftest import SHARED_TOKENIZERS, shared_tokenizer
 
 SHARED = ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"]
+_SHARED_PATHS = {str(SHARED_TOKENIZERS / n) for n in SHARED}
 
 TRICKY = [
     "",
@@ -54,6 +57,11 @@ TRICKY = [
     "spaces before    <|endoftext|>    and after",
     "a" * 2000,
     "ab" * 500 + " " + "😀" * 100,
+    "\n \n  \n   \t \t  " * 300 + " " * 1000 + "\n" * 1000,
+    "".join(random.Random(0).choice(" \n\t\r\u00a0\u3000ab1.'é") for _ in range(20000)),
+    "".join(
+        random.Random(1).choice(["  ", " ", "\n", "x", "<|endoftext|>", "e\u0301", "'s", "1234"]) for _ in range(5000)
+    ),
 ]
 
 
@@ -70,8 +78,14 @@ def texts(demo_corpus: list[str]) -> list[str]:
     return _texts(demo_corpus)
 
 
+@functools.cache
+def _shared(name: str, backend: str) -> Tokenizer:
+    """Each shared tokenizer loaded once per backend for the module (cl100k takes seconds here)."""
+    return load_tokenizer(shared_tokenizer(name), backend)  # type: ignore[arg-type]
+
+
 def _reference(path: str, texts: list[str]) -> tuple[Tokenizer, list[list[int]]]:
-    hf = load_tokenizer(path, "hf")
+    hf = load_tokenizer(path, "hf") if path not in _SHARED_PATHS else _shared(Path(path).name, "hf")
     assert hf.backend == "hf"
     return hf, [list(e.ids) for e in hf.hf.encode_batch_fast(texts, add_special_tokens=False)]
 
@@ -86,7 +100,7 @@ def _assert_same(texts: list[str], expected: list[list[int]], got: list[list[int
 def test_shared_tokenizers_identical_ids(name: str, texts: list[str]) -> None:
     path = shared_tokenizer(name)
     hf, expected = _reference(path, texts)
-    fast = load_tokenizer(path, "auto")
+    fast = _shared(name, "auto")
     assert fast.backend == "tiktoken"
     assert (fast.name, fast.sha256, fast.vocab_size) == (hf.name, hf.sha256, hf.vocab_size)
     assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
@@ -102,7 +116,7 @@ def test_shared_special_tokens_in_text_become_their_ids() -> None:
     """Pinned against the tokenizers' own special ids (../shared/README.md), not against our output."""
     cases = {"gpt2.json": 50256, "cl100k_base.json": 100257, "gpt-neox-20b.json": 0}
     for name, eos in cases.items():
-        tok = load_tokenizer(shared_tokenizer(name), "tiktoken")
+        tok = _shared(name, "tiktoken")
         ids = tok.encode("a<|endoftext|>b")
         assert ids.count(eos) == 1 and ids[0] != eos and ids[-1] != eos, name
         assert tok.encode("<|endoftext|>") == [eos]
@@ -110,8 +124,7 @@ def test_shared_special_tokens_in_text_become_their_ids() -> None:
 
 def test_neox_space_runs_use_added_tokens() -> None:
     """GPT-NeoX-20B's added tokens 50254-50276 are runs of 24..2 spaces, matched longest first."""
-    tok = load_tokenizer(shared_tokenizer("gpt-neox-20b.json"), "tiktoken")
-    hf = load_tokenizer(shared_tokenizer("gpt-neox-20b.json"), "hf")
+    tok, hf = _shared("gpt-neox-20b.json", "tiktoken"), _shared("gpt-neox-20b.json", "hf")
     ids = tok.encode("a" + " " * 50 + "b")
     assert ids[1:4] == [50254, 50254, 50276]  # 24 + 24 + 2 spaces
     assert len(ids) == 5 and tok.decode(ids) == "a" + " " * 50 + "b"
@@ -175,9 +188,7 @@ def _edited(demo_tokenizer: str, tmp_path: Path, edit: str) -> str:
         ("merge order", r"merge 1 \(.+\) gives id \d+, lower than an earlier merge's id \d+"),
     ],
 )
-def test_unsupported_structure_falls_back(
-    demo_tokenizer: str, tmp_path: Path, edit: str, reason: str
-) -> None:
+def test_unsupported_structure_falls_back(demo_tokenizer: str, tmp_path: Path, edit: str, reason: str) -> None:
     path = _edited(demo_tokenizer, tmp_path, edit)
     assert load_tokenizer(path, "auto").backend == "hf"
     with pytest.raises(DataError, match=f"cannot reproduce this tokenizer: {reason}.*use --backend hf"):
@@ -205,9 +216,7 @@ def _rank_order_trap(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_self_check_difference_falls_back_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _rank_order_trap(tmp_path)
     assert load_tokenizer(path, "hf").encode("return") == [256, ord("t"), ord("u"), ord("r"), ord("n")]
     with caplog.at_level(logging.WARNING, logger="olmo_data.tiktoken_backend"):
@@ -215,9 +224,7 @@ def test_self_check_difference_falls_back_with_a_warning(
     assert tok.backend == "hf"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert (
-        "trap.json: tiktoken self-check differs from tokenizers on probe 'code'" in warnings[0].getMessage()
-    )
+    assert "trap.json: tiktoken self-check differs from tokenizers on probe 'code'" in warnings[0].getMessage()
     with pytest.raises(DataError, match="different ids on the self-check probe 'code'; use --backend hf"):
         load_tokenizer(path, "tiktoken")
 
@@ -248,9 +255,7 @@ def test_tiktoken_file_matches_hf_cl100k(texts: list[str]) -> None:
 def test_tiktoken_file_without_sidecar(tmp_path: Path) -> None:
     ranks = tmp_path / "mini.tiktoken"
     shutil.copy(shared_tokenizer("cl100k_base.tiktoken"), ranks)
-    with pytest.raises(
-        DataError, match=r"mini.tiktoken: a .tiktoken ranks file needs a sidecar .*\.tiktoken\.json"
-    ):
+    with pytest.raises(DataError, match=r"mini.tiktoken: a .tiktoken ranks file needs a sidecar .*\.tiktoken\.json"):
         load_tokenizer(str(ranks))
     with pytest.raises(DataError, match="runs on the tiktoken backend only"):
         load_tokenizer(str(ranks), "hf")
