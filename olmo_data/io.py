@@ -46,6 +46,15 @@ def file_size(path: str) -> int:
     """Size in bytes of a local or remote file (one HEAD request for remote ones)."""
     if not is_remote(path):
         return os.path.getsize(path)
+    try:
+        return _remote_size(path)
+    except DataError:
+        raise
+    except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
+        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+
+
+def _remote_size(path: str) -> int:
     if path.startswith("s3://"):
         bucket, key = path[5:].split("/", 1)
         return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])

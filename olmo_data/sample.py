@@ -44,9 +44,8 @@ def keep_by_hash(doc_id: str, seed: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") < fraction * _HASH_SPACE
 
 
-def _open_writer(path: Path) -> Any:
-    """A binary writer compressed like the file name says, with fixed headers so equal content gives equal bytes."""
-    name = path.name
+def _open_writer(path: Path, name: str) -> Any:
+    """A binary writer to `path` compressed as `name` says, with fixed headers so equal content gives equal bytes."""
     if name.endswith(".gz"):
         return gzip.GzipFile(filename="", mode="wb", fileobj=open(path, "wb"), mtime=0)  # noqa: SIM115
     if name.endswith((".zst", ".zstd")):
@@ -98,7 +97,7 @@ def sample(
                 read, kept = _sample_parquet(path, tmp, keep, text_field, id_field, bad)
             else:
                 read = kept = 0
-                with _open_writer(tmp) as out:
+                with _open_writer(tmp, final.name) as out:
                     for doc in read_documents(path, text_field=text_field, id_field=id_field, bad=bad, keep_raw=True):
                         read += 1
                         if keep(doc.id, doc.line):
