@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -169,12 +169,16 @@ class DocIndex:
             stamp = f"{os.path.abspath(metadata)}|{st.st_size}|{st.st_mtime_ns}"
         return hashlib.sha256(f"v{DOCINDEX_VERSION}|{stamp}".encode()).hexdigest()[:24]
 
-    def index_for(self, token_path: str) -> _FileIndex | None:
-        """The side index of a token file, building it on first use; None when the file has no metadata."""
+    def index_for(self, token_path: str, metadata: str | None = None) -> _FileIndex | None:
+        """The side index of a token file, building it on first use; None when the file has no metadata.
+
+        `metadata` is the file's `.csv.gz` when known (`TokenFile.metadata_path`, from the manifest); else it is
+        looked up beside the token file.
+        """
         with self._lock:
             if token_path in self._files:
                 return self._files[token_path]
-            metadata = metadata_path_for(token_path)
+            metadata = metadata or metadata_path_for(token_path)
             index = None
             if metadata is not None:
                 directory = self.root / self._key(metadata)
@@ -185,9 +189,9 @@ class DocIndex:
             self._files[token_path] = index
             return index
 
-    def lookup(self, token_path: str, start: int, end: int) -> list[DocumentSpan] | None:
+    def lookup(self, token_path: str, start: int, end: int, metadata: str | None = None) -> list[DocumentSpan] | None:
         """The documents overlapping tokens [start, end) of a token file, in order; None without metadata."""
-        index = self.index_for(token_path)
+        index = self.index_for(token_path, metadata)
         if index is None:
             return None
         first = int(np.searchsorted(index.ends, start, side="right"))  # first document ending after `start`
@@ -197,9 +201,7 @@ class DocIndex:
             doc_id, src, loc, d_start, d_end = index.doc(k)
             lo = max(d_start, start)
             out.append(
-                DocumentSpan(
-                    doc_id, src, loc, d_start, d_end, lo - start, min(d_end, end) - start, lo - d_start
-                )
+                DocumentSpan(doc_id, src, loc, d_start, d_end, lo - start, min(d_end, end) - start, lo - d_start)
             )
         return out
 
@@ -289,7 +291,14 @@ class BatchReport:
     instances: list[InstanceReport] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "instances"}
+        out["instances"] = [
+            {f.name: getattr(i, f.name) for f in fields(i) if f.name != "documents"}
+            | {"documents": None if i.documents is None else [asdict(d) for d in i.documents]}
+            for i in self.instances
+        ]
+        return out
 
 
 def inspect_batch(
@@ -315,9 +324,7 @@ def inspect_batch(
     if (step is None) == (batch_index is None):
         raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
     if (rank is None) != (world_size is None):
-        raise DataError(
-            "--rank and --world-size go together: rank r of world size W trains positions r, r+W, ..."
-        )
+        raise DataError("--rank and --world-size go together: rank r of world size W trains positions r, r+W, ...")
     if source is None:
         source = open_from_config(cfg)
     gbs = int(cfg["global_train_batch_size"])
@@ -337,9 +344,7 @@ def inspect_batch(
             "the order file"
         )
     try:
-        indices = read_order_range(
-            path, start, stop, expected_fingerprint=source.fingerprint(), num_instances=n
-        )
+        indices = read_order_range(path, start, stop, expected_fingerprint=source.fingerprint(), num_instances=n)
     except DataError as e:
         if "past the end" in str(e):
             raise DataError(
@@ -363,11 +368,7 @@ def inspect_batch(
         rank=rank,
         world_size=world_size,
     )
-    positions = (
-        rank_positions(gbs, rank, world_size)
-        if rank is not None and world_size is not None
-        else np.arange(gbs)
-    )
+    positions = rank_positions(gbs, rank, world_size) if rank is not None and world_size is not None else np.arange(gbs)
     locations = source.locate_many(indices[positions])
     docs = doc_index or DocIndex()
     decoder = _load_decoder(tokenizer, source) if decode else None
@@ -383,7 +384,9 @@ def inspect_batch(
                 token_ids=ids,
                 label_mask=masks[p].tolist() if masks is not None else None,
                 source=loc.source,
-                documents=docs.lookup(loc.path, loc.token_offset, loc.token_offset + L),
+                documents=docs.lookup(
+                    loc.path, loc.token_offset, loc.token_offset + L, source.files[loc.file_index].metadata_path
+                ),
                 text=decoder.decode(ids) if decoder is not None else None,
             )
         )
@@ -428,16 +431,12 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         )
     for inst in r.instances:
         src = f" (source {inst.source})" if inst.source else ""
-        lines.append(
-            f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}"
-        )
+        lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}")
         shown = " ".join(map(str, inst.token_ids[:max_tokens]))
         more = f" ... ({len(inst.token_ids)} tokens)" if len(inst.token_ids) > max_tokens else ""
         lines.append(f"    tokens: {shown}{more}")
         if inst.label_mask is not None:
-            lines.append(
-                f"    label mask: {sum(inst.label_mask)} of {len(inst.label_mask)} tokens are targets"
-            )
+            lines.append(f"    label mask: {sum(inst.label_mask)} of {len(inst.label_mask)} tokens are targets")
         if inst.documents is None:
             lines.append("    documents: (no metadata beside the token file)")
         for d in inst.documents or []:

@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from olmo_data.errors import DataError
 from olmo_data.io import file_size, is_remote, open_file, s3_client
-from olmo_data.manifest import DTYPES, read_manifest, resolve_dtype
+from olmo_data.manifest import DTYPES, read_manifest
 
 LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
 
@@ -41,6 +41,7 @@ class TokenFile:
     dtype: str
     num_tokens: int
     label_mask_path: str | None = None
+    metadata_path: str | None = None  # the tokenize metadata (.csv.gz) its manifest names, if any
 
     @property
     def itemsize(self) -> int:
@@ -119,9 +120,7 @@ class RangeReader:
         except DataError:
             raise
         except Exception as e:
-            raise DataError(
-                f"{path}: ranged read of bytes {start}..{end} failed ({type(e).__name__}: {e})"
-            ) from e
+            raise DataError(f"{path}: ranged read of bytes {start}..{end} failed ({type(e).__name__}: {e})") from e
 
 
 _READER = RangeReader()
@@ -132,15 +131,39 @@ def remote_reader() -> RangeReader:
     return _READER
 
 
-def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[tuple[str, str, int | None, str | None]]:
-    """(token file, dtype, tokens if a manifest says, label mask from the manifest) for each path or
-    directory."""
-    out: list[tuple[str, str, int | None, str | None]] = []
+@dataclass
+class _Entry:
+    """A token file named by data.paths, before it is sized, with what its directory's manifest says of it."""
+
+    path: str
+    dtype: str
+    tokens: int | None = None
+    label_mask: str | None = None
+    metadata: str | None = None
+
+
+class _Manifests:
+    """Manifests by directory, each read once: a config may list thousands of files of one directory."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, dict[str, Any] | None] = {}
+
+    def get(self, directory: str) -> dict[str, Any] | None:
+        if directory not in self._cache:
+            self._cache[directory] = read_manifest(directory)
+        return self._cache[directory]
+
+
+def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
+    """Token files (with what their manifest says) for each path or directory of data.paths, in order."""
+    out: list[_Entry] = []
+    manifests = _Manifests()
     for raw in paths:
         path = str(raw)
         path = path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
         is_dir = path.endswith("/") or (not is_remote(path) and os.path.isdir(path))
-        manifest = read_manifest(path) if is_dir or (is_remote(path) and not path.endswith(".npy")) else None
+        maybe_dir = is_dir or (is_remote(path) and not path.endswith(".npy"))
+        manifest = manifests.get(path.rstrip("/")) if maybe_dir else None
         if manifest is None and is_dir:
             raise DataError(
                 f"{path}: a directory without manifest.json; list its token files in data.paths "
@@ -154,22 +177,42 @@ def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[tuple[str, st
                     f"drop the dtype option or fix it to {recorded}"
                 )
             base = path.rstrip("/")
-            for entry in manifest.get("files", []):
-                tokens = entry.get("tokens")
-                mask = entry.get("label_mask")
-                out.append(
-                    (
-                        f"{base}/{entry['path']}",
-                        recorded,
-                        int(tokens) if tokens is not None else None,
-                        f"{base}/{mask}" if mask else None,
-                    )
-                )
+            out.extend(_entry(base, e, recorded) for e in manifest.get("files", []))
             continue
         if not is_remote(path) and not os.path.exists(path):
             raise DataError(f"{path}: token file not found; check data.paths")
-        out.append((path, resolve_dtype(path, dtype), None, None))
+        directory, _, name = path.rpartition("/")
+        manifest = manifests.get(directory or ".")
+        listed = {e["path"]: e for e in (manifest or {}).get("files", [])}
+        if manifest is None or (listed and name not in listed):
+            out.append(_Entry(path, _plain_dtype(path, dtype)))
+            continue
+        recorded = str(manifest["dtype"])
+        if dtype is not None and dtype != recorded:
+            raise DataError(
+                f"{path}: dtype {dtype} was requested but the directory's manifest says {recorded}; "
+                f"drop the dtype option or fix it to {recorded}"
+            )
+        out.append(_entry(directory, listed[name], recorded) if name in listed else _Entry(path, recorded))
     return out
+
+
+def _plain_dtype(path: str, dtype: str | None) -> str:
+    """The dtype of a token file that no manifest describes: as requested, else OLMo's default uint16."""
+    if dtype is not None and dtype not in DTYPES:
+        raise DataError(f"{path}: unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+    return dtype or "uint16"
+
+
+def _entry(base: str, e: dict[str, Any], dtype: str) -> _Entry:
+    tokens = e.get("tokens")
+    return _Entry(
+        f"{base}/{e['path']}",
+        dtype,
+        int(tokens) if tokens is not None else None,
+        f"{base}/{e['label_mask']}" if e.get("label_mask") else None,
+        f"{base}/{e['metadata']}" if e.get("metadata") else None,
+    )
 
 
 class InstanceSource:
@@ -234,8 +277,7 @@ class InstanceSource:
         return {
             "sequence_length": self.sequence_length,
             "files": [
-                [f.path, f.num_tokens * f.itemsize, f.dtype]
-                + ([f.label_mask_path] if f.label_mask_path else [])
+                [f.path, f.num_tokens * f.itemsize, f.dtype] + ([f.label_mask_path] if f.label_mask_path else [])
                 for f in self.files
             ],
             "mix": self._mix_digest(),
@@ -278,9 +320,7 @@ class InstanceSource:
         file_idx = np.searchsorted(self.file_offsets, base, side="right") - 1
         offsets = (base - self.file_offsets[file_idx]) * self.sequence_length
         out = []
-        for i, b, k, off in zip(
-            idx.tolist(), base.tolist(), file_idx.tolist(), offsets.tolist(), strict=True
-        ):
+        for i, b, k, off in zip(idx.tolist(), base.tolist(), file_idx.tolist(), offsets.tolist(), strict=True):
             out.append(InstanceLocation(i, b, k, self.files[k].path, off, self.source_of_file(k)))
         return out
 
@@ -311,7 +351,8 @@ class InstanceSource:
         with self._lock:
             arr = self._maps.get(path)
             if arr is None:
-                arr = np.memmap(path, dtype=dtype, mode="r")
+                # a plain ndarray view of the map: slicing it skips np.memmap's per-slice bookkeeping
+                arr = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
                 self._maps[path] = arr
             return arr
 
@@ -342,7 +383,7 @@ class InstanceSource:
         return self.get_batch([index])[0][0]
 
 
-def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None) -> TokenFile:
+def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None, metadata: str | None = None) -> TokenFile:
     """Size a token file (the manifest's count, checked against the file when local) and its label mask."""
     itemsize = int(np.dtype(DTYPES[dtype]).itemsize)
     if tokens is None or not is_remote(path):
@@ -365,38 +406,40 @@ def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None) -> 
         try:
             mask_size = file_size(mask)
         except (OSError, DataError) as e:
-            raise DataError(
-                f"{mask}: cannot read the label mask file ({e}); check data.label_mask_paths"
-            ) from e
+            raise DataError(f"{mask}: cannot read the label mask file ({e}); check data.label_mask_paths") from e
         if mask_size != tokens:
             raise DataError(
                 f"{mask}: the label mask has {mask_size} entries but its token file {path} has {tokens} "
-                "tokens; "
-                "data.label_mask_paths must list one mask per token file, in the same order"
+                "tokens; data.label_mask_paths must list one mask per token file, in the same order"
             )
-    return TokenFile(path=path, dtype=dtype, num_tokens=int(tokens), label_mask_path=mask)
+    return TokenFile(path=path, dtype=dtype, num_tokens=int(tokens), label_mask_path=mask, metadata_path=metadata)
 
 
-def _files_for(
-    paths: Sequence[str], label_mask_paths: Sequence[str] | None, dtype: str | None
-) -> list[TokenFile]:
+def _files_for(paths: Sequence[str], label_mask_paths: Sequence[str] | None, dtype: str | None) -> list[TokenFile]:
     if isinstance(paths, str):
         paths = [paths]
     expanded = _expand_paths(paths, dtype)
     if not expanded:
         raise DataError("no token files: data.paths is empty (or its directories' manifests list no files)")
     if label_mask_paths:
-        masks = [
-            str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)
-        ]
+        masks = [str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)]
         if len(masks) != len(expanded):
             raise DataError(
                 f"data.label_mask_paths lists {len(masks)} files but data.paths expands to {len(expanded)} "
-                "token "
-                "files; give exactly one label mask per token file, in the same order"
+                "token files; give exactly one label mask per token file, in the same order"
             )
-        expanded = [(p, d, t, m) for (p, d, t, _), m in zip(expanded, masks, strict=True)]
-    return [_token_file(*e) for e in expanded]
+        for entry, m in zip(expanded, masks, strict=True):
+            entry.label_mask = m if is_remote(m) else os.path.abspath(os.path.expanduser(m))
+
+    def size(e: _Entry) -> TokenFile:
+        return _token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
+
+    if sum(is_remote(e.path) and e.tokens is None for e in expanded) > 1:  # one HEAD request each: overlap them
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return list(pool.map(size, expanded))
+    return [size(e) for e in expanded]
 
 
 def open_dataset(
@@ -414,9 +457,7 @@ def open_dataset(
     than a silent misread. `label_mask_paths` are aligned with the expanded token files, one per file.
     """
     if (paths is None) == (mix is None):
-        raise DataError(
-            "give either data.paths (token files or directories) or data.mix (a mix manifest), not both"
-        )
+        raise DataError("give either data.paths (token files or directories) or data.mix (a mix manifest), not both")
     if mix is not None:
         from olmo_data.mixture import open_mix
 
@@ -445,9 +486,7 @@ def open_from_config(config: dict[str, Any], *, base_dir: str | None = None) -> 
             sequence_length=int(model["max_sequence_length"]), mix=rel(data["mix"]), dtype=data.get("dtype")
         )
     if not data.get("paths"):
-        raise DataError(
-            "config: data.paths is missing or empty (and no data.mix); list token files or directories"
-        )
+        raise DataError("config: data.paths is missing or empty (and no data.mix); list token files or directories")
     masks = data.get("label_mask_paths")
     return open_dataset(
         [rel(p) for p in data["paths"]],

@@ -78,8 +78,7 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
     unknown = set(spec) - {"seed", "sequence_length", "sources", "total_tokens", "dtype"}
     if unknown:
         raise DataError(
-            f"{where}: unknown keys {sorted(unknown)}; expected seed, sequence_length, sources, "
-            "total_tokens, dtype"
+            f"{where}: unknown keys {sorted(unknown)}; expected seed, sequence_length, sources, total_tokens, dtype"
         )
     if "sequence_length" not in spec:
         raise DataError(f"{where}: sequence_length is missing (the trainer's model.max_sequence_length)")
@@ -94,14 +93,11 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
         unknown = set(s) - {"name", "paths", "share", "tokens", "label_mask_paths"}
         if unknown:
             raise DataError(
-                f"{here}: unknown keys {sorted(unknown)}; expected name, paths, share | tokens, "
-                "label_mask_paths"
+                f"{here}: unknown keys {sorted(unknown)}; expected name, paths, share | tokens, label_mask_paths"
             )
         name = str(s.get("name", ""))
         if not _NAME_RE.match(name):
-            raise DataError(
-                f"{here}: name {name!r} must be letters, digits, '_', '-' or '.' (it names a file)"
-            )
+            raise DataError(f"{here}: name {name!r} must be letters, digits, '_', '-' or '.' (it names a file)")
         if name in {src.name for src in sources}:
             raise DataError(f"{here}: source name {name!r} is used twice")
         paths = s.get("paths")
@@ -110,16 +106,12 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
         if not paths:
             raise DataError(f"{here} ({name}): paths is missing or empty; list token directories or files")
         if ("share" in s) == ("tokens" in s):
-            raise DataError(
-                f"{here} ({name}): give exactly one of share (fraction of the mix) or tokens (a budget)"
-            )
+            raise DataError(f"{here} ({name}): give exactly one of share (fraction of the mix) or tokens (a budget)")
         share = _number(s["share"], f"{here} ({name}).share", float) if "share" in s else None
         tokens = _number(s["tokens"], f"{here} ({name}).tokens", int) if "tokens" in s else None
         masks = s.get("label_mask_paths")
         sources.append(
-            SourceSpec(
-                name, [str(p) for p in paths], share, tokens, [str(m) for m in masks] if masks else None
-            )
+            SourceSpec(name, [str(p) for p in paths], share, tokens, [str(m) for m in masks] if masks else None)
         )
     kinds = {s.share is None for s in sources}
     if len(kinds) > 1:
@@ -130,13 +122,9 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
     if sources[0].share is not None:
         total_share = sum(s.share or 0.0 for s in sources)
         if abs(total_share - 1.0) > 1e-6:
-            raise DataError(
-                f"{where}: the shares add up to {total_share:g}, not 1; fix the sources' share values"
-            )
+            raise DataError(f"{where}: the shares add up to {total_share:g}, not 1; fix the sources' share values")
     elif "total_tokens" in spec:
-        raise DataError(
-            f"{where}: total_tokens only applies to shares; the token budgets already set the size"
-        )
+        raise DataError(f"{where}: total_tokens only applies to shares; the token budgets already set the size")
     total = _number(spec["total_tokens"], f"{where}: total_tokens", int) if "total_tokens" in spec else None
     return MixSpec(
         seed=int(spec.get("seed", 0)),
@@ -191,9 +179,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
     The selections are written first and the manifest last, so a directory with `mix.json` is complete.
     """
     if is_remote(destination):
-        raise DataError(
-            f"{destination}: write the mix to a local directory (copy it to remote storage after)"
-        )
+        raise DataError(f"{destination}: write the mix to a local directory (copy it to remote storage after)")
     dest = Path(destination)
     L = spec.sequence_length
     files_per_source: list[list[TokenFile]] = []
@@ -206,8 +192,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
         n = sum(f.num_tokens // L for f in files)
         if n == 0:
             raise DataError(
-                f"source {s.name}: its files hold no complete instance of {L} tokens; add data or "
-                "drop the source"
+                f"source {s.name}: its files hold no complete instance of {L} tokens; add data or drop the source"
             )
         files_per_source.append(files)
         available.append(n)
@@ -219,9 +204,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
         else sum(s.tokens or 0 for s in spec.sources)
     )
     sources_out = []
-    for i, (s, files, n, k) in enumerate(
-        zip(spec.sources, files_per_source, available, targets, strict=True)
-    ):
+    for i, (s, files, n, k) in enumerate(zip(spec.sources, files_per_source, available, targets, strict=True)):
         ids = select_instances(n, k, np.random.default_rng([spec.seed, i]))
         name = f"{s.name}.ids.npy"
         with atomic_path(dest / name) as tmp:
@@ -236,6 +219,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
                 "files": [
                     {"path": f.path, "dtype": f.dtype, "tokens": f.num_tokens}
                     | ({"label_mask": f.label_mask_path} if f.label_mask_path else {})
+                    | ({"metadata": f.metadata_path} if f.metadata_path else {})
                     for f in files
                 ],
                 "available_instances": n,
@@ -245,9 +229,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
                 "selection_sha256": digest,
                 "repeats": round(k / n, 6),
                 "requested_tokens": int(requested_tokens),
-                "requested_share": round(
-                    s.share if s.share is not None else requested_tokens / requested_total, 6
-                ),
+                "requested_share": round(s.share if s.share is not None else requested_tokens / requested_total, 6),
                 "realized_tokens": k * L,
                 "realized_share": round(k * L / realized_total, 6),
             }
@@ -282,15 +264,12 @@ def mix_report(manifest: dict[str, Any]) -> str:
         )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = [
-        "  ".join(
-            v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths, strict=True))
-        )
+        "  ".join(v.ljust(w) if c == 0 else v.rjust(w) for c, (v, w) in enumerate(zip(r, widths, strict=True)))
         for r in rows
     ]
     t = manifest["totals"]
     lines.append(
-        f"total: {t['instances']:,} instances of {manifest['sequence_length']} tokens = {t['tokens']:,} "
-        "tokens"
+        f"total: {t['instances']:,} instances of {manifest['sequence_length']} tokens = {t['tokens']:,} tokens"
     )
     return "\n".join(lines)
 
@@ -304,9 +283,7 @@ def read_mix_manifest(path: str) -> tuple[dict[str, Any], str]:
         raise DataError(f"{path}: mix manifests are read from local disk; copy the mix directory here first")
     file = path if path.endswith(".json") and not os.path.isdir(path) else os.path.join(path, MIX_MANIFEST)
     if not os.path.exists(file):
-        raise DataError(
-            f"{file}: mix manifest not found; write it with `olmo-data mix SPEC --destination DIR`"
-        )
+        raise DataError(f"{file}: mix manifest not found; write it with `olmo-data mix SPEC --destination DIR`")
     try:
         with open(file) as f:
             manifest = json.load(f)
@@ -315,9 +292,7 @@ def read_mix_manifest(path: str) -> tuple[dict[str, Any], str]:
     if not isinstance(manifest, dict) or manifest.get("format") != MIX_FORMAT:
         raise DataError(f"{file}: not an olmo-data mix manifest (format != {MIX_FORMAT!r})")
     if manifest.get("version", 0) > MIX_VERSION:
-        raise DataError(
-            f"{file}: mix manifest version {manifest['version']} is newer than this tool; upgrade"
-        )
+        raise DataError(f"{file}: mix manifest version {manifest['version']} is newer than this tool; upgrade")
     return manifest, os.path.dirname(os.path.abspath(file))
 
 
@@ -343,7 +318,7 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
                     f"{f['path']}: dtype {dtype} was requested but the mix manifest {file} says "
                     f"{f['dtype']}; drop data.dtype or fix it to {f['dtype']}"
                 )
-            files.append(_token_file(f["path"], f["dtype"], int(f["tokens"]), f.get("label_mask")))
+            files.append(_token_file(f["path"], f["dtype"], int(f["tokens"]), f.get("label_mask"), f.get("metadata")))
         ranges.append((lo, len(files)))
         sel_path = os.path.join(directory, s["selection"])
         try:
@@ -354,8 +329,7 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
             ) from e
         if len(sel) != int(s["selected_instances"]):
             raise DataError(
-                f"{sel_path}: holds {len(sel)} ids but {file} says {s['selected_instances']}; "
-                "re-run `olmo-data mix`"
+                f"{sel_path}: holds {len(sel)} ids but {file} says {s['selected_instances']}; re-run `olmo-data mix`"
             )
         source_instances = sum(f.num_tokens // sequence_length for f in files[lo:])
         if len(sel) and int(sel[-1]) >= source_instances:
@@ -367,9 +341,7 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
         selections.append(sel)
     identity = {
         "seed": manifest["seed"],
-        "sources": [
-            {"name": s["name"], "selection_sha256": s["selection_sha256"]} for s in manifest["sources"]
-        ],
+        "sources": [{"name": s["name"], "selection_sha256": s["selection_sha256"]} for s in manifest["sources"]],
     }
     return InstanceSource(
         files, sequence_length, mix=identity, mix_selections=selections, mix_file_ranges=ranges, mix_path=file

@@ -94,8 +94,12 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
     if not is_remote(path) and not os.path.exists(path):
         return None
     try:
-        with open_file(path, "rt", compression="disable") as f:
-            info = json.load(f)
+        if is_remote(path):
+            with open_file(path, "rt", compression="disable") as f:
+                info = json.load(f)
+        else:  # plain open: a local read should not pay for importing the remote-storage clients
+            with open(path) as f:
+                info = json.load(f)
     except DataError:
         if is_remote(path):
             return None
@@ -176,8 +180,7 @@ def _check_matches(
         )
     if int(info["num_instances"]) != n:
         raise DataError(
-            f"{order_path}: the order has {info['num_instances']} instances but the data has {n}; rebuild "
-            "the order"
+            f"{order_path}: the order has {info['num_instances']} instances but the data has {n}; rebuild the order"
         )
     for key, want in (("seed", seed), ("epoch", epoch)):
         if want is not None and int(info[key]) != int(want):
@@ -234,9 +237,7 @@ def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray
         except Exception as e:
             raise DataError(f"{path}: cannot fetch the order file ({type(e).__name__}: {e})") from e
     elif not os.path.exists(path):
-        raise DataError(
-            f"{path}: order file not found; build it with `olmo-data build-order` or check the path"
-        )
+        raise DataError(f"{path}: order file not found; build it with `olmo-data build-order` or check the path")
     if os.path.getsize(local) == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(local, dtype=dtype.newbyteorder("<"), mode="r")

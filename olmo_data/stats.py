@@ -103,7 +103,7 @@ def dataset_stats(
     lengths: list[np.ndarray] = []
     for k, f in enumerate(source.files):
         n = f.num_tokens // L
-        index = docs.index_for(f.path) if docs is not None else None
+        index = docs.index_for(f.path, f.metadata_path) if docs is not None else None
         if index is not None:
             lengths.append(np.asarray(index.ends) - np.asarray(index.starts))
         files.append(
@@ -136,9 +136,7 @@ def dataset_stats(
             )
         )
     doc_total = None if any(fs.documents is None for fs in files) else sum(fs.documents or 0 for fs in files)
-    out = DatasetStats(
-        L, total, total * L, sum(f.num_tokens for f in source.files), doc_total, files, sources
-    )
+    out = DatasetStats(L, total, total * L, sum(f.num_tokens for f in source.files), doc_total, files, sources)
     if lengths:
         all_lengths = np.concatenate(lengths)
         if len(all_lengths):
