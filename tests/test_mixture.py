@@ -221,3 +221,9 @@ def test_label_masks_through_a_mix(tmp_path: Path, sources: dict[str, list[str]]
     assert masks is not None
     assert masks[0].all()  # web has no masks: every token is a target
     np.testing.assert_array_equal(masks[1], mask[int(ids[0]) * SEQ : int(ids[0]) * SEQ + SEQ])
+
+
+def test_example_spec_parses() -> None:
+    example = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "mix_example.yaml").read_text())
+    parsed = parse_spec(example, where="configs/mix_example.yaml")
+    assert [s.name for s in parsed.sources] == ["web", "code"] and parsed.total_tokens == 2_000_000
