@@ -1,0 +1,85 @@
+"""`olmo-data prepare-tulu`: chat conversations into token ids and label masks for fine-tuning."""
+
+from __future__ import annotations
+
+import click
+
+from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
+
+
+@click.command("prepare-tulu")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    required=True,
+    metavar="PATH_OR_URL",
+    help="JSON lines or parquet with `messages` (local, glob, s3://, gs://, http(s)://), or a Hugging Face "
+    "dataset id where `datasets` is installed. Repeat for several.",
+)
+@click.option("--tokenizer", required=True, help="tokenizer.json path, directory, or Hugging Face hub id.")
+@click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--seq-len", type=int, required=True, help="Tokens per instance (the model's sequence length).")
+@click.option("--template", type=click.Choice(TEMPLATES), default="olmo", show_default=True, help="Layout.")
+@click.option("--eos-token-id", type=int, default=None, help="Default: the tokenizer's EOS token.")
+@click.option(
+    "--pad-token-id", type=int, default=None, help="Default: the tokenizer's pad token, else the EOS id."
+)
+@click.option("--pack", is_flag=True, help="Pack several conversations per instance (never split one).")
+@click.option(
+    "--pack-window",
+    type=int,
+    default=DEFAULT_PACK_WINDOW,
+    show_default=True,
+    help="With --pack: how many open instances a conversation may go into (first fit).",
+)
+@click.option("--skip-bad-rows", is_flag=True, help="Count and skip malformed rows instead of stopping.")
+@click.option("--processes", type=int, default=1, show_default=True, help="Tokenizer processes.")
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "tiktoken", "hf"]),
+    default="auto",
+    show_default=True,
+    help="Tokenizer backend (all give identical ids).",
+)
+@click.option("--split", default="train", show_default=True, help="Split, for Hugging Face dataset ids.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when on a terminal).")
+def prepare_tulu(
+    inputs: tuple[str, ...],
+    tokenizer: str,
+    destination: str,
+    seq_len: int,
+    template: str,
+    eos_token_id: int | None,
+    pad_token_id: int | None,
+    pack: bool,
+    pack_window: int,
+    skip_bad_rows: bool,
+    processes: int,
+    backend: str,
+    split: str,
+    progress: bool | None,
+) -> None:
+    """Tokenize Tulu-format chat data into DESTINATION/input_ids.npy and label_mask.npy for fine-tuning.
+
+    Only the assistant replies are trained (the README gives each template's exact mask). Point a
+    training config's data.paths at DESTINATION (its manifest names the label mask), or at input_ids.npy with
+    data.label_mask_paths at label_mask.npy.
+    """
+    options = ChatOptions(
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        template=template,
+        backend=backend,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        pack=pack,
+        pack_window=pack_window,
+        skip_bad_rows=skip_bad_rows,
+        split=split,
+    )
+    summary = prepare_chat(list(inputs), destination, options, processes=processes, progress=progress)
+    click.echo(summary.line())
+    for message in summary.bad_examples:
+        click.echo(f"  bad row: {message}")
+    click.echo(f"wrote {summary.destination}")
