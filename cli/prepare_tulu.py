@@ -22,9 +22,7 @@ from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_
 @click.option("--seq-len", type=int, required=True, help="Tokens per instance (the model's sequence length).")
 @click.option("--template", type=click.Choice(TEMPLATES), default="olmo", show_default=True, help="Layout.")
 @click.option("--eos-token-id", type=int, default=None, help="Default: the tokenizer's EOS token.")
-@click.option(
-    "--pad-token-id", type=int, default=None, help="Default: the tokenizer's pad token, else the EOS id."
-)
+@click.option("--pad-token-id", type=int, default=None, help="Default: the tokenizer's pad token, else the EOS id.")
 @click.option("--pack", is_flag=True, help="Pack several conversations per instance (never split one).")
 @click.option(
     "--pack-window",

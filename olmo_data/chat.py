@@ -335,9 +335,7 @@ def _read_parquet(path: str, bad: _BadRows) -> Iterator[Conversation]:
             raise DataError(f"{path}: not a readable parquet file ({e})") from e
         names = pf.schema_arrow.names
         if "messages" not in names:
-            raise DataError(
-                f"{path}: no column 'messages' (columns: {', '.join(names)}); expected Tulu-format rows"
-            )
+            raise DataError(f"{path}: no column 'messages' (columns: {', '.join(names)}); expected Tulu-format rows")
         columns = [c for c in ("messages", "id", "dataset") if c in names]
         row = 0
         for batch in pf.iter_batches(batch_size=1024, columns=columns):
@@ -376,9 +374,7 @@ def _read_hub(name: str, split: str, bad: _BadRows) -> Iterator[Conversation]:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(
-    tokenizer: str, backend: str, template: str, eos: int, seq_len: int, single_thread: bool
-) -> None:
+def _init_worker(tokenizer: str, backend: str, template: str, eos: int, seq_len: int, single_thread: bool) -> None:
     if single_thread:  # N processes on N cores: no thread pools inside each
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
@@ -395,9 +391,7 @@ def _tokenize_chunk(
 ) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
     """Flat ids (uint32) and masks of a chunk's truncated conversations, their lengths and full lengths."""
     w = _worker
-    encoded = encode_conversations(
-        w["tok"], chunk, template=w["template"], eos_token_id=w["eos"], seq_len=w["seq_len"]
-    )
+    encoded = encode_conversations(w["tok"], chunk, template=w["template"], eos_token_id=w["eos"], seq_len=w["seq_len"])
     lengths = [len(ids) for ids, _, _ in encoded]
     total = sum(lengths)
     ids = np.fromiter(itertools.chain.from_iterable(e[0] for e in encoded), dtype=np.uint32, count=total)
@@ -629,18 +623,14 @@ def prepare_chat(
     _check_options(options, processes)
     paths = _expand_inputs(inputs)
     recorded_inputs = [
-        {"path": p, "split": options.split, "size": None}
-        if is_hub_dataset(p)
-        else {"path": p, "size": file_size(p)}
+        {"path": p, "split": options.split, "size": None} if is_hub_dataset(p) else {"path": p, "size": file_size(p)}
         for p in paths
     ]
     tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
     eos, pad, dtype = _resolve_ids(options, tok)
     identity = {k: v for k, v in tok.identity().items() if k != "backend"}
     run_key = hashlib.sha256(
-        json.dumps(
-            [_recorded_options(options), identity, eos, pad, dtype, recorded_inputs], sort_keys=True
-        ).encode()
+        json.dumps([_recorded_options(options), identity, eos, pad, dtype, recorded_inputs], sort_keys=True).encode()
     ).hexdigest()
     dest = Path(destination)
     existing = read_manifest(str(dest)) if dest.is_dir() else None
