@@ -103,15 +103,11 @@ def _pattern_of(pre: dict[str, Any] | None) -> str:
             if "Regex" not in pattern:
                 raise Unsupported("its Split pre-tokenizer splits on a string, not a regex")
             if split.get("behavior") != "Isolated" or split.get("invert"):
-                raise Unsupported(
-                    f"its Split pre-tokenizer has behavior {split.get('behavior')!r}, not Isolated"
-                )
+                raise Unsupported(f"its Split pre-tokenizer has behavior {split.get('behavior')!r}, not Isolated")
             if level.get("add_prefix_space") or level.get("use_regex", True):
                 raise Unsupported("its ByteLevel step after Split adds a prefix space or splits again")
             return str(pattern["Regex"])
-        raise Unsupported(
-            f"its pre-tokenizer sequence {[s.get('type') for s in steps]} is not Split + ByteLevel"
-        )
+        raise Unsupported(f"its pre-tokenizer sequence {[s.get('type') for s in steps]} is not Split + ByteLevel")
     raise Unsupported(f"its pre-tokenizer is {kind}, not ByteLevel")
 
 
@@ -176,9 +172,7 @@ def _plan_from_json(data: dict[str, Any]) -> Plan:
         if merged is None or merged in added_ids:
             raise Unsupported(f"merge {n} ({left} {right}) gives a token that is not in the BPE vocabulary")
         if merged < last:
-            raise Unsupported(
-                f"merge {n} ({left} {right}) gives id {merged}, lower than an earlier merge's id {last}"
-            )
+            raise Unsupported(f"merge {n} ({left} {right}) gives id {merged}, lower than an earlier merge's id {last}")
         last = merged
     return plan
 
@@ -219,9 +213,7 @@ def fold_space_runs(plan: Plan) -> Plan:
     ):
         return plan
     tail = r"\s+(?!\S)|\s+"
-    pat_str = f" {{2,{lengths[-1]}}}|" + GPT2_PATTERN.replace(
-        tail, f"{_WS_NO_SPACE_RUN}(?!\\S)|{_WS_NO_SPACE_RUN}"
-    )
+    pat_str = f" {{2,{lengths[-1]}}}|" + GPT2_PATTERN.replace(tail, f"{_WS_NO_SPACE_RUN}(?!\\S)|{_WS_NO_SPACE_RUN}")
     ranks = {b: i for b, i in plan.ranks.items() if b"  " not in b}
     ranks.update({t.encode(): i for t, i in runs.items()})
     return Plan(pat_str=pat_str, ranks=ranks, nfc=plan.nfc, raw_tokens=plan.raw_tokens)
@@ -242,18 +234,21 @@ class TiktokenEncoder:
         # lets threads run in parallel (it needs a special token registered, or it scans every position).
         self._encode_piece: Callable[[str], list[int]] = enc.encode_ordinary
         if enc.special_tokens_set:
-            self._encode_piece = functools.partial(
-                enc.encode, allowed_special=frozenset(), disallowed_special=()
-            )
+            self._encode_piece = functools.partial(enc.encode, allowed_special=frozenset(), disallowed_special=())
         self._norm_re = _alternation(list(plan.normalized_tokens))
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"enc": self.enc, "plan": self.plan, "num_threads": self.num_threads}
+        # The plan holds the ranks once; the Encoding (a second copy) is rebuilt from it, which is quick.
+        return {"name": self.enc.name, "plan": self.plan, "num_threads": self.num_threads}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["enc"], state["plan"], state["num_threads"])  # type: ignore[misc]
+        plan = state["plan"]
+        self.__init__(build_encoding(state["name"], plan), plan, state["num_threads"])  # type: ignore[misc]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.enc.decode(ids)
 
     def encode(self, text: str) -> list[int]:
         raw = self._raw_re
@@ -366,9 +361,7 @@ def build_encoding(name: str, plan: Plan) -> tiktoken.Encoding:
     return tiktoken.Encoding(name, pat_str=plan.pat_str, mergeable_ranks=plan.ranks, special_tokens=specials)
 
 
-def try_tiktoken(
-    tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS
-) -> Tokenizer | None:
+def try_tiktoken(tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer | None:
     """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact."""
     from olmo_data.tokenizer import Tokenizer
 
@@ -473,6 +466,7 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
         enc = build_encoding(name, plan)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({type(e).__name__}: {e})") from None
+    encoder = TiktokenEncoder(enc, plan, num_threads)
 
     def find(candidates: Sequence[str]) -> int | None:
         return next((specials[c] for c in candidates if c in specials), None)
@@ -486,8 +480,8 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
         bos_token_id=find(BOS_CANDIDATES),
         pad_token_id=find(PAD_CANDIDATES),
         hf=None,
-        _encode_batch=TiktokenEncoder(enc, plan, num_threads),
-        _decode=enc.decode,
+        _encode_batch=encoder,
+        _decode=encoder.decode,
     )
 
 

@@ -62,6 +62,14 @@ class Tokenizer:
         if hasattr(self._encode_batch, "num_threads"):
             self._encode_batch.num_threads = max(1, int(num_threads))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for worker processes: a tiktoken-backed tokenizer leaves the HF tokenizer behind (slow to
+        serialise and rebuild for large vocabularies) and decodes with tiktoken, which gives the same bytes."""
+        state = dict(self.__dict__)
+        if self.backend == "tiktoken" and hasattr(self._encode_batch, "decode"):
+            state.update(hf=None, _decode=self._encode_batch.decode)
+        return state
+
     def identity(self) -> dict[str, Any]:
         """What a manifest records about the tokenizer."""
         return {

@@ -110,6 +110,12 @@ def test_shared_tokenizers_identical_ids(name: str, texts: list[str]) -> None:
     )
     assert fast.identity() == {**hf.identity(), "backend": "tiktoken"}
     _assert_same(texts, expected, fast.encode_batch(texts))
+    # Pickled for workers it drops the HF tokenizer; ids and decoding stay the same.
+    copy = pickle.loads(pickle.dumps(fast))
+    assert copy.hf is None and copy.identity() == fast.identity()
+    _assert_same(TRICKY, expected[-len(TRICKY) :], copy.encode_batch(TRICKY))
+    for ids in expected[-len(TRICKY) :]:
+        assert copy.decode(ids) == hf.decode(ids) and copy.decode(ids[:-3]) == hf.decode(ids[:-3])
 
 
 def test_shared_special_tokens_in_text_become_their_ids() -> None:
