@@ -1,9 +1,9 @@
 """In-memory batch encode rate of each tokenizer backend: the ceiling for `olmo-data tokenize`.
 
-Encodes the standard-library demo corpus (about 11 MB of real text, read as dolma documents) in batches
-with HF `tokenizers` and with the tiktoken backend, in one process, and prints M tokens/s for each. Both
-backends run with the same number of threads (default 1, as in each worker of `olmo-data tokenize
---processes N`); the script checks that they give the same ids while it is at it.
+Encodes the standard-library demo corpus (about 11 MB of real text: the documents `make_demo_corpus` writes,
+read straight from the modules) in batches with HF `tokenizers` and with the tiktoken backend, in one process,
+and prints M tokens/s for each. Both backends run with the same number of threads (default 1, as in each
+worker of `olmo-data tokenize --processes N`); the script checks that they give the same ids meanwhile.
 
     python benchmarks/encode_rate.py                       # gpt2, cl100k_base, gpt-neox-20b from ../shared
     python benchmarks/encode_rate.py --threads 2 --tokenizer path/to/tokenizer.json
@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,12 +34,15 @@ def main() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if args.threads > 1 else "false"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-    from olmo_data.demo import make_demo_corpus
-    from olmo_data.documents import read_documents
+    from olmo_data.demo import stdlib_sources
     from olmo_data.tokenizer import load_tokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        texts = [d.text for f in make_demo_corpus(tmp, num_shards=4) for d in read_documents(f)]
+    texts = []
+    for path in stdlib_sources():
+        try:
+            texts.append(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
     mb = sum(len(t.encode()) for t in texts) / 1e6
     batches = [texts[i : i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
