@@ -34,3 +34,28 @@ def document_options(f: F) -> F:
     ):
         f = option(f)
     return f
+
+
+class ManyValuesCommand(click.Command):
+    """A command whose list options also take several values after one flag: `--documents a.gz b.gz c.gz`.
+
+    `dolma tokens` users type lists that way (and shells expand globs into several words); click wants the flag
+    repeated. Before parsing, each value that follows such a flag, up to the next option, gets the flag again.
+    """
+
+    many_values: tuple[str, ...] = ("--documents", "-d", "--input")
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out: list[str] = []
+        flag: str | None = None
+        for arg in args:
+            if arg in self.many_values:
+                flag = arg
+                out.append(arg)
+                continue
+            if arg.startswith("-") and arg != "-":
+                flag = None
+            elif flag is not None and out and out[-1] != flag:
+                out.append(flag)
+            out.append(arg)
+        return super().parse_args(ctx, out)

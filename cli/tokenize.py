@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from cli.options import document_options
+from cli.options import ManyValuesCommand, document_options
 from olmo_data.tokenize import DEFAULT_MAX_TOKENS_PER_FILE, TokenizeOptions
 from olmo_data.tokenize import tokenize as run_tokenize
 
 
-@click.command()
+@click.command(cls=ManyValuesCommand)
 @document_options
 @click.option(
     "--tokenizer",

@@ -81,7 +81,11 @@ def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], 
                 yield doc.text
 
     tok.train_from_iterator(texts(), trainer=trainer)
+    data = json.loads(tok.to_str())
+    # tokenizers >= 0.20 writes merges as pairs, which older releases (dolma pins <= 0.19) cannot read; the
+    # "left right" string form reads everywhere and is exact for byte-level tokens, which hold no spaces
+    data["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     final = Path(destination)
     with atomic_path(final) as tmp:
-        tok.save(str(tmp))
+        tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return str(final)

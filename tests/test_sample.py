@@ -77,8 +77,9 @@ def test_bad_options_and_inputs(tmp_path: Path) -> None:
         sample([a, b], tmp_path / "o2", every=1)
 
 
-def test_cli_sample(tmp_path: Path) -> None:
+def test_cli_sample_takes_several_files_after_one_flag(tmp_path: Path) -> None:
     a = write_jsonl(tmp_path / "a.jsonl", rows(10))
-    r = CliRunner().invoke(main, ["sample", "-d", a, "--destination", str(tmp_path / "o"), "--every", "5"])
+    b = write_jsonl(tmp_path / "b.jsonl", rows(5, prefix="b"))
+    r = CliRunner().invoke(main, ["sample", "--documents", a, b, "--destination", str(tmp_path / "o"), "--every", "5"])
     assert r.exit_code == 0, r.output
-    assert "kept 2 of 10 documents (20.00%) in 1 files" in r.output
+    assert "kept 3 of 15 documents (20.00%) in 2 files" in r.output
