@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import glob
+import gzip
 import hashlib
 import json
 import os
@@ -32,6 +33,11 @@ def open_file(path: str, mode: str = "rb", *, compression: str = "infer_from_ext
     if not is_remote(path):
         if "r" in mode and not os.path.exists(path):
             raise DataError(f"{path}: file not found")
+        # local plain and gzip files skip smart-open, whose import pulls in every cloud SDK (~0.75 s)
+        if compression == "disable" or not path.endswith((".gz", ".zst", ".zstd", ".bz2")):
+            return open(path, mode)  # noqa: SIM115
+        if path.endswith(".gz"):
+            return gzip.open(path, mode)  # type: ignore[return-value]
     import smart_open
 
     try:
