@@ -10,10 +10,11 @@ Templates (the README shows the token layouts):
         assistant's content is followed by the EOS id and `\n` (encoded alone). Trained: the assistant's
         content and its EOS.
   tulu  open-instruct's "tulu" chat template: per message `<|{role}|>\n` + content (not stripped) + `\n`;
-        an assistant's content is followed by EOS and `\n` (no `\n` after the last message). Trained, as in
-        open-instruct's `sft_tulu_tokenize_and_truncate_v1`: all but non-assistant messages and the
-        `<|assistant|>\n` after one, i.e. assistant content, EOS and the `\n` after it. Each run of text with
-        one mask value is encoded as one string.
+        an assistant's content is followed by EOS and `\n` (no `\n` after the last message). The text between
+        two EOS tokens is encoded as one string. Trained, as in open-instruct's
+        `sft_tulu_tokenize_and_truncate_v1`: all but each non-assistant message together with the `\n` before
+        it and the `<|assistant|>\n` after it, i.e. the assistant replies and their EOS; a mask boundary inside
+        a string falls after as many tokens as the text before it encodes to.
 Both insert EOS by id. Conversations are truncated on the right to the sequence length; those left with no
 trained token are dropped and counted by reason.
 
@@ -80,7 +81,7 @@ OUTPUT_FILES = (INPUT_IDS, LABEL_MASK, DOC_METADATA, EXAMPLES, BOUNDARIES)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-Segment = tuple[str | int, bool]  # (text to encode, or a token id; trained?)
+Segment = tuple[str | int, int]  # (text to encode, or a token id; how much of it is untrained: see render)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ class ChatSummary:
 
 
 def render(messages: Sequence[tuple[str, str]], template: str, eos: int) -> list[Segment]:
-    """The conversation as segments, each with its mask: text to encode on its own, or a token id."""
+    """The conversation as segments `(piece, untrained)`: a text to encode as one string, whose first `untrained`
+    characters are not trained and the rest are; or a token id, trained when `untrained` is 0."""
     if template == "olmo":
         return _render_olmo(messages, eos)
     if template == "tulu":
@@ -165,36 +167,42 @@ def render(messages: Sequence[tuple[str, str]], template: str, eos: int) -> list
 
 
 def _render_olmo(messages: Sequence[tuple[str, str]], eos: int) -> list[Segment]:
-    segments: list[Segment] = [(eos, False)]
+    segments: list[Segment] = [(eos, 1)]
     for role, content in messages:
-        segments.append((f"<|{role}|>\n", False))
+        header = f"<|{role}|>\n"
+        segments.append((header, len(header)))
         if role == "assistant":
-            segments += [(content.strip(), True), (eos, True), ("\n", False)]
+            segments += [(content.strip(), 0), (eos, 0), ("\n", 1)]
         else:
-            segments.append((content.strip() + "\n", False))
+            text = content.strip() + "\n"
+            segments.append((text, len(text)))
     return segments
 
 
 def _render_tulu(messages: Sequence[tuple[str, str]], eos: int) -> list[Segment]:
-    segments: list[Segment] = []
+    # open-instruct's labels: each non-assistant message is untrained from the end of what precedes it (so with
+    # the "\n" after a previous assistant's EOS) to its end plus the "<|assistant|>\n" that follows it; all
+    # else is trained. Between two EOS tokens that is an untrained part, then a trained part.
+    pieces: list[tuple[str | int, bool]] = []
     for i, (role, content) in enumerate(messages):
         if role != "assistant":
-            segments.append((f"<|{role}|>\n{content}\n", False))
+            pieces.append((f"<|{role}|>\n{content}\n", False))
             continue
-        # open-instruct masks a non-assistant message together with the `<|assistant|>\n` after it; an
-        # assistant header that follows another assistant message (or opens the conversation) stays trained.
-        segments.append(("<|assistant|>\n", i == 0 or messages[i - 1][0] == "assistant"))
-        segments += [(content, True), (eos, True)]
+        pieces += [("<|assistant|>\n", i == 0 or messages[i - 1][0] == "assistant"), (content, True), (eos, True)]
         if i < len(messages) - 1:
-            segments.append(("\n", True))
-    merged: list[Segment] = []
-    # adjacent text with the same mask becomes one string, as the template renders it
-    for piece, trained in segments:
-        if merged and isinstance(piece, str) and isinstance(merged[-1][0], str) and merged[-1][1] == trained:
-            merged[-1] = (merged[-1][0] + piece, trained)
-        else:
-            merged.append((piece, trained))
-    return merged
+            pieces.append(("\n", messages[i + 1][0] == "assistant"))
+    segments: list[Segment] = []
+    text, untrained = "", 0
+    for piece, trained in pieces:
+        if isinstance(piece, int):
+            segments += [(text, untrained), (piece, 0)] if text else [(piece, 0)]
+            text, untrained = "", 0
+            continue
+        if not trained:
+            assert untrained == len(text), "an untrained part after a trained one between two EOS tokens"
+            untrained += len(piece)
+        text += piece
+    return segments + [(text, untrained)] if text else segments
 
 
 def encode_conversations(
@@ -205,22 +213,36 @@ def encode_conversations(
     eos_token_id: int,
     seq_len: int | None = None,
 ) -> list[tuple[list[int], list[bool], int]]:
-    """(ids, label mask, untruncated length) per conversation; one batch encode call for all their text."""
+    """(ids, label mask, untruncated length) per conversation, with one batch encode call for all their text.
+
+    A text segment trained from character k on is encoded whole; its first len(encode(text[:k])) tokens are
+    untrained, which is how open-instruct places mask boundaries (by the token count of the rendered prefix).
+    """
     rendered = [render(messages, template, eos_token_id) for messages in conversations]
     index: dict[str, int] = {}
     for segments in rendered:
-        for piece, _ in segments:
-            if isinstance(piece, str) and piece not in index:
-                index[piece] = len(index)
+        for piece, untrained in segments:
+            if isinstance(piece, str):
+                index.setdefault(piece, len(index))
+                if 0 < untrained < len(piece):
+                    index.setdefault(piece[:untrained], len(index))
     encoded = tok.encode_batch(list(index))
     out = []
     for segments in rendered:
         ids: list[int] = []
         mask: list[bool] = []
-        for piece, trained in segments:
-            part = [piece] if isinstance(piece, int) else encoded[index[piece]]
+        for piece, untrained in segments:
+            if isinstance(piece, int):
+                ids.append(piece)
+                mask.append(untrained == 0)
+                continue
+            part = encoded[index[piece]]
+            if untrained >= len(piece) or untrained == 0:
+                n = len(part) if untrained else 0
+            else:
+                n = min(len(encoded[index[piece[:untrained]]]), len(part))
             ids += part
-            mask += [trained] * len(part)
+            mask += [False] * n + [True] * (len(part) - n)
         full = len(ids)
         if seq_len is not None:
             ids, mask = ids[:seq_len], mask[:seq_len]
@@ -229,21 +251,31 @@ def encode_conversations(
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Reading conversations
+# Reading rows (main process) and parsing them (worker processes)
+
+BAD_ROW_HINT = " (use --skip-bad-rows to count and skip such rows)"
 
 
-class _BadRows:
-    def __init__(self, skip: bool) -> None:
-        self.skip = skip
-        self.count = 0
-        self.examples: list[str] = []
+@dataclass
+class _Task:
+    """A chunk of raw rows of one input: JSON lines as bytes, parquet and hub rows as dicts."""
 
-    def fail(self, message: str) -> None:
-        if not self.skip:
-            raise DataError(message + " (use --skip-bad-rows to count and skip such rows)")
-        self.count += 1
-        if len(self.examples) < 5:
-            self.examples.append(message)
+    source: str
+    jsonl: bool
+    rows: list[tuple[int, Any]]  # (1-based line or row, payload)
+
+
+@dataclass
+class _Chunk:
+    """What a worker made of a `_Task`: the good conversations' records and tokens, and the bad rows."""
+
+    records: list[dict[str, Any]]
+    has_assistant: list[bool]
+    ids: np.ndarray  # uint32, the truncated conversations back to back
+    mask: np.ndarray  # bool, aligned with ids
+    lengths: list[int]
+    full_lengths: list[int]
+    bad: list[str]
 
 
 def _check_row(obj: Any) -> str | list[tuple[str, str]]:
@@ -274,20 +306,35 @@ def _check_row(obj: Any) -> str | list[tuple[str, str]]:
     return out
 
 
-def _conversation(obj: Any, where: str, source: str, row: int, bad: _BadRows) -> Conversation | None:
-    checked = _check_row(obj)
-    if isinstance(checked, str):
-        bad.fail(f"{where}: {checked}")
-        return None
-    cid = obj.get("id")
-    dataset = obj.get("dataset")
-    return Conversation(
-        messages=checked,
-        id=str(cid) if cid is not None else f"{os.path.basename(source)}:{row}",
-        dataset="" if dataset is None else str(dataset),
-        source=source,
-        row=row,
-    )
+def parse_rows(task: _Task, skip_bad_rows: bool) -> tuple[list[Conversation], list[str]]:
+    """The conversations of a chunk of rows, and the messages of its bad rows (raised unless skipped)."""
+    conversations, bad = [], []
+    for row, payload in task.rows:
+        where = f"{task.source}:{row}" if task.jsonl else f"{task.source}: row {row}"
+        obj = payload
+        checked: str | list[tuple[str, str]]
+        try:
+            if task.jsonl:
+                obj = json.loads(payload)
+            checked = _check_row(obj)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            checked = f"malformed JSON ({getattr(e, 'msg', e)})"
+        if isinstance(checked, str):
+            if not skip_bad_rows:
+                raise DataError(f"{where}: {checked}{BAD_ROW_HINT}")
+            bad.append(f"{where}: {checked}")
+            continue
+        cid, dataset = obj.get("id"), obj.get("dataset")
+        conversations.append(
+            Conversation(
+                messages=checked,
+                id=str(cid) if cid is not None else f"{os.path.basename(task.source)}:{row}",
+                dataset="" if dataset is None else str(dataset),
+                source=task.source,
+                row=row,
+            )
+        )
+    return conversations, bad
 
 
 def is_hub_dataset(spec: str) -> bool:
@@ -300,32 +347,27 @@ def is_hub_dataset(spec: str) -> bool:
     )
 
 
-def read_conversations(path: str, bad: _BadRows, split: str = "train") -> Iterator[Conversation]:
-    """Yield the conversations of one input in order; bad rows raise or are counted in `bad`."""
-    if is_hub_dataset(path):
-        yield from _read_hub(path, split, bad)
-    elif file_format(path) == "jsonl":
-        yield from _read_jsonl(path, bad)
-    else:
-        yield from _read_parquet(path, bad)
+def _tasks(paths: Sequence[str], split: str, size: int) -> Iterator[_Task]:
+    """Chunks of `size` raw rows, input after input, in order. Parsing is left to the workers."""
+    for path in paths:
+        if is_hub_dataset(path):
+            source, jsonl, rows = f"hf:{path}:{split}", False, _hub_rows(path, split)
+        elif file_format(path) == "jsonl":
+            source, jsonl, rows = path, True, _jsonl_rows(path)
+        else:
+            source, jsonl, rows = path, False, _parquet_rows(path)
+        while chunk := list(itertools.islice(rows, size)):
+            yield _Task(source, jsonl, chunk)
 
 
-def _read_jsonl(path: str, bad: _BadRows) -> Iterator[Conversation]:
+def _jsonl_rows(path: str) -> Iterator[tuple[int, bytes]]:
     with open_file(path, "rb") as f:
         for line, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                bad.fail(f"{path}:{line}: malformed JSON ({getattr(e, 'msg', e)})")
-                continue
-            conv = _conversation(obj, f"{path}:{line}", path, line, bad)
-            if conv is not None:
-                yield conv
+            if raw.strip():
+                yield line, raw
 
 
-def _read_parquet(path: str, bad: _BadRows) -> Iterator[Conversation]:
+def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     import pyarrow.parquet as pq
 
     with open_file(path, "rb", compression="disable") as f:
@@ -341,12 +383,10 @@ def _read_parquet(path: str, bad: _BadRows) -> Iterator[Conversation]:
         for batch in pf.iter_batches(batch_size=1024, columns=columns):
             for obj in batch.to_pylist():
                 row += 1
-                conv = _conversation(obj, f"{path}: row {row}", path, row, bad)
-                if conv is not None:
-                    yield conv
+                yield row, obj
 
 
-def _read_hub(name: str, split: str, bad: _BadRows) -> Iterator[Conversation]:
+def _hub_rows(name: str, split: str) -> Iterator[tuple[int, Any]]:
     try:
         import datasets  # optional: only where the user installed it
     except ImportError:
@@ -361,69 +401,63 @@ def _read_hub(name: str, split: str, bad: _BadRows) -> Iterator[Conversation]:
         raise DataError(
             f"{name}: could not load split {split!r} from the Hugging Face hub ({type(e).__name__}: {e})"
         ) from e
-    source = f"hf:{name}:{split}"
-    for row, obj in enumerate(rows, start=1):
-        conv = _conversation(obj, f"{source}: row {row}", source, row, bad)
-        if conv is not None:
-            yield conv
+    yield from enumerate(rows, start=1)
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Tokenizing chunks (in worker processes when processes > 1)
+# Parsing and tokenizing chunks (in worker processes when processes > 1)
 
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer: str, backend: str, template: str, eos: int, seq_len: int, single_thread: bool) -> None:
-    if single_thread:  # N processes on N cores: no thread pools inside each
+def _init_worker(options: ChatOptions, eos: int, tok: Tokenizer | None = None) -> None:
+    if tok is None:  # a worker process: N processes on N cores, so no thread pools inside each
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
-    _worker.update(
-        tok=load_tokenizer(tokenizer, backend),  # type: ignore[arg-type]
-        template=template,
-        eos=eos,
-        seq_len=seq_len,
+        tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
+    _worker.update(tok=tok, options=options, eos=eos)
+
+
+def _process(task: _Task) -> _Chunk:
+    options: ChatOptions = _worker["options"]
+    conversations, bad = parse_rows(task, options.skip_bad_rows)
+    encoded = encode_conversations(
+        _worker["tok"],
+        [c.messages for c in conversations],
+        template=options.template,
+        eos_token_id=_worker["eos"],
+        seq_len=options.seq_len,
+    )
+    lengths = [len(ids) for ids, _, _ in encoded]
+    total = sum(lengths)
+    return _Chunk(
+        records=[{"id": c.id, "dataset": c.dataset, "src": c.source, "row": c.row} for c in conversations],
+        has_assistant=[any(role == "assistant" for role, _ in c.messages) for c in conversations],
+        ids=np.fromiter(itertools.chain.from_iterable(e[0] for e in encoded), dtype=np.uint32, count=total),
+        mask=np.fromiter(itertools.chain.from_iterable(e[1] for e in encoded), dtype=np.bool_, count=total),
+        lengths=lengths,
+        full_lengths=[e[2] for e in encoded],
+        bad=bad,
     )
 
 
-def _tokenize_chunk(
-    chunk: list[list[tuple[str, str]]],
-) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
-    """Flat ids (uint32) and masks of a chunk's truncated conversations, their lengths and full lengths."""
-    w = _worker
-    encoded = encode_conversations(w["tok"], chunk, template=w["template"], eos_token_id=w["eos"], seq_len=w["seq_len"])
-    lengths = [len(ids) for ids, _, _ in encoded]
-    total = sum(lengths)
-    ids = np.fromiter(itertools.chain.from_iterable(e[0] for e in encoded), dtype=np.uint32, count=total)
-    mask = np.fromiter(itertools.chain.from_iterable(e[1] for e in encoded), dtype=np.bool_, count=total)
-    return ids, mask, lengths, [e[2] for e in encoded]
-
-
-def _chunks(conversations: Iterator[Conversation], size: int) -> Iterator[list[Conversation]]:
-    while chunk := list(itertools.islice(conversations, size)):
-        yield chunk
-
-
-def _tokenized(
-    chunks: Iterator[list[Conversation]], tok: Tokenizer, init_args: tuple[Any, ...], processes: int
-) -> Iterator[tuple[list[Conversation], tuple[np.ndarray, np.ndarray, list[int], list[int]]]]:
-    """Tokenized chunks in input order; at most 2 x processes chunks in flight, so memory stays bounded."""
+def _processed(
+    tasks: Iterator[_Task], options: ChatOptions, eos: int, tok: Tokenizer, processes: int
+) -> Iterator[_Chunk]:
+    """Processed chunks in input order; at most 2 x processes chunks in flight, so memory stays bounded."""
     if processes == 1:
-        _worker.update(tok=tok, template=init_args[2], eos=init_args[3], seq_len=init_args[4])
-        for chunk in chunks:
-            yield chunk, _tokenize_chunk([c.messages for c in chunk])
+        _init_worker(options, eos, tok)
+        yield from map(_process, tasks)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizer thread pools do not survive fork
-    with ctx.Pool(processes, initializer=_init_worker, initargs=init_args) as pool:
-        pending: deque[tuple[list[Conversation], Any]] = deque()
-        for chunk in chunks:
-            pending.append((chunk, pool.apply_async(_tokenize_chunk, ([c.messages for c in chunk],))))
+    with ctx.Pool(processes, initializer=_init_worker, initargs=(options, eos)) as pool:
+        pending: deque[Any] = deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_process, (task,)))
             if len(pending) >= 2 * processes:
-                done_chunk, result = pending.popleft()
-                yield done_chunk, result.get()
+                yield pending.popleft().get()
         while pending:
-            done_chunk, result = pending.popleft()
-            yield done_chunk, result.get()
+            yield pending.popleft().get()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -518,42 +552,34 @@ class _Counts:
     read: int = 0
     truncated: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: {DROP_NO_ASSISTANT: 0, DROP_TRUNCATED: 0})
+    bad_rows: int = 0
+    bad_examples: list[str] = field(default_factory=list)
 
 
 def _place_all(
-    tokenized: Iterator[tuple[list[Conversation], tuple[np.ndarray, np.ndarray, list[int], list[int]]]],
-    writer: _InstanceWriter,
-    counts: _Counts,
-    seq_len: int,
-    progress: bool | None,
+    chunks: Iterator[_Chunk], writer: _InstanceWriter, counts: _Counts, seq_len: int, progress: bool | None
 ) -> None:
     """Drop what has nothing to train, record the rest and hand it to the writer, in input order."""
     from tqdm import tqdm
 
     with tqdm(desc="prepare-tulu", unit=" conv", disable=None if progress is None else not progress) as bar:
-        for chunk, (ids, mask, lengths, full) in tokenized:
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            for k, conv in enumerate(chunk):
+        for chunk in chunks:
+            counts.bad_rows += len(chunk.bad)
+            counts.bad_examples += chunk.bad[: 5 - len(counts.bad_examples)]
+            offsets = np.concatenate([[0], np.cumsum(chunk.lengths)])
+            for k, record in enumerate(chunk.records):
                 counts.read += 1
-                ex_ids, ex_mask = ids[offsets[k] : offsets[k + 1]], mask[offsets[k] : offsets[k + 1]]
-                trained = int(ex_mask.sum())
+                ids = chunk.ids[offsets[k] : offsets[k + 1]]
+                mask = chunk.mask[offsets[k] : offsets[k + 1]]
+                trained = int(mask.sum())
                 if trained == 0:
-                    has_assistant = any(role == "assistant" for role, _ in conv.messages)
-                    counts.dropped[DROP_TRUNCATED if has_assistant else DROP_NO_ASSISTANT] += 1
+                    counts.dropped[DROP_TRUNCATED if chunk.has_assistant[k] else DROP_NO_ASSISTANT] += 1
                     continue
-                counts.truncated += full[k] > seq_len
-                record = {
-                    "id": conv.id,
-                    "dataset": conv.dataset,
-                    "src": conv.source,
-                    "row": conv.row,
-                    "tokens": len(ex_ids),
-                    "trained_tokens": trained,
-                    "full_tokens": full[k],
-                    "truncated": full[k] > seq_len,
-                }
-                writer.add(ex_ids, ex_mask, record)
-            bar.update(len(chunk))
+                full = chunk.full_lengths[k]
+                counts.truncated += full > seq_len
+                record.update(tokens=len(ids), trained_tokens=trained, full_tokens=full, truncated=full > seq_len)
+                writer.add(ids, mask, record)
+            bar.update(len(chunk.records) + len(chunk.bad))
 
 
 def _resolve_ids(options: ChatOptions, tok: Tokenizer) -> tuple[int, int, str]:
@@ -645,17 +671,14 @@ def prepare_chat(
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
 
-    bad = _BadRows(options.skip_bad_rows)
     counts = _Counts()
-    init_args = (options.tokenizer, options.backend, options.template, eos, options.seq_len, True)
-    conversations = itertools.chain.from_iterable(read_conversations(p, bad, options.split) for p in paths)
-    tokenized = _tokenized(_chunks(conversations, CHUNK_CONVERSATIONS), tok, init_args, processes)
+    chunks = _processed(_tasks(paths, options.split, CHUNK_CONVERSATIONS), options, eos, tok, processes)
     try:
         with contextlib.ExitStack() as stack:
             tmp = {name: stack.enter_context(atomic_path(dest / name)) for name in OUTPUT_FILES}
             writer = _InstanceWriter(tmp, options, dtype, pad)
             try:
-                _place_all(tokenized, writer, counts, options.seq_len, progress)
+                _place_all(chunks, writer, counts, options.seq_len, progress)
                 writer.close()
             except BaseException:
                 writer.abort()
@@ -665,7 +688,7 @@ def prepare_chat(
                     f"no conversation left to write: read {counts.read}, dropped "
                     f"{counts.dropped[DROP_NO_ASSISTANT]} without an assistant message and "
                     f"{counts.dropped[DROP_TRUNCATED]} with nothing trained within --seq-len "
-                    f"{options.seq_len}, {bad.count} bad rows skipped; check the inputs and --seq-len"
+                    f"{options.seq_len}, {counts.bad_rows} bad rows skipped; check the inputs and --seq-len"
                 )
             (dest / MANIFEST_NAME).unlink(missing_ok=True)  # a stale manifest must never describe new files
     except BaseException:
@@ -680,8 +703,8 @@ def prepare_chat(
         "written": writer.examples,
         "truncated": counts.truncated,
         "dropped": counts.dropped,
-        "bad_rows": bad.count,
-        "bad_examples": bad.examples,
+        "bad_rows": counts.bad_rows,
+        "bad_examples": counts.bad_examples,
         "instances": writer.instances,
         "tokens": writer.instances * L,
         "trained_tokens": writer.trained,

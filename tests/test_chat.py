@@ -221,19 +221,21 @@ def test_olmo_template_matches_olmo_reference_on_gpt_neox(tmp_path: Path) -> Non
 def test_tulu_template_layout_and_mask(tok: Any) -> None:
     enc = tok.encode
     ids, mask, _ = encode_conversations(tok, [pairs(MULTI_TURN)], template="tulu", eos_token_id=EOS)[0]
-    masked_1 = "<|system|>\nYou answer in one word.\n<|user|>\n  What colour is the sky?\n\n<|assistant|>\n"
-    pieces = [
-        (enc(masked_1), False),
-        (enc(" Blue. \n"), True),  # content is not stripped in this template
-        ([EOS], True),
-        (enc("\n"), True),  # the newline after a non-final assistant EOS is trained, as in open-instruct
-        (enc("<|user|>\nAnd grass?\n<|assistant|>\n"), False),
-        (enc("Green."), True),
-        ([EOS], True),  # no newline after the last message
-    ]
-    assert ids == [t for p, _ in pieces for t in p]
-    assert mask == [m for p, m in pieces for _ in p]
-    rendered = masked_1 + " Blue. \n<|endoftext|>\n<|user|>\nAnd grass?\n<|assistant|>\nGreen.<|endoftext|>"
+    # Hand-written layout: the text between two EOS tokens is one string; its untrained head is as many tokens
+    # as that head encodes to on its own. Content is not stripped; no newline after the last message.
+    prompt_1 = "<|system|>\nYou answer in one word.\n<|user|>\n  What colour is the sky?\n\n<|assistant|>\n"
+    prompt_2 = "\n<|user|>\nAnd grass?\n<|assistant|>\n"  # the newline after an assistant's EOS is untrained
+    expected_ids = enc(prompt_1 + " Blue. \n") + [EOS] + enc(prompt_2 + "Green.") + [EOS]
+    n1, n2 = len(enc(prompt_1 + " Blue. \n")), len(enc(prompt_2 + "Green."))
+    expected_mask = (
+        [False] * len(enc(prompt_1))
+        + [True] * (n1 - len(enc(prompt_1)) + 1)
+        + [False] * len(enc(prompt_2))
+        + [True] * (n2 - len(enc(prompt_2)) + 1)
+    )
+    assert ids == expected_ids and mask == expected_mask
+    assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]) == " Blue. \n<|endoftext|>Green.<|endoftext|>"
+    rendered = prompt_1 + " Blue. \n<|endoftext|>" + prompt_2 + "Green.<|endoftext|>"
     assert tok.decode(ids) == rendered
 
 
@@ -241,10 +243,52 @@ def test_tulu_template_trains_an_assistant_header_not_preceded_by_a_prompt(tok: 
     messages = [("assistant", "Hello."), ("assistant", "Again."), ("user", "Bye")]
     ids, mask, _ = encode_conversations(tok, [messages], template="tulu", eos_token_id=EOS)[0]
     enc = tok.encode
-    expected = enc("<|assistant|>\nHello.") + [EOS] + enc("\n<|assistant|>\nAgain.") + [EOS]
-    expected_all = expected + enc("\n") + enc("<|user|>\nBye\n")
-    assert ids == expected_all
-    assert mask == [True] * (len(expected) + len(enc("\n"))) + [False] * len(enc("<|user|>\nBye\n"))
+    trained = enc("<|assistant|>\nHello.") + [EOS] + enc("\n<|assistant|>\nAgain.") + [EOS]
+    assert ids == trained + enc("\n<|user|>\nBye\n")
+    assert mask == [True] * len(trained) + [False] * len(enc("\n<|user|>\nBye\n"))
+
+
+def test_tulu_template_matches_open_instruct_reference_on_gpt_neox() -> None:
+    """open-instruct's template and its sft_tulu_tokenize_and_truncate_v1 labels, restated with `tokenizers`:
+    the whole rendered conversation encoded at once; each non-assistant message untrained from the token count
+    of the rendering before it to that of the rendering through it (plus "<|assistant|>\n" if one follows)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = shared_tokenizer("gpt-neox-20b.json")
+    hf = HFTokenizer.from_file(path)
+    tok = load_tokenizer(path, "hf")
+
+    def rendered(messages: list[tuple[str, str]], generation_prompt: bool = False) -> str:
+        text = ""
+        for i, (role, content) in enumerate(messages):
+            last = i == len(messages) - 1
+            text += f"<|{role}|>\n{content}" + ("<|endoftext|>" if role == "assistant" else "\n")
+            text += "\n" if role == "assistant" and not last else ""
+        return text + ("<|assistant|>\n" if generation_prompt else "")
+
+    def count(text: str) -> int:
+        return len(hf.encode(text, add_special_tokens=False).ids)
+
+    def reference(messages: list[tuple[str, str]]) -> tuple[list[int], list[bool]]:
+        ids = hf.encode(rendered(messages), add_special_tokens=False).ids
+        mask = [True] * len(ids)
+        for i, (role, _) in enumerate(messages):
+            if role != "assistant":
+                start = count(rendered(messages[:i])) if i else 0
+                prompt = i + 1 < len(messages) and messages[i + 1][0] == "assistant"
+                end = count(rendered(messages[: i + 1], generation_prompt=prompt))
+                mask[start:end] = [False] * (end - start)
+        return ids, mask
+
+    conversations = [
+        pairs(MULTI_TURN),
+        [("user", "Q?\n"), ("assistant", "\n\nA reply opening with newlines")],  # merges across the boundary
+        [("system", "S"), ("assistant", "first"), ("assistant", "  second  "), ("user", "trailing question")],
+        [("user", "Ünïcödé — “quotes” 東京   spaces   "), ("assistant", "ok.\t")],
+    ]
+    ours = encode_conversations(tok, conversations, template="tulu", eos_token_id=0)
+    for messages, (ids, mask, _) in zip(conversations, ours, strict=True):
+        assert (ids, mask) == reference(messages), messages
 
 
 def test_unknown_template_is_refused(demo_tokenizer: str, tmp_path: Path) -> None:
@@ -394,6 +438,7 @@ BAD_ROWS = [
     ({"messages": "hello"}, "field 'messages' is a str, not a list"),
     ('{"messages": [', "malformed JSON"),
     ("[1, 2]", "expected a JSON object with 'messages', found list"),
+    ("null", "expected a JSON object with 'messages', found NoneType"),
 ]
 
 
