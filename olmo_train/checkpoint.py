@@ -103,9 +103,7 @@ def _begin(folder: Path, name: str, d: Dist) -> Path:
     return tmp
 
 
-def _finish(
-    folder: Path, name: str, tmp: Path, state: TrainerState, pointer: str, keep: int, d: Dist
-) -> Path:
+def _finish(folder: Path, name: str, tmp: Path, state: TrainerState, pointer: str, keep: int, d: Dist) -> Path:
     pause = float(os.environ.get(PAUSE_ENV, 0) or 0)
     if pause and d.is_main:
         (folder / f"{name}.saving").write_text("paused inside a checkpoint write (test hook)\n")
@@ -134,9 +132,7 @@ def _point(link: Path, target: str) -> None:
 def _prune(folder: Path, unsharded: bool, keep: int) -> None:
     if keep < 0:
         return
-    complete = [
-        (step, path) for step, is_unsharded, path in list_checkpoints(folder) if is_unsharded == unsharded
-    ]
+    complete = [(step, path) for step, is_unsharded, path in list_checkpoints(folder) if is_unsharded == unsharded]
     for _, path in sorted(complete)[: max(0, len(complete) - keep)]:
         log.info("removing old checkpoint %s (keeping the last %d)", path, keep)
         shutil.rmtree(path, ignore_errors=True)
@@ -255,9 +251,7 @@ def load_checkpoint(
     state = read_trainer_state(path)
     if (path / "model.pt").is_file():
         opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(
-            model, torch.load(path / "model.pt", map_location="cpu", weights_only=True), options=opts
-        )
+        set_model_state_dict(model, torch.load(path / "model.pt", map_location="cpu", weights_only=True), options=opts)
         if optim is not None:
             optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
             set_optimizer_state_dict(model, optim, optim_sd, options=opts)

@@ -36,9 +36,7 @@ class ModelConfig:
     n_heads: int = 12
     n_kv_heads: int | None = None  # None: as many as n_heads (no GQA)
     n_layers: int = 12
-    mlp_hidden_size: int | None = (
-        None  # SwiGLU hidden size; None: 8/3 * d_model rounded up to a multiple of 128
-    )
+    mlp_hidden_size: int | None = None  # SwiGLU hidden size; None: 8/3 * d_model rounded up to a multiple of 128
     vocab_size: int = 50280
     embedding_size: int | None = None  # rows of the embedding (vocab padded for speed); None: vocab_size
     max_sequence_length: int = 1024
@@ -67,9 +65,7 @@ class OptimizerConfig:
 class SchedulerConfig:
     """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`."""
 
-    name: str = (
-        "cosine_with_warmup"  # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup
-    )
+    name: str = "cosine_with_warmup"  # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup
     units: str = "steps"  # steps | tokens
     t_warmup: int = 0
     t_max: int | None = None  # None: the run's length (max_duration)
@@ -148,9 +144,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_config(
-    path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = ()
-) -> TrainConfig:
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`)."""
     raw: dict[str, Any] = {}
     if path is not None:
@@ -254,9 +248,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if isinstance(value, str) and item is str:
             value = [value]  # a single path where a list was expected
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(
-                f"config key {key!r}: got {value!r}, expected a list ({_type_name(tp)}), e.g. [a,b]"
-            )
+            raise ConfigError(f"config key {key!r}: got {value!r}, expected a list ({_type_name(tp)}), e.g. [a,b]")
         return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
@@ -281,9 +273,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return value
     else:
         raise ConfigError(f"config key {key!r}: unsupported annotation {tp!r}")
-    raise ConfigError(
-        f"config key {key!r}: got {value!r} ({type(value).__name__}), expected {_type_name(tp)}"
-    )
+    raise ConfigError(f"config key {key!r}: got {value!r} ({type(value).__name__}), expected {_type_name(tp)}")
 
 
 def _check(cfg: TrainConfig) -> None:
@@ -299,9 +289,7 @@ def _check(cfg: TrainConfig) -> None:
             raise ConfigError(f"config key {key!r}: must be positive, got {getattr(cfg, key)}")
     m = cfg.model
     if m.d_model % m.n_heads:
-        raise ConfigError(
-            f"config key 'model.d_model': {m.d_model} is not divisible by model.n_heads={m.n_heads}"
-        )
+        raise ConfigError(f"config key 'model.d_model': {m.d_model} is not divisible by model.n_heads={m.n_heads}")
     if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
         raise ConfigError(
             f"config key 'model.n_kv_heads': model.n_heads={m.n_heads} is not a multiple of {m.n_kv_heads}"
@@ -309,9 +297,7 @@ def _check(cfg: TrainConfig) -> None:
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError("config key 'model.d_model': the head size d_model/n_heads must be even for RoPE")
     if m.embedding_size is not None and m.embedding_size < m.vocab_size:
-        raise ConfigError(
-            f"config key 'model.embedding_size': {m.embedding_size} < model.vocab_size={m.vocab_size}"
-        )
+        raise ConfigError(f"config key 'model.embedding_size': {m.embedding_size} < model.vocab_size={m.vocab_size}")
     if len(cfg.optimizer.betas) != 2:
         raise ConfigError(f"config key 'optimizer.betas': expected two numbers, got {cfg.optimizer.betas}")
     if not cfg.data.paths and not cfg.data.mix:

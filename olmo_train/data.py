@@ -10,7 +10,9 @@ step computes.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -25,11 +27,14 @@ from olmo_data.order import (
     default_order_location,
     ensure_order,
     global_batch_indices,
+    order_path_for_epoch,
     rank_slice,
     step_position,
 )
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, barrier
+
+log = logging.getLogger("olmo_train")
 
 
 @dataclass
@@ -92,7 +97,11 @@ class TrainData:
         if epoch in self._epochs_ready:
             return
         if self.d.is_main:
-            ensure_order(self.order_location, self.source, self.cfg.seed, epoch)
+            path = order_path_for_epoch(self.order_location, epoch)
+            if self.cfg.force_load and os.path.exists(path):  # the user accepted other data: keep the order
+                log.warning("force_load: using the existing order %s without checking its data fingerprint", path)
+            else:
+                ensure_order(self.order_location, self.source, self.cfg.seed, epoch)
         barrier()
         self._epochs_ready.add(epoch)
 
@@ -111,9 +120,9 @@ class TrainData:
         return result
 
     def _read(self, step: int) -> Batch:
-        indices = global_batch_indices(
-            self.order_location, step, self.gbs, num_instances=self.num_instances
-        ).astype(np.int64)
+        indices = global_batch_indices(self.order_location, step, self.gbs, num_instances=self.num_instances).astype(
+            np.int64
+        )
         fingerprint = None
         if self.d.is_main:
             tokens, masks = self.source.get_batch(indices)
@@ -144,9 +153,7 @@ def labels_for(input_ids: torch.Tensor, label_mask: torch.Tensor | None) -> torc
     return labels
 
 
-def eval_batches(
-    ev: EvaluatorConfig, cfg: TrainConfig, d: Dist
-) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+def eval_batches(ev: EvaluatorConfig, cfg: TrainConfig, d: Dist) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """This rank's share of a validation set: instances in file order, rank r taking r, r+W, ...; all ranks
     get the same number of batches (the tail that does not divide evenly is dropped), so collectives stay in
     step."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ class MetricsLog:
             return run_id
         import wandb
 
-        run_id = run_id or wandb.util.generate_id()  # type: ignore[attr-defined]
+        run_id = run_id or secrets.token_hex(4)  # wandb run ids: lowercase letters and digits
         self._wandb = wandb.init(
             id=run_id,
             resume="allow",

@@ -84,9 +84,7 @@ class Attention(nn.Module):
             y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             y = y.reshape(B, T, C)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
-            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
             y = y.transpose(1, 2).reshape(B, T, C)
         return self.w_out(y)  # type: ignore[no-any-return]
 

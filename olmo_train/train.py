@@ -141,13 +141,9 @@ def check_resumable(state: ckpt.TrainerState, cfg: TrainConfig, data: TrainData,
     """Refuse to continue a run on data (or batch size) other than the one its checkpoint was trained on."""
     problems = []
     if state.data_fingerprint and state.data_fingerprint != data.fingerprint:
-        problems.append(
-            f"data fingerprint {state.data_fingerprint} != {data.fingerprint} (data.paths/mix changed)"
-        )
+        problems.append(f"data fingerprint {state.data_fingerprint} != {data.fingerprint} (data.paths/mix changed)")
     if state.global_train_batch_size and state.global_train_batch_size != cfg.global_train_batch_size:
-        problems.append(
-            f"global_train_batch_size {state.global_train_batch_size} != {cfg.global_train_batch_size}"
-        )
+        problems.append(f"global_train_batch_size {state.global_train_batch_size} != {cfg.global_train_batch_size}")
     if state.seed != cfg.seed:
         problems.append(f"seed {state.seed} != {cfg.seed} (the data order would change)")
     if problems and not cfg.force_load:
@@ -216,7 +212,16 @@ def save(
 
 
 def train(cfg: TrainConfig) -> int:
+    """Run (or continue) the training the config describes; returns 0 when it finished, stopped or was
+    preempted after saving."""
     d = init_distributed()
+    try:
+        return _train(cfg, d)
+    finally:
+        shutdown()
+
+
+def _train(cfg: TrainConfig, d: Dist) -> int:
     logging.basicConfig(
         level=logging.INFO if d.is_main else logging.WARNING,
         format=f"%(asctime)s [rank {d.rank}] %(message)s",
@@ -311,12 +316,9 @@ def train(cfg: TrainConfig) -> int:
     data.close()
     metrics.close()
     if d.is_main:
-        done = (
-            "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
-        )
+        done = "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
         log.info("%s at step %d, %d tokens seen", done, state.step, state.tokens_seen)
     barrier()
-    shutdown()
     return 0
 
 
@@ -339,5 +341,4 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
-        shutdown()
         return 2

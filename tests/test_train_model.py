@@ -67,9 +67,7 @@ def test_weight_decay_groups() -> None:
     assert id(model.embeddings.weight) not in decayed
     assert id(model.blocks[0].attention_norm.weight) not in decayed
     assert id(model.blocks[0].mlp.w_up.weight) in decayed and id(model.lm_head.weight) in decayed
-    opt = build_optimizer(
-        model, OptimizerConfig(weight_decay=0.1, decay_embeddings=True, decay_norm_and_bias=True)
-    )
+    opt = build_optimizer(model, OptimizerConfig(weight_decay=0.1, decay_embeddings=True, decay_norm_and_bias=True))
     assert len(opt.param_groups) == 1
 
 

@@ -1,0 +1,100 @@
+"""Training throughput and MFU of `olmo_train` on GPUs, on synthetic token files, through the real trainer.
+
+Runs the trainer in this process (one GPU; or launch with torchrun for several) for `--steps` steps of a config's
+model, skips `--warmup` steps, and prints the median tokens/s per GPU and the MFU (model FLOPs utilisation:
+6 x non-embedding params + attention FLOPs per token, over the GPU's bf16 dense peak). Also prints whether
+flash-attn was used and the peak GPU memory.
+
+    python benchmarks/gpu_throughput.py --config configs/olmo2-1b.yaml --micro-batch 4
+    python benchmarks/gpu_throughput.py --config configs/olmo2-150m.yaml --micro-batch 16 --compile
+    torchrun --nproc-per-node 8 benchmarks/gpu_throughput.py --config configs/olmo2-1b.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from olmo_train import model as model_module
+from olmo_train.config import load_config
+from olmo_train.train import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs" / "olmo2-1b.yaml"))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--micro-batch", type=int, default=None, help="device_train_microbatch_size")
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per step on each GPU")
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--strategy", default="fsdp", choices=["fsdp", "ddp", "single"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--folder", default=None, help="where to write tokens and the run (default: a temp dir)")
+    parser.add_argument("overrides", nargs="*", help="more --key=value config overrides")
+    args = parser.parse_args()
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    probe = load_config(args.config, ["--data.paths=[x]"])
+    L = args.seq_len or probe.model.max_sequence_length
+    mbs = args.micro_batch or probe.device_train_microbatch_size
+    gbs = mbs * args.accum * world
+    tmp = Path(args.folder or tempfile.mkdtemp(prefix="olmo-gpu-bench-"))
+    tokens = tmp / "tokens.npy"
+    dtype = np.uint16 if probe.model.vocab_size <= 2**16 else np.uint32
+    if rank == 0 and not tokens.exists():
+        n = (args.steps + 2) * gbs * L
+        np.random.default_rng(0).integers(0, probe.model.vocab_size, n).astype(dtype).tofile(tokens)
+    overrides = [
+        f"--data.paths=[{tokens}]",
+        f"--data.dtype={np.dtype(dtype).name}",
+        f"--model.max_sequence_length={L}",
+        f"--global_train_batch_size={gbs}",
+        f"--device_train_microbatch_size={mbs}",
+        f"--max_duration={args.steps}",
+        f"--distributed_strategy={args.strategy}",
+        f"--compile={str(args.compile).lower()}",
+        f"--model.activation_checkpointing={str(args.activation_checkpointing).lower()}",
+        f"--save_folder={tmp / 'run'}",
+        "--save_interval=null",
+        "--save_interval_unsharded=null",
+        "--console_log_interval=5",
+        *args.overrides,
+    ]
+    if world > 1:  # the other ranks must see the token file before the trainer opens it
+        torch.distributed.init_process_group("nccl")
+        torch.distributed.barrier()
+    cfg = load_config(args.config, overrides)
+    train(cfg)
+    if rank != 0:
+        return
+    records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
+    timed = records[args.warmup :]
+    tps = statistics.median(r["throughput/tokens_per_second"] for r in timed)
+    mfu = [r["throughput/mfu"] for r in timed if "throughput/mfu" in r]
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    flash = model_module.flash_attn_func is not None and cfg.model.flash_attention
+    print(
+        f"{name} x{world} | {args.config} | {args.strategy} | batch {gbs}x{L} (micro {mbs}, accum {args.accum}) | "
+        f"compile {args.compile} | activation ckpt {args.activation_checkpointing} | flash-attn {flash}"
+    )
+    print(f"tokens/s (all GPUs): {tps:,.0f} | per GPU: {tps / world:,.0f}", end="")
+    if mfu:
+        print(f" | MFU {100 * statistics.median(mfu):.1f}%", end="")
+    if torch.cuda.is_available():
+        print(f" | peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", end="")
+    print(f" | final loss {records[-1]['train/loss']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The loop's bookkeeping, in one process: durations in tokens and epochs, in-loop evaluation, pruning of old
+checkpoints, the resolved config, bad checkpoints, and wandb (offline) keeping its run id across a resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from olmo_data.errors import DataError  # noqa: E402
+from olmo_train.config import load_config  # noqa: E402
+from olmo_train.train import main, train  # noqa: E402
+
+SEQ, GBS = 16, 4
+
+
+@pytest.fixture()
+def tokens(tmp_path: Path) -> str:
+    path = tmp_path / "tokens.npy"
+    np.random.default_rng(0).integers(0, 64, 30 * SEQ).astype(np.uint16).tofile(path)  # 30 instances
+    return str(path)
+
+
+def config(tmp_path: Path, tokens: str, **overrides: Any) -> Path:
+    cfg: dict[str, Any] = {
+        "save_folder": str(tmp_path / "run"),
+        "max_duration": 3,
+        "global_train_batch_size": GBS,
+        "device_train_microbatch_size": 2,
+        "distributed_strategy": "single",
+        "save_interval": 1,
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 64, "max_sequence_length": SEQ},
+        "data": {"paths": [tokens]},
+    }
+    cfg.update(overrides)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tokens_duration_eval_pruning_and_resolved_config(tmp_path: Path, tokens: str) -> None:
+    evaluators = [{"label": "heldout", "paths": [tokens], "max_batches": 2}]
+    cfg = config(
+        tmp_path,
+        tokens,
+        max_duration=f"{5 * GBS * SEQ - 10}T",
+        eval_interval=2,
+        evaluators=evaluators,
+        save_num_checkpoints_to_keep=2,
+    )
+    assert main([str(cfg)]) == 0
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5]  # tokens rounded up to whole steps
+    assert [("eval/heldout/loss" in r) for r in got] == [False, True, False, True, False]
+    assert 3.0 < got[1]["eval/heldout/loss"] < 5.0  # about ln(64) for an untrained model
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("step*")) == ["step4", "step5"], "only the last 2 are kept"
+    assert (run / "latest").resolve().name == "step5"
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["max_duration"] == f"{5 * GBS * SEQ - 10}T" and saved["evaluators"][0]["label"] == "heldout"
+
+
+def test_epochs_duration_and_finished_run_is_a_no_op(tmp_path: Path, tokens: str) -> None:
+    cfg = config(tmp_path, tokens, max_duration="2ep", save_interval=100)
+    assert main([str(cfg)]) == 0
+    assert [r["step"] for r in records(tmp_path)] == list(range(1, 15))  # 30 // 4 = 7 batches per epoch
+    assert records(tmp_path)[-1]["train/epoch"] == 1
+    assert main([str(cfg)]) == 0  # rerun of a finished run: resumes at the end, trains nothing, duplicates nothing
+    assert len(records(tmp_path)) == 14
+
+
+def test_bad_load_path_and_eval_data(tmp_path: Path, tokens: str) -> None:
+    with pytest.raises(DataError, match=r"load_path .*nowhere: no such checkpoint directory"):
+        train(load_config(config(tmp_path, tokens, load_path=str(tmp_path / "nowhere"))))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: not a complete checkpoint \(no trainer_state.json\)"):
+        train(load_config(config(tmp_path, tokens, load_path=str(tmp_path / "empty"))))
+    small = [{"label": "tiny", "paths": [tokens]}]
+    with pytest.raises(DataError, match=r"evaluator 'tiny': 30 instances are fewer than one eval batch of 64"):
+        train(load_config(config(tmp_path, tokens, eval_interval=1, evaluators=small, device_eval_batch_size=64)))
+
+
+def test_changed_data_is_refused_on_resume(tmp_path: Path, tokens: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, tokens)
+    assert main([str(cfg), "--stop_at=1"]) == 0
+    other = tmp_path / "other.npy"
+    np.random.default_rng(5).integers(0, 64, 30 * SEQ).astype(np.uint16).tofile(other)
+    assert main([str(cfg), f"--data.paths=[{other}]", "--global_train_batch_size=2"]) == 2
+    err = capsys.readouterr().err
+    assert "step1: the checkpoint was trained with other data settings: data fingerprint" in err
+    assert "global_train_batch_size 4 != 2" in err and "--reset_trainer_state" in err and "--force_load" in err
+    assert main([str(cfg), f"--data.paths=[{other}]", "--force_load"]) == 0  # moved or edited data, accepted
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+
+
+def test_too_little_data_for_one_batch(tmp_path: Path, tokens: str) -> None:
+    with pytest.raises(DataError, match=r"30 instances of 16 tokens, fewer than one global batch of 64"):
+        train(load_config(config(tmp_path, tokens, global_train_batch_size=64)))
+
+
+@pytest.mark.slow
+def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_cfg = {"enabled": True, "mode": "offline", "project": "olmo-test"}
+    cfg = config(tmp_path, tokens, max_duration=4, wandb=wandb_cfg)
+    assert main([str(cfg), "--stop_at=2"]) == 0
+    first = json.loads((tmp_path / "run" / "latest" / "trainer_state.json").read_text())["wandb_run_id"]
+    assert first
+    assert main([str(cfg)]) == 0
+    state = json.loads((tmp_path / "run" / "latest" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and state["wandb_run_id"] == first
+    runs = sorted(p.name for p in (tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(first) for name in runs)
