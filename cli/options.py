@@ -21,7 +21,7 @@ def document_options(f: F) -> F:
                 required=True,
                 metavar="PATTERN",
                 help="Input files: paths, globs, s3://, gs:// or http(s):// URLs; .json/.jsonl(.gz|.zst) or "
-                ".parquet. Repeat for more.",
+                ".parquet. Several may follow one flag.",
             ),
             click.option("--text-field", default="text", show_default=True, help="Field holding the text."),
             click.option("--id-field", default="id", show_default=True, help="Field holding the document id."),
