@@ -237,15 +237,11 @@ class TiktokenEncoder:
             self._encode_piece = functools.partial(enc.encode, allowed_special=frozenset(), disallowed_special=())
         self._norm_re = _alternation(list(plan.normalized_tokens))
         self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = -1
+        self._pool_key = (-1, 0)  # (pid, threads) the pool was made for
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # The plan holds the ranks once; the Encoding (a second copy) is rebuilt from it, which is quick.
-        return {"name": self.enc.name, "plan": self.plan, "num_threads": self.num_threads}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        plan = state["plan"]
-        self.__init__(build_encoding(state["name"], plan), plan, state["num_threads"])  # type: ignore[misc]
+        return (_rebuild_encoder, (self.enc.name, self.plan, self.num_threads))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.enc.decode(ids)
@@ -290,9 +286,9 @@ class TiktokenEncoder:
         threads = min(self.num_threads, len(texts))
         if threads <= 1:
             return self._encode_list(texts)
-        if self._pool is None or self._pool_pid != os.getpid() or self._pool._max_workers != threads:
+        if self._pool is None or self._pool_key != (os.getpid(), threads):
             self._pool = ThreadPoolExecutor(threads)  # a pool inherited through fork has no threads
-            self._pool_pid = os.getpid()
+            self._pool_key = (os.getpid(), threads)
         step = -(-len(texts) // threads)
         chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
         out: list[list[int]] = []
@@ -341,14 +337,28 @@ def _probes(plan: Plan) -> list[tuple[str, str]]:
     return probes
 
 
+def _rebuild_encoder(name: str, plan: Plan, num_threads: int) -> TiktokenEncoder:
+    return TiktokenEncoder(build_encoding(name, plan), plan, num_threads)
+
+
+def _tiktoken_failure(e: BaseException) -> bool:
+    # A split regex that can match the empty string makes tiktoken panic, and pyo3's PanicException is a
+    # BaseException; we turn it into a fallback (or a DataError) like any other failure.
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+
+
 def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], hf: Any, plan: Plan) -> str | None:
     """The label of the first probe where `encoder` and `tokenizers` differ, or None when all agree."""
     probes = _probes(plan)
-    texts = [t for _, t in probes]
-    ours = encoder(texts)
-    theirs = [e.ids for e in hf.encode_batch_fast(texts, add_special_tokens=False)]
-    for (label, _), a, b in zip(probes, ours, theirs, strict=True):
-        if a != list(b):
+    theirs = hf.encode_batch_fast([t for _, t in probes], add_special_tokens=False)
+    for (label, text), expected in zip(probes, theirs, strict=True):
+        try:
+            ours = encoder([text])[0]
+        except BaseException as e:
+            if not _tiktoken_failure(e):
+                raise
+            return f"{label} (tiktoken failed: {type(e).__name__}: {e})"
+        if ours != expected.ids:
             return label
     return None
 
@@ -450,6 +460,9 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
     with open(path, "rb") as f:
         data = f.read()
     ranks = _read_ranks(path, data)
+    missing = [b for b in UTF8_BYTES if bytes([b]) not in ranks]
+    if missing:
+        raise DataError(f"{path}: byte 0x{missing[0]:02x} has no rank; every single byte needs one")
     try:
         with open(sidecar, encoding="utf-8") as side:
             meta = json.load(side)
@@ -467,6 +480,15 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({type(e).__name__}: {e})") from None
     encoder = TiktokenEncoder(enc, plan, num_threads)
+    try:
+        encoder(["Hello,  world! It's 2024.\n\tcafé 😀"])
+    except BaseException as e:
+        if not _tiktoken_failure(e):
+            raise
+        raise DataError(
+            f"{sidecar}: tiktoken fails on a test string with this pat_str ({type(e).__name__}: {e}); "
+            "the pattern must not match the empty string"
+        ) from None
 
     def find(candidates: Sequence[str]) -> int | None:
         return next((specials[c] for c in candidates if c in specials), None)

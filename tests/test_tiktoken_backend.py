@@ -235,6 +235,25 @@ def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog:
         load_tokenizer(path, "tiktoken")
 
 
+def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A split regex that matches the empty string makes tiktoken panic: a fallback, not a crash."""
+    data = json.loads(Path(demo_tokenizer).read_text())
+    data["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"\p{L}*|."}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ],
+    }
+    path = tmp_path / "empty-match.json"
+    path.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="olmo_data.tiktoken_backend"):
+        assert load_tokenizer(str(path), "auto").backend == "hf"
+    assert "tiktoken failed: PanicException" in caplog.text
+    with pytest.raises(DataError, match="empty-match.json: .* self-check probe .*tiktoken failed: PanicException"):
+        load_tokenizer(str(path), "tiktoken")
+
+
 def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tmp_path: Path) -> None:
     tok = load_tokenizer(_edited(demo_tokenizer, tmp_path, "lowercase"), "hf")
     assert try_tiktoken(tok, strict=False) is None
@@ -290,6 +309,10 @@ def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
         load_tiktoken_file(_tiny_ranks(tmp_path, good, {"pat_str": "x", "special_tokens": ["<|endoftext|>"]}))
     with pytest.raises(DataError, match="missing.tiktoken: tiktoken ranks file not found"):
         load_tiktoken_file(str(tmp_path / "missing.tiktoken"))
+    with pytest.raises(DataError, match="tiny.tiktoken: byte 0x61 has no rank; every single byte needs one"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, good[:97] + good[98:], side))
+    with pytest.raises(DataError, match="tiny.tiktoken.json: tiktoken fails .* must not match the empty string"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, good, {**side, "pat_str": r"\p{L}*|."}))
     tok = load_tiktoken_file(_tiny_ranks(tmp_path, good, side))
     assert (tok.vocab_size, tok.eos_token_id) == (257, 256)
     assert tok.encode("ab <|endoftext|>") == [97, 98, 32, 256]
