@@ -58,7 +58,15 @@ import numpy as np
 from olmo_data import __version__
 from olmo_data.documents import file_format
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, expand_patterns, file_size, is_remote, open_file, write_json_atomic
+from olmo_data.io import (
+    atomic_path,
+    expand_patterns,
+    file_size,
+    is_remote,
+    open_file,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 from olmo_data.manifest import DTYPES, MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 
@@ -670,6 +678,7 @@ def prepare_chat(
             return _summary_from(existing, str(dest), reused=True)
     created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(dest)  # what a killed run left under `.tmp-` names
 
     counts = _Counts()
     chunks = _processed(_tasks(paths, options.split, CHUNK_CONVERSATIONS), options, eos, tok, processes)

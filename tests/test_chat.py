@@ -391,7 +391,11 @@ def test_output_is_identical_whatever_the_process_count(
 
 def test_rerun_reuses_and_other_options_are_refused(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"messages": MULTI_TURN}])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".tmp-input_ids.npy.killed").write_bytes(b"left by a killed run")
     first = prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=64))
+    assert not (tmp_path / "out" / ".tmp-input_ids.npy.killed").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([*chat.OUTPUT_FILES, "manifest.json"])
     before = (tmp_path / "out" / "input_ids.npy").stat().st_mtime_ns
     again = prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=64))
     assert again.reused and "already complete" in again.line()
