@@ -522,10 +522,7 @@ def test_special_ids_defaults_and_overrides(tok: Any, demo_tokenizer: str, tmp_p
     assert (manifest["eos_token_id"], manifest["pad_token_id"]) == (5, 7)
 
 
-def test_pad_falls_back_to_eos_and_a_missing_eos_is_an_error(tmp_path: Path) -> None:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, pre_tokenizers
-
+def test_pad_falls_back_to_eos_on_gpt2(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"messages": MULTI_TURN}])
     gpt2 = shared_tokenizer("gpt2.json")  # <|endoftext|> 50256 and no pad token
     prepare_chat([src], tmp_path / "gpt2", ChatOptions(gpt2, seq_len=64, backend="hf"))
@@ -533,11 +530,24 @@ def test_pad_falls_back_to_eos_and_a_missing_eos_is_an_error(tmp_path: Path) -> 
     assert manifest["pad_token_id"] == manifest["eos_token_id"] == 50256
     assert (ids[meta[0]["tokens"] :] == 50256).all()
 
-    words = HFTokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+
+def test_a_tokenizer_without_eos_needs_eos_token_id(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    words = HFTokenizer(models.WordLevel({"[UNK]": 0, "hi": 1, "<|user|>": 2}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     words.save(str(tmp_path / "words.json"))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi hi"}]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": messages}])
     with pytest.raises(DataError, match="words.json: the tokenizer has no recognisable EOS token.*--eos-token-id"):
-        prepare_chat([src], tmp_path / "w", ChatOptions(str(tmp_path / "words.json"), seq_len=64, backend="hf"))
+        prepare_chat([src], tmp_path / "w", ChatOptions(str(tmp_path / "words.json"), seq_len=16, backend="hf"))
+    opts = ChatOptions(str(tmp_path / "words.json"), seq_len=16, backend="hf", eos_token_id=9)
+    prepare_chat([src], tmp_path / "w", opts)
+    ids, mask, meta, manifest = read_outputs(tmp_path / "w")
+    assert manifest["pad_token_id"] == manifest["eos_token_id"] == 9  # no pad token: pad with EOS
+    assert (ids[meta[0]["tokens"] :] == 9).all() and not mask[meta[0]["tokens"] :].any()
+    assert ids[mask].tolist() == [1, 1, 9]  # "hi hi" and its EOS
 
 
 @pytest.mark.parametrize(
@@ -554,3 +564,16 @@ def test_bad_options(demo_tokenizer: str, tmp_path: Path, options: dict[str, Any
         prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, **options))
     with pytest.raises(DataError, match="--processes must be at least 1, got 0"):
         prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=8), processes=0)
+
+
+def test_large_vocabulary_is_written_as_uint32(tmp_path: Path) -> None:
+    from olmo_data.instances import open_dataset
+
+    cl100k = shared_tokenizer("cl100k_base.json")  # 100,278 ids: more than uint16 holds
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": MULTI_TURN}])
+    prepare_chat([src], tmp_path / "out", ChatOptions(cl100k, seq_len=64, backend="hf"))
+    ids, mask, _, manifest = read_outputs(tmp_path / "out")
+    assert manifest["dtype"] == "uint32" and (tmp_path / "out" / "input_ids.npy").stat().st_size == 64 * 4
+    assert ids[0] == manifest["eos_token_id"] == 100257 and manifest["pad_token_id"] == 100277
+    tokens, masks = open_dataset([str(tmp_path / "out")], sequence_length=64).get_batch([0])
+    assert tokens[0].tolist() == ids.tolist() and masks is not None and (masks[0] == mask).all()
