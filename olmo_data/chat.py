@@ -600,7 +600,9 @@ def _resolve_ids(options: ChatOptions, tok: Tokenizer) -> tuple[int, int, str]:
             "pass --eos-token-id"
         )
     pad = options.pad_token_id if options.pad_token_id is not None else tok.pad_token_id
-    pad = eos if pad is None else pad
+    if pad is None:
+        log.info("%s has no pad token: padding with the EOS id %d (never trained)", tok.name, eos)
+        pad = eos
     for name, value in (("--eos-token-id", eos), ("--pad-token-id", pad)):
         if value < 0 or value >= 2**32:
             raise DataError(f"{name} {value} is not a valid token id (0 <= id < 2**32)")
