@@ -164,7 +164,8 @@ def test_everything_dropped_is_an_error_and_leaves_nothing(demo_tokenizer: str, 
     assert not (tmp_path / "out").exists()
 
 
-def test_olmo_template_matches_olmo_reference_on_gpt_neox(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["hf", "auto"])  # auto: the fast backend where it is exact
+def test_olmo_template_matches_olmo_reference_on_gpt_neox(tmp_path: Path, backend: str) -> None:
     """OLMo's preprocess (scripts/prepare_tulu_data.py), restated with `tokenizers`, on GPT-NeoX-20B."""
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -204,7 +205,7 @@ def test_olmo_template_matches_olmo_reference_on_gpt_neox(tmp_path: Path) -> Non
         [{"role": "user", "content": "a " * 40}, {"role": "assistant", "content": "b " * 80}],  # truncated
     ]
     src = write_jsonl(tmp_path / "in.jsonl", [{"messages": c} for c in conversations])
-    prepare_chat([src], tmp_path / "out", ChatOptions(path, seq_len=L, backend="hf"))
+    prepare_chat([src], tmp_path / "out", ChatOptions(path, seq_len=L, backend=backend))
     ids, mask, meta, manifest = read_outputs(tmp_path / "out")
     expected = [reference(c) for c in conversations]
     kept = [e for e in expected if any(e[1])]  # OLMo filters examples with no label
