@@ -41,7 +41,8 @@ from olmo_data.order import (
     step_position,
 )
 
-DOCINDEX_VERSION = 1
+DOCINDEX_VERSION = 2
+INDEX_JSON = "index.json"
 
 
 def read_train_config(path: str) -> dict[str, Any]:
@@ -60,12 +61,15 @@ def read_train_config(path: str) -> dict[str, Any]:
         raise DataError(f"{path}: not valid YAML ({e})") from e
     if not isinstance(raw, dict):
         raise DataError(f"{path}: expected a mapping of config keys at the top level")
-    raw.setdefault("seed", 6198)  # the trainer's default, as OLMo's
+    # the trainer's defaults (olmo_train/config.py) for keys a config leaves out
+    raw.setdefault("seed", 6198)
     raw.setdefault("save_folder", "runs/olmo-run")
     raw.setdefault("global_train_batch_size", 512)
-    raw.setdefault("model", {})
+    for section in ("model", "data"):
+        raw[section] = raw.get(section) or {}
+        if not isinstance(raw[section], dict):
+            raise DataError(f"{path}: {section} must be a mapping of keys, got {raw[section]!r}")
     raw["model"].setdefault("max_sequence_length", 1024)
-    raw.setdefault("data", {})
     for key in ("seed", "global_train_batch_size"):
         if not isinstance(raw[key], int) or isinstance(raw[key], bool):
             raise DataError(f"{path}: {key} must be an integer, got {raw[key]!r}")
@@ -113,26 +117,24 @@ class DocumentSpan:
 
 
 class _FileIndex:
-    """The arrays of one token file's metadata (memory-mapped .npy files in one directory)."""
+    """One token file's document index: `spans.npy`, an int64 (documents, 5) Fortran-order array whose columns
+    (start, end, loc, src code, id offset) are each contiguous, so binary searches run on the memory map without
+    copies; `ids.bin`, the ids' UTF-8 bytes back to back; `index.json`, the sources (written last: "complete")."""
 
     def __init__(self, directory: Path) -> None:
-        self.starts = np.load(directory / "starts.npy", mmap_mode="r")
-        self.ends = np.load(directory / "ends.npy", mmap_mode="r")
-        self.locs = np.load(directory / "locs.npy", mmap_mode="r")
-        self.src_codes = np.load(directory / "src_codes.npy", mmap_mode="r")
-        self.id_offsets = np.load(directory / "id_offsets.npy", mmap_mode="r")
-        self.ids = (
-            np.memmap(directory / "ids.bin", dtype=np.uint8, mode="r")
-            if (directory / "ids.bin").stat().st_size
-            else np.zeros(0, dtype=np.uint8)
-        )
-        self.sources: list[str] = json.loads((directory / "sources.json").read_text())
+        info = json.loads((directory / INDEX_JSON).read_text())
+        spans = np.load(directory / "spans.npy", mmap_mode="r").view(np.ndarray)  # plain views index faster
+        self.starts, self.ends, self.locs, self.src_codes, self.id_offsets = (spans[:, c] for c in range(5))
+        self.ids = np.zeros(0, dtype=np.uint8)
+        if info["id_bytes"]:  # (an empty file cannot be memory-mapped)
+            self.ids = np.memmap(directory / "ids.bin", dtype=np.uint8, mode="r").view(np.ndarray)
+        self.sources: list[str] = info["sources"]
 
     def doc(self, k: int) -> tuple[str, str, int, int, int]:
-        lo, hi = int(self.id_offsets[k]), int(self.id_offsets[k + 1])
-        doc_id = bytes(self.ids[lo:hi]).decode("utf-8")
+        lo = int(self.id_offsets[k])
+        hi = int(self.id_offsets[k + 1]) if k + 1 < len(self.id_offsets) else len(self.ids)
         return (
-            doc_id,
+            self.ids[lo:hi].tobytes().decode("utf-8"),
             self.sources[int(self.src_codes[k])],
             int(self.locs[k]),
             int(self.starts[k]),
@@ -182,7 +184,7 @@ class DocIndex:
             index = None
             if metadata is not None:
                 directory = self.root / self._key(metadata)
-                if not (directory / "done").exists():
+                if not (directory / INDEX_JSON).exists():
                     build_doc_index(metadata, directory)
                     self.built += 1
                 index = _FileIndex(directory)
@@ -234,23 +236,25 @@ def build_doc_index(metadata: str, directory: Path) -> None:
     src_codes = src_dict.indices.to_numpy(zero_copy_only=False).astype(np.int32)
     ids = table.column("id").combine_chunks()
     id_bytes = [s.encode("utf-8") for s in ids.to_pylist()]
-    id_offsets = np.zeros(len(id_bytes) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in id_bytes], out=id_offsets[1:])
+    id_offsets = np.zeros(len(id_bytes), dtype=np.int64)
+    if len(id_bytes) > 1:
+        np.cumsum([len(b) for b in id_bytes[:-1]], out=id_offsets[1:])
+    spans = np.empty((len(starts), 5), dtype=np.int64, order="F")
+    spans[:, 0], spans[:, 1] = starts, ends
+    spans[:, 2] = table.column("loc").to_numpy().astype(np.int64)
+    spans[:, 3], spans[:, 4] = src_codes, id_offsets
+    blob = b"".join(id_bytes)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}.", dir=directory.parent))
     try:
-        np.save(tmp / "starts.npy", starts)
-        np.save(tmp / "ends.npy", ends)
-        np.save(tmp / "locs.npy", table.column("loc").to_numpy().astype(np.int64))
-        np.save(tmp / "src_codes.npy", src_codes)
-        np.save(tmp / "id_offsets.npy", id_offsets)
-        (tmp / "ids.bin").write_bytes(b"".join(id_bytes))
-        (tmp / "sources.json").write_text(json.dumps(sources))
-        (tmp / "done").write_text(json.dumps({"metadata": metadata, "documents": len(starts)}) + "\n")
+        np.save(tmp / "spans.npy", spans)
+        (tmp / "ids.bin").write_bytes(blob)
+        info = {"metadata": metadata, "documents": len(starts), "id_bytes": len(blob), "sources": sources}
+        (tmp / INDEX_JSON).write_text(json.dumps(info) + "\n")
         try:
             os.replace(tmp, directory)
         except OSError:  # another process built it first: keep theirs
-            if not (directory / "done").exists():
+            if not (directory / INDEX_JSON).exists():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -265,8 +269,8 @@ class InstanceReport:
     instance: int  # index in the dataset (what the order holds)
     path: str
     token_offset: int
-    token_ids: list[int]
-    label_mask: list[bool] | None = None
+    token_ids: np.ndarray  # int64 (sequence_length,); lists only in to_json(), as converting costs time
+    label_mask: np.ndarray | None = None  # bool, True = a training target
     source: str | None = None  # mixture source
     documents: list[DocumentSpan] | None = None  # None: the token file has no metadata
     text: str | None = None
@@ -294,8 +298,12 @@ class BatchReport:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "instances"}
         out["instances"] = [
-            {f.name: getattr(i, f.name) for f in fields(i) if f.name != "documents"}
-            | {"documents": None if i.documents is None else [asdict(d) for d in i.documents]}
+            {f.name: getattr(i, f.name) for f in fields(i) if f.name not in ("documents", "token_ids", "label_mask")}
+            | {
+                "token_ids": i.token_ids.tolist(),
+                "label_mask": None if i.label_mask is None else i.label_mask.tolist(),
+                "documents": None if i.documents is None else [asdict(d) for d in i.documents],
+            }
             for i in self.instances
         ]
         return out
@@ -374,7 +382,7 @@ def inspect_batch(
     decoder = _load_decoder(tokenizer, source) if decode else None
     L = source.sequence_length
     for p, loc in zip(positions.tolist(), locations, strict=True):
-        ids = tokens[p].tolist()
+        ids = tokens[p]
         report.instances.append(
             InstanceReport(
                 position=p,
@@ -382,12 +390,12 @@ def inspect_batch(
                 path=loc.path,
                 token_offset=loc.token_offset,
                 token_ids=ids,
-                label_mask=masks[p].tolist() if masks is not None else None,
+                label_mask=masks[p] if masks is not None else None,
                 source=loc.source,
                 documents=docs.lookup(
                     loc.path, loc.token_offset, loc.token_offset + L, source.files[loc.file_index].metadata_path
                 ),
-                text=decoder.decode(ids) if decoder is not None else None,
+                text=decoder.decode(ids.tolist()) if decoder is not None else None,
             )
         )
     return report
@@ -432,11 +440,11 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
     for inst in r.instances:
         src = f" (source {inst.source})" if inst.source else ""
         lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}")
-        shown = " ".join(map(str, inst.token_ids[:max_tokens]))
+        shown = " ".join(map(str, inst.token_ids[:max_tokens].tolist()))
         more = f" ... ({len(inst.token_ids)} tokens)" if len(inst.token_ids) > max_tokens else ""
         lines.append(f"    tokens: {shown}{more}")
         if inst.label_mask is not None:
-            lines.append(f"    label mask: {sum(inst.label_mask)} of {len(inst.label_mask)} tokens are targets")
+            lines.append(f"    label mask: {int(inst.label_mask.sum())} of {len(inst.label_mask)} tokens are targets")
         if inst.documents is None:
             lines.append("    documents: (no metadata beside the token file)")
         for d in inst.documents or []:

@@ -4,7 +4,7 @@ OLMo's `MemMapDataset` cuts every token file on its own into `file_tokens // seq
 drops the leftover tokens at the end of each file; instances are numbered file after file in the order the
 paths are given. We follow that rule exactly, so an OLMo config and its published `global_indices.npy` name
 the same instances here. Instance `i` is found by a binary search over the cumulative instance counts, and its
-tokens are one slice of a memory map (local files) or one ranged read (http(s)://, s3://, gs://), so a lookup
+tokens are one positioned read (`os.pread`, local files) or one ranged read (http(s)://, s3://, gs://), so a lookup
 costs the same whatever the dataset size.
 
 A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per source, the token
@@ -219,7 +219,7 @@ class InstanceSource:
     """Fixed-length instances over token files (optionally through a mix): the one reader the trainer and
     `inspect-batch` share, so that both see exactly the same tokens for an instance index.
 
-    Build it with `open_dataset`. All methods are read-only and thread-safe; memory maps are opened lazily.
+    Build it with `open_dataset`. All methods are read-only and thread-safe.
     """
 
     def __init__(
@@ -246,8 +246,6 @@ class InstanceSource:
         self._source_file_ranges = list(mix_file_ranges or [])
         sel_counts = np.array([len(s) for s in self._selections], dtype=np.int64)
         self._selection_offsets = np.concatenate([[0], np.cumsum(sel_counts)]).astype(np.int64)
-        self._maps: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
         self.has_label_masks = any(f.label_mask_path for f in self.files)
 
     # -- size and identity -----------------------------------------------------------------------------------
@@ -347,22 +345,38 @@ class InstanceSource:
 
     # -- reading ---------------------------------------------------------------------------------------------
 
-    def _local_map(self, path: str, dtype: Any) -> np.ndarray:
-        with self._lock:
-            arr = self._maps.get(path)
-            if arr is None:
-                # a plain ndarray view of the map: slicing it skips np.memmap's per-slice bookkeeping
-                arr = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
-                self._maps[path] = arr
-            return arr
+    def read_tokens(
+        self, path: str, dtype: Any, offset: int, length: int, fds: dict[str, int] | None = None
+    ) -> np.ndarray:
+        """`length` items of `dtype` at item `offset` of a local or remote headerless little-endian array.
 
-    def read_tokens(self, path: str, dtype: Any, offset: int, length: int) -> np.ndarray:
-        """`length` items of `dtype` at item `offset` of a local or remote headerless array."""
+        Local files are read with `os.pread`, not a memory map: a page fault on a map makes the kernel read
+        ahead (up to megabytes) around every instance, which for scattered instances costs far more than the
+        instance itself (measured: 2048 cold 8 KB reads took 8 s through np.memmap, 0.03 s with pread).
+        `fds` caches open descriptors across the reads of one batch.
+        """
+        dt = np.dtype(dtype).newbyteorder("<")
+        nbytes = length * dt.itemsize
         if is_remote(path):
-            itemsize = np.dtype(dtype).itemsize
-            raw = remote_reader().read(path, offset * itemsize, length * itemsize)
-            return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
-        return np.asarray(self._local_map(path, dtype)[offset : offset + length])
+            return np.frombuffer(remote_reader().read(path, offset * dt.itemsize, nbytes), dtype=dt)
+        own = fds is None
+        fds = {} if fds is None else fds
+        try:
+            fd = fds.get(path)
+            if fd is None:
+                fd = fds[path] = os.open(path, os.O_RDONLY)
+            raw = os.pread(fd, nbytes, offset * dt.itemsize)
+        except OSError as e:
+            raise DataError(f"{path}: cannot read tokens {offset}..{offset + length} ({e})") from e
+        finally:
+            if own:
+                for d in fds.values():
+                    os.close(d)
+        if len(raw) != nbytes:
+            raise DataError(
+                f"{path}: the file ended before token {offset + length}; it shrank after the dataset was opened"
+            )
+        return np.frombuffer(raw, dtype=dt)
 
     def get_batch(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray | None]:
         """Token ids (int64, shape (n, sequence_length)) of the given instances, in the given order, and their
@@ -372,11 +386,16 @@ class InstanceSource:
         L = self.sequence_length
         tokens = np.empty((len(locs), L), dtype=np.int64)
         masks = np.ones((len(locs), L), dtype=bool) if self.has_label_masks else None
-        for row, loc in enumerate(locs):
-            f = self.files[loc.file_index]
-            tokens[row] = self.read_tokens(f.path, DTYPES[f.dtype], loc.token_offset, L)
-            if masks is not None and f.label_mask_path:
-                masks[row] = self.read_tokens(f.label_mask_path, LABEL_MASK_DTYPE, loc.token_offset, L)
+        fds: dict[str, int] = {}
+        try:
+            for row, loc in enumerate(locs):
+                f = self.files[loc.file_index]
+                tokens[row] = self.read_tokens(f.path, DTYPES[f.dtype], loc.token_offset, L, fds)
+                if masks is not None and f.label_mask_path:
+                    masks[row] = self.read_tokens(f.label_mask_path, LABEL_MASK_DTYPE, loc.token_offset, L, fds)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         return tokens, masks
 
     def __getitem__(self, index: int) -> np.ndarray:

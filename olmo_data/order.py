@@ -295,7 +295,9 @@ def read_order_range(
 
         raw = remote_reader().read(path, start * dtype.itemsize, (stop - start) * dtype.itemsize)
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).copy()
-    return np.array(np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r")[start:stop])
+    with open(path, "rb") as f:  # a positioned read: no read-ahead around a slice of a large order
+        f.seek(start * dtype.itemsize)
+        return np.frombuffer(f.read((stop - start) * dtype.itemsize), dtype=dtype.newbyteorder("<")).copy()
 
 
 # -- steps, batches and ranks --------------------------------------------------------------------------------
