@@ -90,7 +90,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="olmo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, object] = {"cpu_count": os.cpu_count()}
+    results: dict[str, object] = {"cpu_count": os.cpu_count(), "load_average_before": os.getloadavg()}
     try:
         # 1. the order of 10^8 instances: in memory, and written to disk with its side file
         n = int(args.order_instances)
@@ -169,6 +169,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", "import cli.main"], check=True, env=env, cwd=ROOT)
         cli["interpreter_and_imports"] = [time.perf_counter() - t0]
         results["cli_s"] = cli
+        results["load_average_after"] = os.getloadavg()
         results["disk_used_bytes"] = sum(p.stat().st_blocks * 512 for p in data.glob("*"))
         results["apparent_bytes"] = sum(p.stat().st_size for p in data.glob("*"))
     finally:

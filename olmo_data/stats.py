@@ -160,8 +160,8 @@ def dataset_stats(
                 steps = int(amount)
             elif unit == "tokens":
                 steps = math.ceil(amount / (global_batch_size * L))
-            else:
-                steps = math.ceil(amount * per_epoch)
+            else:  # as the trainer counts epochs (olmo_train/data.py)
+                steps = max(1, round(amount * per_epoch))
             out.duration = str(duration)
             out.steps = steps
             out.epochs = steps / per_epoch if per_epoch else math.inf

@@ -228,3 +228,15 @@ def test_write_order_is_atomic_on_failure(tmp_path: Path, monkeypatch: pytest.Mo
         write_order(str(target), order, seed=0, epoch=0)
     assert not target.exists()
     assert not list(target.parent.glob(".tmp-*"))
+
+
+def test_concurrent_ensure_order_gives_one_complete_order(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = open_dataset(_dataset(tmp_path, (4000, 3000)), sequence_length=3)
+    train_data = str(tmp_path / "train_data")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        paths = list(pool.map(lambda _: ensure_order(train_data, ds, 8, 0), range(8)))
+    assert set(paths) == {str(tmp_path / "train_data" / "global_indices.npy")}
+    np.testing.assert_array_equal(load_order(paths[0]), olmo_permutation(len(ds), 8, 0))
+    assert sorted(p.name for p in (tmp_path / "train_data").iterdir()) == ["global_indices.json", "global_indices.npy"]
