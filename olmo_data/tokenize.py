@@ -242,11 +242,12 @@ class _PartWriter:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(resolved: _Resolved, backend: str, progress: Any, threads: int | None) -> None:
+def _init_worker(resolved: _Resolved, tok: Tokenizer, progress: Any, threads: int) -> None:
+    """Per-process state. `tok` comes from the parent (inherited through fork, or pickled cheaply)."""
     if threads == 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # N processes on N cores: no thread pools inside each
         os.environ["RAYON_NUM_THREADS"] = "1"
-    tok = load_tokenizer(resolved.options.tokenizer, backend)  # type: ignore[arg-type]
+    tok.set_num_threads(threads)
     _worker.update(resolved=resolved, tok=tok, progress=progress)
 
 
@@ -369,7 +370,7 @@ def tokenize(
     reused = len(results)
     written_now: list[int] = []
     try:
-        for result in _run_tasks(todo, resolved, options.backend, processes, progress, len(inputs), reused):
+        for result in _run_tasks(todo, resolved, tok, processes, progress, len(inputs), reused):
             write_json_atomic(progress_dir / f"{result.index:05d}.json", asdict(result))
             results[result.index] = result
             written_now.append(result.index)
@@ -455,7 +456,7 @@ def _remove_parts_of(dest: Path, index: int) -> None:
 def _run_tasks(
     todo: list[tuple[int, str, int, str]],
     resolved: _Resolved,
-    backend: str,
+    tok: Tokenizer,
     processes: int,
     show_progress: bool | None,
     n_inputs: int,
@@ -485,7 +486,7 @@ def _run_tasks(
     try:
         if processes == 1 or len(todo) <= 1:
             local_q: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
-            _init_worker(resolved, backend, local_q, None)
+            _init_worker(resolved, tok, local_q, processes)
             for task in todo:
                 result = _tokenize_input(task)
                 while not local_q.empty():
@@ -499,9 +500,9 @@ def _run_tasks(
         # tokenizer in the initializer, with thread pools off, so nothing threaded crosses the fork
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         progress_q = ctx.Queue()
-        with ctx.Pool(
-            min(processes, len(todo)), initializer=_init_worker, initargs=(resolved, backend, progress_q, 1)
-        ) as pool:
+        workers = min(processes, len(todo))
+        threads = max(1, processes // workers)  # fewer inputs than processes: encode with threads instead
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads)) as pool:
             pending = pool.imap_unordered(_tokenize_input, todo)
             remaining = len(todo)
             while remaining:
