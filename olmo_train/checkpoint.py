@@ -13,6 +13,7 @@ sharded checkpoint loads on a different world size (DCP reshards); an unsharded 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -226,7 +227,7 @@ def _download(url: str) -> Path:
             raise DataError(f"load_path {url}: cannot fetch {name} ({type(e).__name__}: {e})") from e
 
     state = fetch(TRAINER_STATE)
-    dest = state.parent / f"checkpoint-{abs(hash(url)) % 10**12}"
+    dest = state.parent / f"checkpoint-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
     dest.mkdir(exist_ok=True)
     names = [TRAINER_STATE]
     try:

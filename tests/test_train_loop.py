@@ -27,7 +27,7 @@ def tokens(tmp_path: Path) -> str:
     return str(path)
 
 
-def config(tmp_path: Path, tokens: str, **overrides: Any) -> Path:
+def config(tmp_path: Path, tokens: str, file: str = "c.yaml", **overrides: Any) -> Path:
     cfg: dict[str, Any] = {
         "save_folder": str(tmp_path / "run"),
         "max_duration": 3,
@@ -39,7 +39,7 @@ def config(tmp_path: Path, tokens: str, **overrides: Any) -> Path:
         "data": {"paths": [tokens]},
     }
     cfg.update(overrides)
-    path = tmp_path / "c.yaml"
+    path = tmp_path / file
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -121,3 +121,44 @@ def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monke
     assert state["step"] == 4 and state["wandb_run_id"] == first
     runs = sorted(p.name for p in (tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(first) for name in runs)
+
+
+@pytest.fixture()
+def http_root(tmp_path: Path) -> Any:
+    """A loopback HTTP server over tmp_path/www (what a checkpoint on a web or object store looks like)."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["step2", "step2-unsharded"])
+def test_load_path_url_through_cached_path(
+    tmp_path: Path, tokens: str, http_root: Any, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    root, url = http_root
+    base = config(tmp_path, tokens, save_interval_unsharded=2)
+    assert main([str(base), "--stop_at=2"]) == 0
+    shutil.copytree(tmp_path / "run" / kind, root / kind)
+    finetune = config(
+        tmp_path, tokens, "ft.yaml", save_folder=str(tmp_path / "ft"), load_path=f"{url}/{kind}", max_duration=3
+    )
+    assert main([str(finetune)]) == 0  # continues the base run: same data, so steps 3.. only
+    got = [json.loads(x) for x in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    ref = records(tmp_path)
+    assert [r["step"] for r in got] == [3] and got[0]["train/tokens_seen"] == 3 * GBS * SEQ
+    assert main([str(base)]) == 0  # the base run itself continued locally gives the same step 3
+    assert records(tmp_path)[2]["train/loss"] == got[0]["train/loss"]
+    assert ref[-1]["step"] == 2
