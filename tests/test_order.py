@@ -240,3 +240,12 @@ def test_concurrent_ensure_order_gives_one_complete_order(tmp_path: Path) -> Non
     assert set(paths) == {str(tmp_path / "train_data" / "global_indices.npy")}
     np.testing.assert_array_equal(load_order(paths[0]), olmo_permutation(len(ds), 8, 0))
     assert sorted(p.name for p in (tmp_path / "train_data").iterdir()) == ["global_indices.json", "global_indices.npy"]
+
+
+def test_both_shuffle_paths_give_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = build_order(5000, 21, 2)
+    monkeypatch.setattr("olmo_data.order.FAST_SHUFFLE_MAX_BYTES", 0)  # force the in-place uint32 path
+    slow = build_order(5000, 21, 2)
+    assert fast.dtype == slow.dtype == np.uint32
+    np.testing.assert_array_equal(fast, slow)
+    np.testing.assert_array_equal(slow, olmo_permutation(5000, 21, 2))
