@@ -46,15 +46,21 @@ log = logging.getLogger("olmo_train")
 
 class Preemption:
     """SIGTERM / SIGUSR1 (Slurm's warning before preemption) ask the run to checkpoint and exit at the next
-    step."""
+    step. The previous handlers come back when the run ends, so a caller (a test, a notebook) is not left with
+    a process that ignores SIGTERM."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.requested = False
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -215,20 +221,21 @@ def train(cfg: TrainConfig) -> int:
     """Run (or continue) the training the config describes; returns 0 when it finished, stopped or was
     preempted after saving."""
     d = init_distributed()
+    preemption = Preemption()
     try:
-        return _train(cfg, d)
+        return _train(cfg, d, preemption)
     finally:
+        preemption.restore()
         shutdown()
 
 
-def _train(cfg: TrainConfig, d: Dist) -> int:
+def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     logging.basicConfig(
         level=logging.INFO if d.is_main else logging.WARNING,
         format=f"%(asctime)s [rank {d.rank}] %(message)s",
         datefmt="%H:%M:%S",
         force=True,
     )
-    preemption = Preemption()
     save_folder = Path(cfg.save_folder)
     if d.is_main:
         save_folder.mkdir(parents=True, exist_ok=True)

@@ -162,3 +162,11 @@ def test_load_path_url_through_cached_path(
     assert main([str(base)]) == 0  # the base run itself continued locally gives the same step 3
     assert records(tmp_path)[2]["train/loss"] == got[0]["train/loss"]
     assert ref[-1]["step"] == 2
+
+
+def test_signal_handlers_are_restored_after_a_run(tmp_path: Path, tokens: str) -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([str(config(tmp_path, tokens, max_duration=1))]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
