@@ -41,8 +41,8 @@ from olmo_data.tokenizer import Tokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16
-BATCH_DOCUMENTS = 1024  # documents per encode call: large enough to amortise call overhead
-BATCH_CHARS = 4 * 1024 * 1024  # ... but bounded in size, so memory stays small on very long documents
+BATCH_DOCUMENTS = 512  # documents per encode call: large enough to amortise call overhead
+BATCH_CHARS = 1024 * 1024  # ... but bounded in size: memory stays small and the progress bar moves
 PROGRESS_DIR = ".progress"
 
 
@@ -475,13 +475,13 @@ def _run_tasks(
 
     def update(msg: tuple[int, int, int]) -> None:
         nonlocal tokens, chars
-        bar.update(msg[0])
         tokens += msg[1]
         chars += msg[2]
         dt = max(time.perf_counter() - t0, 1e-9)
         bar.set_postfix_str(
             f"files {files_done}/{n_inputs}, {tokens / 1e6:.1f}M tokens, {chars / dt / 1e6:.1f} MB/s", refresh=False
         )
+        bar.update(msg[0])
 
     try:
         if processes == 1 or len(todo) <= 1:
