@@ -203,3 +203,12 @@ def test_cli_tokenize_prints_summary(demo_tokenizer: str, tmp_path: Path) -> Non
         main, ["tokenize", "-d", str(tmp_path / "nope*"), "-t", demo_tokenizer, "--destination", "x"]
     )
     assert r.exit_code == 2 and "nope*: the pattern matches no file" in r.output
+
+
+def test_hub_id_offline_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: fail at once instead of retrying
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(DataError, match=r"some-org/some-model: could not load tokenizer from the Hugging Face hub"):
+        load_tokenizer("some-org/some-model")
+    with pytest.raises(DataError, match=r"missing/tokenizer\.json: tokenizer file not found"):
+        load_tokenizer("missing/tokenizer.json")
