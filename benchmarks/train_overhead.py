@@ -104,7 +104,12 @@ def main() -> None:
     )
     print(f"plain PyTorch loop : {p:10,.0f} tokens/s   (runs: {', '.join(f'{x:,.0f}' for x in plain)})")
     print(f"olmo_train ({args.strategy:6}): {t:10,.0f} tokens/s   (runs: {', '.join(f'{x:,.0f}' for x in trainer)})")
-    print(f"trainer / plain    : {t / p:.3f}  ({100 * (t / p - 1):+.1f}%)")
+    print(f"trainer / plain    : {t / p:.3f}  ({100 * (t / p - 1):+.1f}%)  (ratio of the medians)")
+    pairs = [b / a for a, b in zip(plain, trainer, strict=True)]
+    print(
+        f"paired ratios      : {', '.join(f'{x:.3f}' for x in pairs)}  (median {statistics.median(pairs):.3f}; "
+        "each trainer run over the plain run just before it)"
+    )
 
 
 if __name__ == "__main__":
