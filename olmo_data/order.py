@@ -22,11 +22,11 @@ is written before the order itself, and both atomically, so an order file that e
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +99,12 @@ def side_file(order_path: str) -> str:
     return (order_path[: -len(".npy")] if order_path.endswith(".npy") else order_path) + ".json"
 
 
+@functools.lru_cache(maxsize=64)
+def _read_local_json(path: str, mtime_ns: int, size: int) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
 def read_order_info(order_path: str) -> dict[str, Any] | None:
     """The side file of an order, or None for an order without one (for example one that OLMo wrote)."""
     path = side_file(order_path)
@@ -108,9 +114,9 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
         if is_remote(path):
             with open_file(path, "rt", compression="disable") as f:
                 info = json.load(f)
-        else:  # plain open: a local read should not pay for importing the remote-storage clients
-            with open(path) as f:
-                info = json.load(f)
+        else:  # the trainer asks every step: parse a local side file once per version of it
+            st = os.stat(path)
+            info = _read_local_json(path, st.st_mtime_ns, st.st_size)
     except DataError:
         if is_remote(path):
             return None
@@ -119,7 +125,7 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
         raise DataError(f"{path}: not valid JSON ({e}); delete it and the order beside it and rebuild") from e
     if not isinstance(info, dict) or info.get("format") != ORDER_FORMAT:
         raise DataError(f"{path}: not an olmo-data order description (format != {ORDER_FORMAT!r})")
-    return info
+    return dict(info)  # a copy: the cached one must not change
 
 
 def write_order(
@@ -424,11 +430,8 @@ def global_batch_indices(
 
 
 def default_order_location(save_folder: str) -> str:
-    return (
-        str(Path(save_folder) / TRAIN_DATA_DIR)
-        if not is_remote(save_folder)
-        else (f"{save_folder.rstrip('/')}/{TRAIN_DATA_DIR}")
-    )
+    """`save_folder/train_data`, where the trainer keeps its orders (OLMo's place for them)."""
+    return f"{str(save_folder).rstrip('/')}/{TRAIN_DATA_DIR}"
 
 
 @dataclass(frozen=True)
