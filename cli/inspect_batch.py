@@ -10,22 +10,14 @@ import click
 @click.command("inspect-batch")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--step", type=int, default=None, help="Training step (1-based; step N trains batch N-1).")
-@click.option(
-    "--batch-index", type=int, default=None, help="Global batch index (0-based), instead of --step."
-)
-@click.option(
-    "--rank", type=int, default=None, help="Show only the part rank R consumed (needs --world-size)."
-)
+@click.option("--batch-index", type=int, default=None, help="Global batch index (0-based), instead of --step.")
+@click.option("--rank", type=int, default=None, help="Show only the part rank R consumed (needs --world-size).")
 @click.option("--world-size", type=int, default=None, help="Number of ranks the run used.")
 @click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
 @click.option("--decode", is_flag=True, help="Decode each instance to text.")
-@click.option(
-    "--tokenizer", default=None, help="Tokenizer for --decode (default: the manifest's, if a path)."
-)
+@click.option("--tokenizer", default=None, help="Tokenizer for --decode (default: the manifest's, if a path).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option(
-    "--max-tokens", default=16, show_default=True, help="Token ids shown per instance (text output)."
-)
+@click.option("--max-tokens", default=16, show_default=True, help="Token ids shown per instance (text output).")
 def inspect_batch(
     config: str,
     step: int | None,

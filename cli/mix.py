@@ -7,9 +7,7 @@ import click
 
 @click.command("mix")
 @click.argument("spec", type=click.Path(dir_okay=False))
-@click.option(
-    "--destination", "-d", required=True, help="Directory for mix.json and the selected instance ids."
-)
+@click.option("--destination", "-d", required=True, help="Directory for mix.json and the selected instance ids.")
 def mix(spec: str, destination: str) -> None:
     """Select instances from each source of SPEC (YAML) and write DESTINATION/mix.json.
 

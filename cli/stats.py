@@ -9,9 +9,7 @@ import click
 
 @click.command("stats")
 @click.argument("paths", nargs=-1)
-@click.option(
-    "--config", default=None, help="A training config: its data, sequence length, batch size, duration."
-)
+@click.option("--config", default=None, help="A training config: its data, sequence length, batch size, duration.")
 @click.option("--mix", default=None, help="A mix directory (or mix.json) instead of PATHS.")
 @click.option("--sequence-length", type=int, default=None, help="Instance length (default: from --config).")
 @click.option("--global-batch-size", type=int, default=None, help="Instances per step, to count epochs.")
@@ -46,9 +44,7 @@ def stats(
         duration = duration or cfg.get("max_duration")
     else:
         if sequence_length is None:
-            raise DataError(
-                "--sequence-length is required without --config (instances are cut at that length)"
-            )
+            raise DataError("--sequence-length is required without --config (instances are cut at that length)")
         if bool(paths) == bool(mix):
             raise DataError("give token files/directories as PATHS, or --mix DIR, or --config CONFIG")
         source = open_dataset(list(paths) or None, sequence_length=sequence_length, mix=mix, dtype=dtype)

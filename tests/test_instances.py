@@ -61,19 +61,13 @@ def test_directory_uses_manifest_dtype_and_order(tmp_path: Path) -> None:
     b = np.arange(70_000, 70_008)
     write_tokens(tmp_path / "part-1.npy", b, "uint32")
     write_tokens(tmp_path / "part-0.npy", a, "uint32")
-    write_manifest(
-        tmp_path, ["part-1.npy", "part-0.npy"], "uint32", [8, 20]
-    )  # manifest order, not name order
+    write_manifest(tmp_path, ["part-1.npy", "part-0.npy"], "uint32", [8, 20])  # manifest order, not name order
     ds = open_dataset([str(tmp_path)], sequence_length=4)
     assert len(ds) == 2 + 5
     np.testing.assert_array_equal(ds.get_batch([0, 2])[0], [b[0:4], a[0:4]])
-    with pytest.raises(
-        DataError, match=r"dtype uint16 was requested but the directory's manifest says uint32"
-    ):
+    with pytest.raises(DataError, match=r"dtype uint16 was requested but the directory's manifest says uint32"):
         open_dataset([str(tmp_path)], sequence_length=4, dtype="uint16")
-    with pytest.raises(
-        DataError, match=r"dtype uint16 was requested but the directory's manifest says uint32"
-    ):
+    with pytest.raises(DataError, match=r"dtype uint16 was requested but the directory's manifest says uint32"):
         open_dataset([str(tmp_path / "part-0.npy")], sequence_length=4, dtype="uint16")
 
 
@@ -117,9 +111,7 @@ def test_label_masks(tmp_path: Path) -> None:
     np.testing.assert_array_equal(tokens, [np.arange(3, 6), np.arange(3, 6), np.arange(0, 3)])
     with pytest.raises(DataError, match=r"label_mask_paths lists 1 files but data.paths expands to 2"):
         open_dataset([t0, t1], sequence_length=3, label_mask_paths=[str(tmp_path / "a.mask.npy")])
-    with pytest.raises(
-        DataError, match=r"b.mask.npy: the label mask has 6 entries but its token file .*a.npy has 8"
-    ):
+    with pytest.raises(DataError, match=r"b.mask.npy: the label mask has 6 entries but its token file .*a.npy has 8"):
         open_dataset([t0], sequence_length=3, label_mask_paths=[str(tmp_path / "b.mask.npy")])
 
 

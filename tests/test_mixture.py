@@ -107,9 +107,7 @@ def test_selection_is_deterministic_and_seeded(tmp_path: Path, sources: dict[str
     for name in ("mix.json", "web.ids.npy", "code.ids.npy"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
     build_mix(parse_spec(spec(sources, seed=6)), str(tmp_path / "three"))
-    assert not np.array_equal(
-        np.load(tmp_path / "one" / "code.ids.npy"), np.load(tmp_path / "three" / "code.ids.npy")
-    )
+    assert not np.array_equal(np.load(tmp_path / "one" / "code.ids.npy"), np.load(tmp_path / "three" / "code.ids.npy"))
     a = open_dataset(mix=str(tmp_path / "one"), sequence_length=SEQ).fingerprint()
     assert a == open_dataset(mix=str(tmp_path / "two"), sequence_length=SEQ).fingerprint()
     assert a != open_dataset(mix=str(tmp_path / "three"), sequence_length=SEQ).fingerprint()
@@ -140,9 +138,7 @@ def test_bad_specs(sources: dict[str, list[str]], change: dict[str, Any], messag
 def test_bad_source_entries(sources: dict[str, list[str]]) -> None:
     base = spec(sources)
     both = dict(base, sources=[dict(base["sources"][0], tokens=5), base["sources"][1]])
-    with pytest.raises(
-        DataError, match=r"mix.yaml: sources\[0\] \(web\): give exactly one of share .* or tokens"
-    ):
+    with pytest.raises(DataError, match=r"mix.yaml: sources\[0\] \(web\): give exactly one of share .* or tokens"):
         parse_spec(both, where="mix.yaml")
     dup = dict(base, sources=[base["sources"][0], dict(base["sources"][1], name="web")])
     with pytest.raises(DataError, match=r"sources\[1\]: source name 'web' is used twice"):

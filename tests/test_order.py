@@ -79,9 +79,7 @@ def test_readme_batch_formula_and_steps() -> None:
     per_epoch = n // gbs
     for b in range(per_epoch):
         np.testing.assert_array_equal(batch_from_order(order, b, gbs), order[b * gbs : (b + 1) * gbs])
-    with pytest.raises(
-        DataError, match=r"batch 12 is past the end of the order: it holds 103 instances = 12 batches"
-    ):
+    with pytest.raises(DataError, match=r"batch 12 is past the end of the order: it holds 103 instances = 12 batches"):
         batch_from_order(order, per_epoch, gbs)
     # step N trains global batch N-1; epochs follow one another
     assert step_position(1, gbs, n) == batch_position(0, gbs, n)
@@ -161,9 +159,7 @@ def test_ensure_order_accepts_olmo_order_without_side_file(tmp_path: Path) -> No
     ds = open_dataset(_dataset(tmp_path), sequence_length=10)
     olmo_dir = tmp_path / "olmo"
     olmo_dir.mkdir()
-    olmo_permutation(len(ds), 1, 0)[:64].astype(np.uint32).tofile(
-        olmo_dir / "global_indices.npy"
-    )  # OLMo trims
+    olmo_permutation(len(ds), 1, 0)[:64].astype(np.uint32).tofile(olmo_dir / "global_indices.npy")  # OLMo trims
     assert ensure_order(str(olmo_dir), ds, seed=1, epoch=0) == str(olmo_dir / "global_indices.npy")
     olmo_permutation(200, 1, 0).astype(np.uint32).tofile(olmo_dir / "global_indices.npy")
     with pytest.raises(DataError, match=r"800 bytes is not an order of at most 65 uint32 instance numbers"):
@@ -179,9 +175,7 @@ def test_global_batch_indices_across_epochs(tmp_path: Path) -> None:
     for step in range(1, 9):
         epoch, b = (step - 1) // 4, (step - 1) % 4
         expect = olmo_permutation(65, seed, epoch)[b * gbs : (b + 1) * gbs]
-        got = global_batch_indices(
-            train_data, step, gbs, num_instances=len(ds), expected_fingerprint=ds.fingerprint()
-        )
+        got = global_batch_indices(train_data, step, gbs, num_instances=len(ds), expected_fingerprint=ds.fingerprint())
         np.testing.assert_array_equal(got, expect)
     with pytest.raises(
         DataError,
@@ -210,9 +204,7 @@ def test_order_paths_and_missing_files(tmp_path: Path) -> None:
     assert order_path_for_epoch("x/my_order.npy", 3) == "x/my_order_epoch3.npy"
     with pytest.raises(DataError, match=r"nope.npy: order file not found"):
         load_order(str(tmp_path / "nope.npy"))
-    with pytest.raises(
-        DataError, match=r"nope.npy: order file not found; build it with `olmo-data build-order"
-    ):
+    with pytest.raises(DataError, match=r"nope.npy: order file not found; build it with `olmo-data build-order"):
         read_order_range(str(tmp_path / "nope.npy"), 0, 4)
 
 

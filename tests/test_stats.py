@@ -65,9 +65,7 @@ def test_durations_in_steps_and_tokens(tmp_path: Path) -> None:
     st = dataset_stats(ds, global_batch_size=2, duration="95T", document_lengths=False)
     assert st.steps == 5  # 95 tokens need 5 steps of 2 x 10 tokens
     assert parse_duration("2e9T") == (2e9, "tokens") and parse_duration("1.5ep") == (1.5, "epochs")
-    with pytest.raises(
-        DataError, match=r"duration '3 weeks': expected steps \(1000\), tokens \(2e9T\) or epochs"
-    ):
+    with pytest.raises(DataError, match=r"duration '3 weeks': expected steps \(1000\), tokens \(2e9T\) or epochs"):
         parse_duration("3 weeks")
 
 
@@ -80,9 +78,7 @@ def test_mix_sources(tmp_path: Path) -> None:
         "sources": [{"name": "a", "paths": [a], "share": 0.5}, {"name": "b", "paths": [b], "share": 0.5}],
     }
     build_mix(parse_spec(spec), str(tmp_path / "mix"))
-    st = dataset_stats(
-        open_dataset(mix=str(tmp_path / "mix"), sequence_length=8), cache_dir=str(tmp_path / "c")
-    )
+    st = dataset_stats(open_dataset(mix=str(tmp_path / "mix"), sequence_length=8), cache_dir=str(tmp_path / "c"))
     assert [(s.name, s.available_instances, s.instances) for s in st.sources] == [("a", 20, 5), ("b", 5, 5)]
     assert [s.share for s in st.sources] == [0.5, 0.5]
 
@@ -90,9 +86,7 @@ def test_mix_sources(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     d = token_dir(tmp_path / "a", [[30, 30], [50]])
-    res = CliRunner().invoke(
-        main, ["stats", d, "--sequence-length", "10", "--global-batch-size", "4", "--json"]
-    )
+    res = CliRunner().invoke(main, ["stats", d, "--sequence-length", "10", "--global-batch-size", "4", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["num_instances"] == 11 and out["batches_per_epoch"] == 2 and out["documents"] == 3
