@@ -205,6 +205,10 @@ def test_bad_input_messages(tmp_path: Path, tokens_dir: str) -> None:
         inspect_batch(config, step=1, rank=0, world_size=5, doc_index=cache)
     with pytest.raises(DataError, match=r"nope.yaml: config file not found"):
         inspect_batch(str(tmp_path / "nope.yaml"), step=1)
+    changed_path = tmp_path / "changed.yaml"
+    changed_path.write_text(yaml.safe_dump(cfg_changed))
+    res = CliRunner().invoke(main, ["build-order", str(changed_path)])
+    assert res.exit_code == 2 and "this order was built for other data" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(main, ["inspect-batch", config, "--step", "0"])
     assert res.exit_code == 2 and "training steps count from 1" in res.output and "Traceback" not in res.output
 

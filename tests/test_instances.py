@@ -255,3 +255,20 @@ def test_s3_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         np.testing.assert_array_equal(ds.get_batch([3, 14])[0], [arr[192:256], arr[896:960]])
     finally:
         server.stop()
+
+
+def test_http_token_files_listed_one_by_one(
+    http_server: tuple[Path, str, type[_RangeHandler]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OLMo configs list token-file URLs without a manifest: sizes come from HEAD requests, dtype from data.dtype."""
+    root, url, _ = http_server
+    arrays = [np.arange(k * 1000, k * 1000 + 100 + 7 * k) for k in range(5)]
+    for k, a in enumerate(arrays):
+        write_tokens(root / f"f{k}.npy", a, "uint16")
+    monkeypatch.setattr("olmo_data.instances._READER", RangeReader())
+    ds = open_dataset([f"{url}/f{k}.npy" for k in range(5)], sequence_length=16, dtype="uint16")
+    ref = olmo_reference_instances(arrays, 16)
+    assert len(ds) == len(ref)
+    np.testing.assert_array_equal(ds.get_batch(np.arange(len(ds)))[0], ref)
+    with pytest.raises(DataError, match=r"f9.npy: cannot read the token file's size"):
+        open_dataset([f"{url}/f9.npy"], sequence_length=16)
