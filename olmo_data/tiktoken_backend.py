@@ -495,7 +495,8 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
 
     return Tokenizer(
         name=name,
-        sha256=hashlib.sha256(data).hexdigest(),
+        # the identity covers the split regex and special tokens too: changing either changes the ids
+        sha256=hashlib.sha256(data + json.dumps(meta, sort_keys=True).encode()).hexdigest(),
         vocab_size=enc.max_token_value + 1,
         backend="tiktoken",
         eos_token_id=find(EOS_CANDIDATES),
