@@ -17,6 +17,11 @@ import click
 @click.option("--decode", is_flag=True, help="Decode each instance to text.")
 @click.option("--tokenizer", default=None, help="Tokenizer for --decode (default: the manifest's, if a path).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--no-verify-data",
+    is_flag=True,
+    help="Use the order even if it was built for data at other paths (check the batch fingerprint then).",
+)
 @click.option("--max-tokens", default=16, show_default=True, help="Token ids shown per instance (text output).")
 def inspect_batch(
     config: str,
@@ -29,6 +34,7 @@ def inspect_batch(
     tokenizer: str | None,
     as_json: bool,
     max_tokens: int,
+    no_verify_data: bool,
 ) -> None:
     """Show which instances, tokens and documents a training step of CONFIG's run trained on.
 
@@ -46,6 +52,7 @@ def inspect_batch(
         order=order,
         decode=decode,
         tokenizer=tokenizer,
+        verify_data=not no_verify_data,
     )
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False))

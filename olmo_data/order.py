@@ -190,10 +190,9 @@ def _check_matches(
             what.append("the mix changed")
         raise DataError(
             f"{order_path}: this order was built for other data (data fingerprint {fp}, now "
-            f"{source.fingerprint()}: {'; '.join(what) or 'files or dtypes differ'}). The data paths "
-            "changed since "
-            "the order was built: restore them, or use a new save_folder (or data.order_path) to build a "
-            "new order"
+            f"{source.fingerprint()}: {'; '.join(what) or 'files or dtypes differ'}). The data paths changed since "
+            "the order was built: restore them, or use a new save_folder (or data.order_path) to build a new "
+            "order; if the same files only moved, the trainer's force_load keeps the order"
         )
     if int(info["num_instances"]) != n:
         raise DataError(
@@ -267,9 +266,9 @@ def _checked_info(path: str, expected_fingerprint: str | None) -> dict[str, Any]
         if fp is not None and fp != expected_fingerprint:
             raise DataError(
                 f"{path}: this order was built for other data (data fingerprint {fp}, expected "
-                f"{expected_fingerprint}); the data paths changed since the order was built: restore them, "
-                "or "
-                "build a new order in a new save_folder"
+                f"{expected_fingerprint}); the data paths changed since the order was built: restore them, or "
+                "build a new order in a new save_folder; if the same files only moved, inspect-batch "
+                "--no-verify-data reads the order anyway (then compare the batch fingerprint with the run's)"
             )
     return info
 

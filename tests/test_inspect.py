@@ -197,6 +197,17 @@ def test_bad_input_messages(tmp_path: Path, tokens_dir: str) -> None:
         r"order was built",
     ):
         inspect_batch(cfg_changed, step=1, doc_index=cache)
+    # the same files at another path: refused, unless the user says so; the batch fingerprint then confirms
+    import shutil
+
+    shutil.copytree(tokens_dir, tmp_path / "moved")
+    cfg_moved = dict(cfg, data={"paths": [str(tmp_path / "moved")]})
+    with pytest.raises(DataError, match=r"if the same files only moved, inspect-batch --no-verify-data"):
+        inspect_batch(cfg_moved, step=1, doc_index=cache)
+    moved = inspect_batch(cfg_moved, step=1, doc_index=cache, verify_data=False)
+    original = inspect_batch(config, step=1, doc_index=cache)
+    assert moved.data_fingerprint != original.data_fingerprint
+    assert moved.batch_fingerprint == original.batch_fingerprint
     with pytest.raises(DataError, match=r"--rank and --world-size go together"):
         inspect_batch(config, step=1, rank=1, doc_index=cache)
     with pytest.raises(DataError, match=r"exactly one of --step .* and --batch-index"):
