@@ -140,6 +140,7 @@ class _Entry:
     tokens: int | None = None
     label_mask: str | None = None
     metadata: str | None = None
+    instance_length: int | None = None  # a chat directory's instances are whole examples of this length
 
 
 class _Manifests:
@@ -177,7 +178,10 @@ def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
                     f"drop the dtype option or fix it to {recorded}"
                 )
             base = path.rstrip("/")
-            out.extend(_entry(base, e, recorded) for e in manifest.get("files", []))
+            length = manifest.get("sequence_length")
+            for e in manifest.get("files", []):
+                out.append(_entry(base, e, recorded))
+                out[-1].instance_length = int(length) if length else None
             continue
         if not is_remote(path) and not os.path.exists(path):
             raise DataError(f"{path}: token file not found; check data.paths")
@@ -434,12 +438,24 @@ def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None, met
     return TokenFile(path=path, dtype=dtype, num_tokens=int(tokens), label_mask_path=mask, metadata_path=metadata)
 
 
-def _files_for(paths: Sequence[str], label_mask_paths: Sequence[str] | None, dtype: str | None) -> list[TokenFile]:
+def _files_for(
+    paths: Sequence[str],
+    label_mask_paths: Sequence[str] | None,
+    dtype: str | None,
+    sequence_length: int | None = None,
+) -> list[TokenFile]:
     if isinstance(paths, str):
         paths = [paths]
     expanded = _expand_paths(paths, dtype)
     if not expanded:
         raise DataError("no token files: data.paths is empty (or its directories' manifests list no files)")
+    for entry in expanded:
+        if sequence_length is not None and entry.instance_length not in (None, sequence_length):
+            raise DataError(
+                f"{entry.path}: this chat data was prepared as instances of {entry.instance_length} tokens, but "
+                f"the sequence length is {sequence_length}; set model.max_sequence_length to "
+                f"{entry.instance_length}, or re-run prepare-tulu with --seq-len {sequence_length}"
+            )
     if label_mask_paths:
         masks = [str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)]
         if len(masks) != len(expanded):
@@ -482,7 +498,7 @@ def open_dataset(
 
         return open_mix(mix, sequence_length=sequence_length, dtype=dtype)
     assert paths is not None
-    return InstanceSource(_files_for(paths, label_mask_paths, dtype), sequence_length)
+    return InstanceSource(_files_for(paths, label_mask_paths, dtype, sequence_length), sequence_length)
 
 
 def open_from_config(config: dict[str, Any], *, base_dir: str | None = None) -> InstanceSource:

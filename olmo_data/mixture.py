@@ -186,7 +186,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
     available: list[int] = []
     for s in spec.sources:
         try:
-            files = _files_for(s.paths, s.label_mask_paths, spec.dtype)
+            files = _files_for(s.paths, s.label_mask_paths, spec.dtype, spec.sequence_length)
         except DataError as e:
             raise DataError(f"source {s.name}: {e}") from e
         n = sum(f.num_tokens // L for f in files)

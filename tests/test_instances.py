@@ -272,3 +272,28 @@ def test_http_token_files_listed_one_by_one(
     np.testing.assert_array_equal(ds.get_batch(np.arange(len(ds)))[0], ref)
     with pytest.raises(DataError, match=r"f9.npy: cannot read the token file's size"):
         open_dataset([f"{url}/f9.npy"], sequence_length=16)
+
+
+def test_chat_directory_brings_its_label_masks_and_length(tmp_path: Path) -> None:
+    """A prepare-tulu directory: the manifest names the label mask, and its instances are whole examples."""
+    write_tokens(tmp_path / "input_ids.npy", np.arange(24), "uint16")
+    mask = np.arange(24) % 3 == 0
+    mask.tofile(tmp_path / "label_mask.npy")
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "olmo-data.chat",
+                "version": 1,
+                "dtype": "uint16",
+                "sequence_length": 8,
+                "files": [{"path": "input_ids.npy", "label_mask": "label_mask.npy", "tokens": 24}],
+            }
+        )
+    )
+    ds = open_dataset([str(tmp_path)], sequence_length=8)
+    tokens, masks = ds.get_batch([2, 0])
+    assert masks is not None
+    np.testing.assert_array_equal(masks, [mask[16:24], mask[0:8]])
+    np.testing.assert_array_equal(tokens, [np.arange(16, 24), np.arange(0, 8)])
+    with pytest.raises(DataError, match=r"prepared as instances of 8 tokens, but the sequence length is 12"):
+        open_dataset([str(tmp_path)], sequence_length=12)
