@@ -28,7 +28,7 @@ import numpy as np
 
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instances import InstanceSource, open_from_config
+from olmo_data.instances import InstanceSource, default_cache_dir, open_from_config
 from olmo_data.io import is_remote, open_file
 from olmo_data.manifest import read_manifest
 from olmo_data.order import (
@@ -140,10 +140,6 @@ class _FileIndex:
             int(self.starts[k]),
             int(self.ends[k]),
         )
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
 
 
 class DocIndex:

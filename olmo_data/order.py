@@ -248,8 +248,10 @@ def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray
     if is_remote(path):
         from cached_path import cached_path
 
+        from olmo_data.instances import default_cache_dir
+
         try:
-            local = str(cached_path(path))
+            local = str(cached_path(path, cache_dir=os.path.join(default_cache_dir(), "orders")))
         except Exception as e:
             raise DataError(f"{path}: cannot fetch the order file ({type(e).__name__}: {e})") from e
     elif not os.path.exists(path):

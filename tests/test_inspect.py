@@ -366,3 +366,34 @@ def test_config_errors(tmp_path: Path) -> None:
     bad.write_text("model:\ndata:\n")  # empty sections take the trainer's defaults
     cfg = read_train_config(str(bad))
     assert cfg["model"]["max_sequence_length"] == 1024 and cfg["data"] == {} and cfg["seed"] == 6198
+
+
+def test_load_remote_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An order URL (OLMo publishes theirs) is fetched once into the cache and memory-mapped."""
+    import http.server
+    import threading
+
+    from olmo_data.instances import open_dataset
+    from olmo_data.order import build_order, load_order, write_order
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    www = tmp_path / "www"
+    www.mkdir()
+    np.arange(4000, dtype=np.uint16).tofile(tmp_path / "tokens.npy")
+    ds = open_dataset([str(tmp_path / "tokens.npy")], sequence_length=4)
+    write_order(str(www / "global_indices.npy"), build_order(1000, 4, 0), seed=4, epoch=0, source=ds)
+
+    def make(*args: Any, **kw: Any) -> http.server.SimpleHTTPRequestHandler:
+        return http.server.SimpleHTTPRequestHandler(*args, directory=str(www), **kw)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/global_indices.npy"
+        np.testing.assert_array_equal(load_order(url, ds.fingerprint()), build_order(1000, 4, 0))
+        assert list((tmp_path / "cache" / "orders").iterdir())  # kept in the cache
+        with pytest.raises(DataError, match=r"this order was built for other data"):
+            load_order(url, expected_fingerprint="0000")
+    finally:
+        server.shutdown()
+        server.server_close()
