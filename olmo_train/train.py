@@ -271,57 +271,59 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         stop_step,
         total_steps,
     )
-    eval_cache: dict[str, Any] = {}
-    last_saved = {"sharded": state.step, "unsharded": -1}
-    model.train()
-    preempted = False
-    while state.step < stop_step:
-        step = state.step + 1
-        t0 = time.perf_counter()
-        batch = data.batch(step)
-        progress = step if cfg.scheduler.units == "steps" else step * tokens_per_step
-        total = total_steps if cfg.scheduler.units == "steps" else total_tokens
-        lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total)
-        set_learning_rate(optim, lr)
-        result = train_step(model, optim, batch, cfg, d, preemption.requested)
-        state.step = step
-        state.epoch = batch.epoch
-        state.tokens_seen += tokens_per_step
-        state.instances_seen += cfg.global_train_batch_size
-        dt = time.perf_counter() - t0
-        record: dict[str, Any] = {
-            "step": step,
-            "train/loss": result.loss,
-            "train/tokens_seen": state.tokens_seen,
-            "train/instances_seen": state.instances_seen,
-            "train/epoch": state.epoch,
-            "train/supervised_tokens": result.supervised_tokens,
-            "train/batch_fingerprint": batch.fingerprint,
-            "optim/lr": lr,
-            "optim/grad_norm": result.grad_norm,
-            "throughput/tokens_per_second": tokens_per_step / dt,
-        }
-        if peak:
-            record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
-        if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
-            record.update(evaluate(model, cfg, d, eval_cache))
-        metrics.write(record)
-        if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
-            log.info(console_line(record, total_steps))
-        if cfg.save_interval and step % cfg.save_interval == 0:
+    try:
+        eval_cache: dict[str, Any] = {}
+        last_saved = {"sharded": state.step, "unsharded": -1}
+        model.train()
+        preempted = False
+        while state.step < stop_step:
+            step = state.step + 1
+            t0 = time.perf_counter()
+            batch = data.batch(step)
+            progress = step if cfg.scheduler.units == "steps" else step * tokens_per_step
+            total = total_steps if cfg.scheduler.units == "steps" else total_tokens
+            lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total)
+            set_learning_rate(optim, lr)
+            result = train_step(model, optim, batch, cfg, d, preemption.requested)
+            state.step = step
+            state.epoch = batch.epoch
+            state.tokens_seen += tokens_per_step
+            state.instances_seen += cfg.global_train_batch_size
+            dt = time.perf_counter() - t0
+            record: dict[str, Any] = {
+                "step": step,
+                "train/loss": result.loss,
+                "train/tokens_seen": state.tokens_seen,
+                "train/instances_seen": state.instances_seen,
+                "train/epoch": state.epoch,
+                "train/supervised_tokens": result.supervised_tokens,
+                "train/batch_fingerprint": batch.fingerprint,
+                "optim/lr": lr,
+                "optim/grad_norm": result.grad_norm,
+                "throughput/tokens_per_second": tokens_per_step / dt,
+            }
+            if peak:
+                record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
+            if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
+                record.update(evaluate(model, cfg, d, eval_cache))
+            metrics.write(record)
+            if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
+                log.info(console_line(record, total_steps))
+            if cfg.save_interval and step % cfg.save_interval == 0:
+                save("sharded", cfg, model, optim, state, d)
+                last_saved["sharded"] = step
+            if cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
+                save("unsharded", cfg, model, optim, state, d)
+                last_saved["unsharded"] = step
+            if result.stop_requested:
+                log.warning("stop signal received: saving a checkpoint at step %d and exiting", step)
+                preempted = True
+                break
+        if last_saved["sharded"] != state.step and last_saved["unsharded"] != state.step:
             save("sharded", cfg, model, optim, state, d)
-            last_saved["sharded"] = step
-        if cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
-            save("unsharded", cfg, model, optim, state, d)
-            last_saved["unsharded"] = step
-        if result.stop_requested:
-            log.warning("stop signal received: saving a checkpoint at step %d and exiting", step)
-            preempted = True
-            break
-    if last_saved["sharded"] != state.step and last_saved["unsharded"] != state.step:
-        save("sharded", cfg, model, optim, state, d)
-    data.close()
-    metrics.close()
+    finally:  # also on errors: stop the prefetch thread, flush metrics, end the wandb run
+        data.close()
+        metrics.close()
     if d.is_main:
         done = "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
         log.info("%s at step %d, %d tokens seen", done, state.step, state.tokens_seen)

@@ -110,6 +110,7 @@ def test_too_little_data_for_one_batch(tmp_path: Path, tokens: str) -> None:
 
 @pytest.mark.slow
 def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     wandb_cfg = {"enabled": True, "mode": "offline", "project": "olmo-test"}
     cfg = config(tmp_path, tokens, max_duration=4, wandb=wandb_cfg)
