@@ -171,3 +171,40 @@ def test_signal_handlers_are_restored_after_a_run(tmp_path: Path, tokens: str) -
     before = signal.getsignal(signal.SIGTERM)
     assert main([str(config(tmp_path, tokens, max_duration=1))]) == 0
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_trains_on_a_mix_manifest(tmp_path: Path, tokens: str) -> None:
+    from olmo_data.inspect import inspect_batch
+    from olmo_data.mixture import build_mix, parse_spec
+
+    other = tmp_path / "other.npy"
+    np.random.default_rng(9).integers(0, 64, 50 * SEQ).astype(np.uint16).tofile(other)
+    spec = {
+        "seed": 1,
+        "sequence_length": SEQ,
+        "total_tokens": 40 * SEQ,
+        "sources": [
+            {"name": "a", "paths": [tokens], "share": 0.25},
+            {"name": "b", "paths": [str(other)], "share": 0.75},
+        ],
+    }
+    build_mix(parse_spec(spec), str(tmp_path / "mix"))
+    cfg = config(tmp_path, tokens, data={"mix": str(tmp_path / "mix")}, max_duration=4)
+    assert main([str(cfg)]) == 0
+    got = records(tmp_path)
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert all(r["train/batch_fingerprint"] == inspect_batch(str(cfg), step=r["step"]).batch_fingerprint for r in got)
+
+
+@pytest.mark.parametrize(("first", "then"), [("ddp", "fsdp"), ("fsdp", "single")])
+def test_checkpoints_move_between_strategies(tmp_path: Path, tokens: str, first: str, then: str) -> None:
+    cfg = config(tmp_path, tokens, max_duration=3)
+    assert main([str(cfg), f"--distributed_strategy={first}", "--stop_at=2"]) == 0
+    assert main([str(cfg), f"--distributed_strategy={then}"]) == 0
+    (tmp_path / "ref").mkdir()
+    reference = config(tmp_path / "ref", tokens, max_duration=3)
+    assert main([str(reference), f"--distributed_strategy={first}"]) == 0
+    got, ref = records(tmp_path), records(tmp_path / "ref")
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert got[2]["train/batch_fingerprint"] == ref[2]["train/batch_fingerprint"]
+    assert got[2]["train/loss"] == pytest.approx(ref[2]["train/loss"], rel=1e-5)
