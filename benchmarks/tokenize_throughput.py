@@ -34,9 +34,14 @@ SHARED = ROOT.parent / "shared" / "tokenizers"
 
 
 def build_corpus(dest: Path, megabytes: float, shards: int) -> list[str]:
-    """Python sources as dolma documents, dealt round-robin into `shards` .jsonl.gz files, up to `megabytes`."""
+    """Python sources as dolma documents, dealt round-robin into `shards` .jsonl.gz files, up to `megabytes`.
+
+    The standard library first (about 30 MB), then installed packages' sources (numpy, torch, ...) if more is asked.
+    """
     stdlib = Path(sysconfig.get_paths()["stdlib"])
+    purelib = Path(sysconfig.get_paths()["purelib"])
     files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts)
+    files += sorted(purelib.rglob("*.py"))
     lines: list[list[str]] = [[] for _ in range(shards)]
     total = 0
     for i, path in enumerate(files):
@@ -44,7 +49,7 @@ def build_corpus(dest: Path, megabytes: float, shards: int) -> list[str]:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        doc = {"id": str(path.relative_to(stdlib)), "text": text, "source": "python"}
+        doc = {"id": str(path), "text": text, "source": "python"}
         lines[i % shards].append(json.dumps(doc))
         total += len(text.encode())
         if total >= megabytes * 1e6:
@@ -124,7 +129,7 @@ def main() -> None:
                 eos = manifest["eos_token_id"]
                 dcmd = [args.dolma, "tokens", "--documents", *files, "--destination", str(tmp / "dolma")]
                 dcmd += ["--tokenizer.name_or_path", spec, "--tokenizer.eos_token_id", str(eos)]
-                dcmd += ["--processes", str(args.processes)]
+                dcmd += ["--processes", str(args.processes), "--dtype", manifest["dtype"]]
                 dolma_s, _ = timed(dcmd)
                 shutil.rmtree(tmp / "dolma", ignore_errors=True)
             ceil_rate = tokens / encode_s / 1e6

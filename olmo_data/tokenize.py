@@ -12,11 +12,11 @@ inputs and options only, byte-identical whatever `processes` is, and lets a reru
 
 from __future__ import annotations
 
+import array
 import csv
 import gzip
 import hashlib
 import io
-import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -39,6 +39,8 @@ from olmo_data.manifest import DTYPES, MANIFEST_NAME, MANIFEST_VERSION, smallest
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
+
+assert array.array("I").itemsize == 4, "uint32 token buffers need a 4-byte C unsigned int"
 
 DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16
 BATCH_DOCUMENTS = 512  # documents per encode call: large enough to amortise call overhead
@@ -260,8 +262,10 @@ def _encode(tok: Tokenizer, texts: list[str], eos: int | None, bos: int | None) 
         if eos is not None and (not ids or ids[-1] != eos):
             ids.append(eos)
     lengths = [len(ids) for ids in encoded]
-    flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.uint32, count=sum(lengths))
-    return flat, lengths
+    flat = array.array("I")  # C-level extend from lists: faster than np.fromiter over a chain
+    for ids in encoded:
+        flat.extend(ids)
+    return np.frombuffer(flat, dtype=np.uint32), lengths
 
 
 def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
