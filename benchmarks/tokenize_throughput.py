@@ -5,7 +5,7 @@ For each tokenizer, on the same corpus and process count, it measures:
             in memory (no reading, decompressing, parsing or writing); aggregate tokens / slowest worker's time
   ours      `olmo-data tokenize --processes N` as a user runs it (a subprocess, start-up included)
   dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is found
-and the largest peak RSS of any process of our run (ru_maxrss of the waited-for children).
+and the largest peak RSS of any one process of our run (its parent or a worker; ru_maxrss).
 
 The corpus is real text: Python sources (standard library, tests included) as dolma .jsonl.gz shards.
 
@@ -20,7 +20,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -88,12 +87,22 @@ def ceiling(spec: str, files: list[str], processes: int) -> tuple[int, float]:
     return sum(r[0] for r in results), max(r[1] for r in results)
 
 
+_MEASURE = (
+    "import resource, subprocess, sys, time\n"
+    "t0 = time.perf_counter()\n"
+    "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
+
+
 def timed(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds of a command and the largest peak RSS (MiB) among the processes it waited for."""
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
-    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+    """Wall seconds of a command and the largest peak RSS (MiB) of any one of its processes.
+
+    Measured from a fresh wrapper process, so that nothing else this script ran counts in the peak.
+    """
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], check=True, capture_output=True, text=True)
+    wall, kib = out.stdout.split()
+    return float(wall), int(kib) // 1024
 
 
 def main() -> None:

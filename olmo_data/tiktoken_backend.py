@@ -371,8 +371,14 @@ def build_encoding(name: str, plan: Plan) -> tiktoken.Encoding:
     return tiktoken.Encoding(name, pat_str=plan.pat_str, mergeable_ranks=plan.ranks, special_tokens=specials)
 
 
-def try_tiktoken(tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer | None:
-    """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact."""
+def try_tiktoken(
+    tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS, json_text: str | None = None
+) -> Tokenizer | None:
+    """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact.
+
+    `json_text` is the tokenizer.json the HF tokenizer was loaded from, when the caller has it: serialising the HF
+    tokenizer again costs a noticeable part of start-up for large vocabularies.
+    """
     from olmo_data.tokenizer import Tokenizer
 
     def refuse(reason: str) -> None:
@@ -389,7 +395,7 @@ def try_tiktoken(tok: Tokenizer, strict: bool = False, num_threads: int = DEFAUL
         refuse("tiktoken is not installed")
         return None
     try:
-        plan = _plan_from_json(json.loads(tok.hf.to_str()))
+        plan = _plan_from_json(json.loads(json_text if json_text is not None else tok.hf.to_str()))
         fast = fold_space_runs(plan)
         encoder = TiktokenEncoder(build_encoding(tok.name, fast), fast, num_threads)
     except Unsupported as e:

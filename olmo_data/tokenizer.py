@@ -88,18 +88,19 @@ def _find_special(hf: Any, candidates: Sequence[str]) -> int | None:
     return None
 
 
-def _load_hf(spec: str) -> tuple[Any, str, str]:
-    """Load a `tokenizers.Tokenizer` from a path or hub id; returns (tokenizer, name, sha256 of its JSON)."""
+def _load_hf(spec: str) -> tuple[Any, str, str, str]:
+    """Load a `tokenizers.Tokenizer` from a path or hub id; returns (tokenizer, name, sha256 of its JSON, JSON)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     if os.path.isfile(spec):
         with open(spec, "rb") as f:
             data = f.read()
         try:
-            hf = HFTokenizer.from_str(data.decode("utf-8"))
+            text = data.decode("utf-8")
+            hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise DataError(f"{spec}: not a Hugging Face tokenizer.json ({e})") from e
-        return hf, os.path.basename(spec), hashlib.sha256(data).hexdigest()
+        return hf, os.path.basename(spec), hashlib.sha256(data).hexdigest(), text
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
         return _load_hf(os.path.join(spec, "tokenizer.json"))
     if os.path.sep in spec and not spec.count("/") == 1 or spec.endswith(".json"):
@@ -111,8 +112,8 @@ def _load_hf(spec: str) -> tuple[Any, str, str]:
             f"{spec}: could not load tokenizer from the Hugging Face hub ({type(e).__name__}: {e}). "
             "Offline? Give a local tokenizer.json path instead."
         ) from e
-    data = hf.to_str().encode("utf-8")
-    return hf, spec, hashlib.sha256(data).hexdigest()
+    text = hf.to_str()
+    return hf, spec, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 
 
 def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
@@ -131,7 +132,7 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
             raise DataError(f"{spec}: a .tiktoken ranks file runs on the tiktoken backend only; use auto")
 
         return tiktoken_backend.load_tiktoken_file(spec)
-    hf, name, sha = _load_hf(spec)
+    hf, name, sha, json_text = _load_hf(spec)
     tok = Tokenizer(
         name=name,
         sha256=sha,
@@ -146,5 +147,5 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
         return tok
     from olmo_data import tiktoken_backend
 
-    fast = tiktoken_backend.try_tiktoken(tok, strict=backend == "tiktoken")
+    fast = tiktoken_backend.try_tiktoken(tok, strict=backend == "tiktoken", json_text=json_text)
     return fast if fast is not None else tok
