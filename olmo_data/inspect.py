@@ -28,8 +28,8 @@ import numpy as np
 
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instances import InstanceSource, default_cache_dir, open_from_config
-from olmo_data.io import is_remote, open_file
+from olmo_data.instances import InstanceSource, open_from_config
+from olmo_data.io import default_cache_dir, is_remote, open_file
 from olmo_data.manifest import read_manifest
 from olmo_data.order import (
     BatchPosition,

@@ -126,11 +126,6 @@ class RangeReader:
 _READER = RangeReader()
 
 
-def default_cache_dir() -> str:
-    """Where side indexes and fetched orders are kept: $OLMO_DATA_CACHE, else ~/.cache/olmo-data."""
-    return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
-
-
 def remote_reader() -> RangeReader:
     """The process-wide reader for remote files (one connection pool, one cache)."""
     return _READER

@@ -24,6 +24,12 @@ from olmo_data.errors import DataError
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 
 
+def default_cache_dir() -> str:
+    """Where derived files are kept (document indexes, fetched orders, checked tokenizers): $OLMO_DATA_CACHE, else
+    ~/.cache/olmo-data. Everything there can be deleted at any time; it is rebuilt on demand."""
+    return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
+
+
 def is_remote(path: str | os.PathLike[str]) -> bool:
     return str(path).startswith(REMOTE_SCHEMES)
 
@@ -136,11 +142,21 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; finished files get the usual permissions
         os.replace(tmp_path, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

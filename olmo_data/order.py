@@ -248,7 +248,7 @@ def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray
     if is_remote(path):
         from cached_path import cached_path
 
-        from olmo_data.instances import default_cache_dir
+        from olmo_data.io import default_cache_dir
 
         try:
             local = str(cached_path(path, cache_dir=os.path.join(default_cache_dir(), "orders")))

@@ -132,6 +132,16 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
             raise DataError(f"{spec}: a .tiktoken ranks file runs on the tiktoken backend only; use auto")
 
         return tiktoken_backend.load_tiktoken_file(spec)
+    if backend != "hf":
+        local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
+        if os.path.isfile(local):
+            from olmo_data import tiktoken_backend
+
+            with open(local, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            cached = tiktoken_backend.load_checked(digest, os.path.basename(local))
+            if cached is not None:
+                return cached
     hf, name, sha, json_text = _load_hf(spec)
     tok = Tokenizer(
         name=name,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,15 @@ def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def demo_tokenizer(demo_corpus: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """A byte-level BPE tokenizer.json (vocab 2048, `<|endoftext|>`=0, `<|padding|>`=1) trained on demo_corpus."""
     return train_demo_tokenizer(demo_corpus, tmp_path_factory.mktemp("tok") / "tokenizer.json", vocab_size=2048)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Keep derived files (document indexes, checked tokenizer plans) out of the user's ~/.cache."""
+    previous = os.environ.get("OLMO_DATA_CACHE")
+    os.environ["OLMO_DATA_CACHE"] = str(tmp_path_factory.mktemp("olmo-data-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("OLMO_DATA_CACHE", None)
+    else:
+        os.environ["OLMO_DATA_CACHE"] = previous

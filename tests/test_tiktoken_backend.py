@@ -318,3 +318,28 @@ def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
     tok = load_tiktoken_file(_tiny_ranks(tmp_path, good, side))
     assert (tok.vocab_size, tok.eos_token_id) == (257, 256)
     assert tok.encode("ab <|endoftext|>") == [97, 98, 32, 256]
+
+
+def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
+    demo_corpus: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    path = shared_tokenizer("gpt-neox-20b.json")
+    first = load_tokenizer(path)
+    assert first.backend == "tiktoken" and first.hf is not None
+    cached_files = list((tmp_path / "cache" / "tiktoken").glob("*.npz"))
+    assert [f.stem for f in cached_files] == [first.sha256]
+    second = load_tokenizer(path)
+    assert second.backend == "tiktoken" and second.hf is None  # neither the HF load nor the self-check ran
+    assert (second.vocab_size, second.eos_token_id, second.pad_token_id) == (50277, 0, 1)
+    texts = [d.text for d in read_documents(demo_corpus[0])][:40] + ["a  b   c\t\t\n\n x", "Cafe\u0301 <|endoftext|>"]
+    reference = [e.ids for e in first.hf.encode_batch(texts, add_special_tokens=False)]
+    assert second.encode_batch(texts) == reference
+    assert second.decode(reference[-1]) == first.decode(reference[-1])
+    # a damaged cache file is ignored and rewritten
+    cached_files[0].write_bytes(b"not an npz")
+    third = load_tokenizer(path)
+    assert third.hf is not None and third.encode_batch(texts) == reference
+    assert load_tokenizer(path).hf is None
+    # --backend hf never uses the cache
+    assert load_tokenizer(path, "hf").backend == "hf"
