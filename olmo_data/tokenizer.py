@@ -41,6 +41,7 @@ class Tokenizer:
     hf: Any = field(repr=False)  # `tokenizers.Tokenizer`: decoding and the reference; None for .tiktoken
     _encode_batch: Any = field(repr=False, default=None)
     _decode: Any = field(repr=False, default=None)  # used when there is no `hf` (a .tiktoken file)
+    path: str = ""  # where it was loaded from (absolute path or hub id), so readers of a manifest can find it
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._encode_batch is not None:
@@ -74,6 +75,7 @@ class Tokenizer:
         """What a manifest records about the tokenizer."""
         return {
             "name": self.name,
+            "path": self.path,
             "sha256": self.sha256,
             "vocab_size": self.vocab_size,
             "backend": self.backend,
@@ -125,6 +127,12 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
     if backend not in ("auto", "tiktoken", "hf"):
         raise DataError(f"unknown tokenizer backend {backend!r}; expected auto, tiktoken or hf")
     spec = os.path.expanduser(str(spec))
+    tok = _load(spec, backend)
+    tok.path = os.path.abspath(spec) if os.path.exists(spec) else spec
+    return tok
+
+
+def _load(spec: str, backend: Backend) -> Tokenizer:
     if spec.endswith(".tiktoken"):
         from olmo_data import tiktoken_backend
 
