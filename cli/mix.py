@@ -7,11 +7,15 @@ import click
 
 @click.command("mix")
 @click.argument("spec", type=click.Path(dir_okay=False))
-@click.option("--destination", "-d", required=True, help="Directory for mix.json and the selected instance ids.")
+@click.option("--destination", required=True, help="Directory for mix.json and the selected instance ids.")
 def mix(spec: str, destination: str) -> None:
     """Select instances from each source of SPEC (YAML) and write DESTINATION/mix.json.
 
     Point a training config's data.mix at DESTINATION. Prints the requested vs realized shares.
+
+    The SPEC format (seed, sequence_length, total_tokens, dtype, sources with name, paths and share or
+    tokens) is documented in the README section "Data orders, mixtures and inspecting a batch" and in the
+    example configs/mix_example.yaml.
     """
     from olmo_data.mixture import build_mix, load_spec, mix_report
 

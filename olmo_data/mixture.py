@@ -23,6 +23,7 @@ Spec keys:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -35,7 +36,7 @@ import numpy as np
 from olmo_data import __version__
 from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource, TokenFile, _files_for, _token_file
-from olmo_data.io import atomic_path, is_remote, write_json_atomic
+from olmo_data.io import atomic_path, is_remote, sha256_file, write_json_atomic
 
 MIX_FORMAT = "olmo-data.mix"
 MIX_VERSION = 1
@@ -71,6 +72,21 @@ def _number(value: Any, where: str, kind: type) -> Any:
     return number
 
 
+def _path_list(value: Any, where: str) -> list[str]:
+    """A YAML value that lists paths: one string or a list of strings (anything else would be misread)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise DataError(f"{where}: expected a path or a list of paths (strings), got {value!r}")
+    return list(value)
+
+
+def _seed(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{where}: seed: expected a non-negative integer, got {value!r}")
+    return value
+
+
 def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
     """Validate a mixture spec (a dict as read from YAML) and name the key at fault in any error."""
     if not isinstance(spec, dict):
@@ -100,19 +116,16 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
             raise DataError(f"{here}: name {name!r} must be letters, digits, '_', '-' or '.' (it names a file)")
         if name in {src.name for src in sources}:
             raise DataError(f"{here}: source name {name!r} is used twice")
-        paths = s.get("paths")
-        if isinstance(paths, str):
-            paths = [paths]
-        if not paths:
+        if not s.get("paths"):
             raise DataError(f"{here} ({name}): paths is missing or empty; list token directories or files")
+        paths = _path_list(s["paths"], f"{here} ({name}).paths")
         if ("share" in s) == ("tokens" in s):
             raise DataError(f"{here} ({name}): give exactly one of share (fraction of the mix) or tokens (a budget)")
         share = _number(s["share"], f"{here} ({name}).share", float) if "share" in s else None
         tokens = _number(s["tokens"], f"{here} ({name}).tokens", int) if "tokens" in s else None
         masks = s.get("label_mask_paths")
-        sources.append(
-            SourceSpec(name, [str(p) for p in paths], share, tokens, [str(m) for m in masks] if masks else None)
-        )
+        masks = _path_list(masks, f"{here} ({name}).label_mask_paths") if masks else None
+        sources.append(SourceSpec(name, paths, share, tokens, masks))
     kinds = {s.share is None for s in sources}
     if len(kinds) > 1:
         raise DataError(
@@ -126,12 +139,15 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
     elif "total_tokens" in spec:
         raise DataError(f"{where}: total_tokens only applies to shares; the token budgets already set the size")
     total = _number(spec["total_tokens"], f"{where}: total_tokens", int) if "total_tokens" in spec else None
+    dtype = spec.get("dtype")
+    if dtype is not None and dtype not in ("uint16", "uint32"):
+        raise DataError(f"{where}: dtype: expected uint16 or uint32, got {dtype!r}")
     return MixSpec(
-        seed=int(spec.get("seed", 0)),
+        seed=_seed(spec.get("seed", 0), where),
         sequence_length=_number(spec["sequence_length"], f"{where}: sequence_length", int),
         sources=sources,
         total_tokens=total,
-        dtype=spec.get("dtype"),
+        dtype=dtype,
     )
 
 
@@ -176,7 +192,9 @@ def _targets(spec: MixSpec, available: list[int]) -> list[int]:
 def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
     """Select each source's instances and write the mix manifest and selections; return the manifest.
 
-    The selections are written first and the manifest last, so a directory with `mix.json` is complete.
+    The old manifest is removed first, the selections are written next and the manifest last, so a directory
+    with `mix.json` is complete: an interrupted rebuild leaves no manifest rather than the old one describing
+    new selections (`open_mix` also checks each selection against its recorded sha256).
     """
     if is_remote(destination):
         raise DataError(f"{destination}: write the mix to a local directory (copy it to remote storage after)")
@@ -203,6 +221,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
         if spec.sources[0].share is not None
         else sum(s.tokens or 0 for s in spec.sources)
     )
+    (dest / MIX_MANIFEST).unlink(missing_ok=True)
     sources_out = []
     for i, (s, files, n, k) in enumerate(zip(spec.sources, files_per_source, available, targets, strict=True)):
         ids = select_instances(n, k, np.random.default_rng([spec.seed, i]))
@@ -296,6 +315,12 @@ def read_mix_manifest(path: str) -> tuple[dict[str, Any], str]:
     return manifest, os.path.dirname(os.path.abspath(file))
 
 
+@functools.lru_cache(maxsize=256)
+def _selection_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a selection file, hashed once per version of it (the trainer and inspect-batch reopen mixes)."""
+    return sha256_file(path)
+
+
 def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> InstanceSource:
     """The instance index of a mix (see `open_dataset(mix=...)`)."""
     manifest, directory = read_mix_manifest(path)
@@ -327,6 +352,14 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
             raise DataError(
                 f"{sel_path}: cannot read the selection of source {s['name']} ({e}); re-run `olmo-data mix`"
             ) from e
+        st = os.stat(sel_path)
+        digest = _selection_sha256(sel_path, st.st_size, st.st_mtime_ns)
+        if digest != s["selection_sha256"]:
+            raise DataError(
+                f"{sel_path}: the selection of source {s['name']} has sha256 {digest[:16]}..., not the "
+                f"{str(s['selection_sha256'])[:16]}... that {file} records; it was rewritten after the mix was "
+                "built (an interrupted rebuild?): rebuild the mix with `olmo-data mix SPEC --destination DIR`"
+            )
         if len(sel) != int(s["selected_instances"]):
             raise DataError(
                 f"{sel_path}: holds {len(sel)} ids but {file} says {s['selected_instances']}; re-run `olmo-data mix`"

@@ -127,6 +127,9 @@ def test_select_instances_counts() -> None:
         ({"bogus": 1}, r"unknown keys \['bogus'\]"),
         ({"shares": {"we b": 0.8, "code": 0.2}}, r"sources\[0\]: name 'we b' must be letters"),
         ({"sequence_length": -1}, r"sequence_length: must be positive"),
+        ({"seed": "abc"}, r"mix.yaml: seed: expected a non-negative integer, got 'abc'"),
+        ({"seed": -3}, r"mix.yaml: seed: expected a non-negative integer, got -3"),
+        ({"dtype": "int8"}, r"mix.yaml: dtype: expected uint16 or uint32, got 'int8'"),
     ],
 )
 def test_bad_specs(sources: dict[str, list[str]], change: dict[str, Any], message: str) -> None:
@@ -149,6 +152,13 @@ def test_bad_source_entries(sources: dict[str, list[str]]) -> None:
     nopaths = dict(base, sources=[{"name": "web", "share": 1.0}])
     with pytest.raises(DataError, match=r"sources\[0\] \(web\): paths is missing or empty"):
         parse_spec(nopaths)
+    for key, value in (("paths", 5), ("label_mask_paths", 3), ("paths", ["a.npy", 7])):
+        bad = dict(base, sources=[dict(base["sources"][0], **{key: value}), base["sources"][1]])
+        with pytest.raises(
+            DataError,
+            match=rf"mix.yaml: sources\[0\] \(web\).{key}: expected a path or a list of paths \(strings\), got",
+        ):
+            parse_spec(bad, where="mix.yaml")
     with pytest.raises(DataError, match=r"sequence_length is missing"):
         parse_spec({k: v for k, v in base.items() if k != "sequence_length"})
 
@@ -223,3 +233,49 @@ def test_example_spec_parses() -> None:
     example = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "mix_example.yaml").read_text())
     parsed = parse_spec(example, where="configs/mix_example.yaml")
     assert [s.name for s in parsed.sources] == ["web", "code"] and parsed.total_tokens == 2_000_000
+
+
+def test_interrupted_rebuild_leaves_no_manifest(
+    tmp_path: Path, sources: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild killed after rewriting the selections must not leave the old mix.json serving new tokens."""
+    from olmo_data import mixture
+
+    dest = tmp_path / "mix"
+    build_mix(parse_spec(spec(sources, seed=1, shares={"web": 0.5, "code": 0.5})), str(dest))
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mixture, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_mix(parse_spec(spec(sources, seed=2, shares={"web": 0.5, "code": 0.5})), str(dest))
+    with pytest.raises(DataError, match=r"mix/mix.json: mix manifest not found"):
+        open_dataset(mix=str(dest), sequence_length=SEQ)
+
+
+def test_rewritten_selection_is_refused(tmp_path: Path, sources: dict[str, list[str]]) -> None:
+    dest = tmp_path / "mix"
+    manifest = build_mix(parse_spec(spec(sources, shares={"web": 0.5, "code": 0.5})), str(dest))
+    assert len(open_dataset(mix=str(dest), sequence_length=SEQ)) == manifest["totals"]["instances"]
+    web = dest / "web.ids.npy"
+    ids = np.load(web)
+    other = np.sort(np.setdiff1d(np.arange(75), ids)[: len(ids)])  # same length and range, other instances
+    assert len(other) == len(ids) and not np.array_equal(other, ids)
+    np.save(web, other.astype(np.int64))
+    with pytest.raises(
+        DataError,
+        match=r"web.ids.npy: the selection of source web has sha256 .* that .*mix.json records; it was "
+        r"rewritten after the mix was built .*rebuild the mix with `olmo-data mix",
+    ):
+        open_dataset(mix=str(dest), sequence_length=SEQ)
+
+
+def test_mix_cli_flags_and_help() -> None:
+    res = CliRunner().invoke(main, ["mix", "--help"])
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())  # click wraps the help
+    assert "configs/mix_example.yaml" in text and 'README section "Data orders, mixtures' in text
+    assert "-d," not in res.output
+    res = CliRunner().invoke(main, ["mix", "spec.yaml", "-d", "out"])
+    assert res.exit_code == 2 and "No such option '-d'" in res.output

@@ -28,8 +28,8 @@ from olmo_data.order import (
 
 
 def olmo_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    """OLMo's global indices, computed independently with a fresh generator on a plain int64 arange."""
-    indices = np.arange(n)
+    """OLMo's global indices exactly as OLMo computes them: a uint32 arange shuffled by PCG64(seed + epoch)."""
+    indices = np.arange(n, dtype=np.uint32)
     np.random.Generator(np.random.PCG64(seed + epoch)).shuffle(indices)
     return indices
 
