@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import gzip
 import hashlib
 import io
 import itertools
@@ -62,6 +61,7 @@ from olmo_data.io import (
     atomic_path,
     expand_patterns,
     file_size,
+    gzip_text_writer,
     is_remote,
     open_file,
     remove_stale_temporaries,
@@ -310,6 +310,10 @@ def _check_row(obj: Any) -> str | list[tuple[str, str]]:
         if not isinstance(content, str):
             what = "null" if content is None else f"a {type(content).__name__}"
             return f"message {k} ({role}): 'content' is {what}, not a string"
+        try:  # a JSON "\ud800" escape decodes to a str that is not UTF-8; backends would differ on it
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"message {k} ({role}): 'content' holds a lone surrogate escape (invalid UTF-8)"
         out.append((role, content))
     return out
 
@@ -481,14 +485,6 @@ class _Instance:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _gzip_text(path: Path) -> io.TextIOWrapper:
-    """A gzip text stream with a fixed header (no name, mtime 0): equal content gives equal bytes."""
-    raw = open(path, "wb")  # noqa: SIM115 - closed through the wrapper
-    gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=6)
-    gz.myfileobj = raw  # type: ignore[assignment]  # closing the GzipFile closes the raw file too
-    return io.TextIOWrapper(gz, encoding="utf-8", newline="")
-
-
 class _InstanceWriter:
     """Places examples into instances (one each, or packed first fit) and streams full instances out."""
 
@@ -499,7 +495,7 @@ class _InstanceWriter:
         self.mask_f: IO[bytes] = open(tmp[LABEL_MASK], "wb")  # noqa: SIM115
         self.bounds_f: IO[bytes] = open(tmp[BOUNDARIES], "wb")  # noqa: SIM115
         self.examples_f: IO[str] = open(tmp[EXAMPLES], "w", encoding="utf-8", newline="\n")  # noqa: SIM115
-        self.csv_f: io.TextIOWrapper = _gzip_text(tmp[DOC_METADATA])
+        self.csv_f: io.TextIOWrapper = gzip_text_writer(tmp[DOC_METADATA])
         self.csv = csv.writer(self.csv_f, lineterminator="\n")
         self.open: deque[_Instance] = deque()
         self.instances = 0

@@ -12,6 +12,7 @@ import fnmatch
 import glob
 import gzip
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -157,6 +158,22 @@ def _current_umask() -> int:
 
 
 _UMASK = _current_umask()
+
+
+def gzip_writer(path: str | os.PathLike[str]) -> gzip.GzipFile:
+    """A binary gzip writer with a fixed header (no file name, mtime 0), so equal content gives equal bytes.
+
+    Closing it closes the file too.
+    """
+    raw = open(path, "wb")  # noqa: SIM115 - closed by the GzipFile
+    gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=6)
+    gz.myfileobj = raw  # type: ignore[assignment]  # what GzipFile closes when it opened the file itself
+    return gz
+
+
+def gzip_text_writer(path: str | os.PathLike[str]) -> io.TextIOWrapper:
+    """`gzip_writer` as UTF-8 text with newlines written as given (for csv)."""
+    return io.TextIOWrapper(gzip_writer(path), encoding="utf-8", newline="")
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

@@ -8,7 +8,6 @@ of every K), which is cheap and needs no ids.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Any
 
 from olmo_data.documents import BadDocuments, file_format, read_documents
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, expand_patterns
+from olmo_data.io import atomic_path, expand_patterns, gzip_writer
 
 _HASH_SPACE = 2**64
 
@@ -47,7 +46,7 @@ def keep_by_hash(doc_id: str, seed: int, fraction: float) -> bool:
 def _open_writer(path: Path, name: str) -> Any:
     """A binary writer to `path` compressed as `name` says, with fixed headers so equal content gives equal bytes."""
     if name.endswith(".gz"):
-        return gzip.GzipFile(filename="", mode="wb", fileobj=open(path, "wb"), mtime=0)  # noqa: SIM115
+        return gzip_writer(path)
     if name.endswith((".zst", ".zstd")):
         import zstandard
 
@@ -89,26 +88,47 @@ def sample(
         assert every is not None
         return (line - 1) % every == 0
 
-    for path in paths:
-        bad = BadDocuments() if skip_bad_documents else None
-        final = dest / path.rstrip("/").rsplit("/", 1)[-1]
-        with atomic_path(final) as tmp:
-            if file_format(path) == "parquet":
-                read, kept = _sample_parquet(path, tmp, keep, text_field, id_field, bad)
-            else:
-                read = kept = 0
-                with _open_writer(tmp, final.name) as out:
-                    for doc in read_documents(path, text_field=text_field, id_field=id_field, bad=bad, keep_raw=True):
-                        read += 1
-                        if keep(doc.id, doc.line):
-                            assert doc.raw is not None
-                            out.write(doc.raw if doc.raw.endswith(b"\n") else doc.raw + b"\n")
-                            kept += 1
-        summary.files += 1
-        summary.documents_read += read
-        summary.documents_kept += kept
-        summary.skipped_bad += bad.count if bad else 0
+    written: list[Path] = []
+    try:
+        for path in paths:
+            _sample_file(path, dest, keep, text_field, id_field, skip_bad_documents, summary, written)
+    except BaseException:  # bad input or interruption: remove what this call wrote, so no partial output stays
+        for out in written:
+            out.unlink(missing_ok=True)
+        raise
     return summary
+
+
+def _sample_file(
+    path: str,
+    dest: Path,
+    keep: Any,
+    text_field: str,
+    id_field: str,
+    skip_bad_documents: bool,
+    summary: SampleSummary,
+    written: list[Path],
+) -> None:
+    """Sample one input into `dest/<its name>`, adding to `summary` and recording the output in `written`."""
+    bad = BadDocuments() if skip_bad_documents else None
+    final = dest / path.rstrip("/").rsplit("/", 1)[-1]
+    with atomic_path(final) as tmp:
+        if file_format(path) == "parquet":
+            read, kept = _sample_parquet(path, tmp, keep, text_field, id_field, bad)
+        else:
+            read = kept = 0
+            with _open_writer(tmp, final.name) as out:
+                for doc in read_documents(path, text_field=text_field, id_field=id_field, bad=bad, keep_raw=True):
+                    read += 1
+                    if keep(doc.id, doc.line):
+                        assert doc.raw is not None
+                        out.write(doc.raw if doc.raw.endswith(b"\n") else doc.raw + b"\n")
+                        kept += 1
+    written.append(final)
+    summary.files += 1
+    summary.documents_read += read
+    summary.documents_kept += kept
+    summary.skipped_bad += bad.count if bad else 0
 
 
 def _sample_parquet(

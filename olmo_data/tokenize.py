@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import array
 import csv
-import gzip
 import hashlib
 import io
 import json
@@ -34,7 +33,7 @@ import numpy as np
 from olmo_data import __version__
 from olmo_data.documents import BadDocuments, Document, read_documents
 from olmo_data.errors import DataError
-from olmo_data.io import expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
+from olmo_data.io import expand_patterns, file_size, gzip_text_writer, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES, MANIFEST_NAME, MANIFEST_VERSION, smallest_dtype
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 
@@ -165,14 +164,6 @@ def _resolve(options: TokenizeOptions, tok: Tokenizer) -> _Resolved:
 # Writing parts of one input
 
 
-def _gzip_text_writer(path: Path) -> io.TextIOWrapper:
-    """A gzip text stream with a fixed header (no file name, mtime 0), so equal content gives equal bytes."""
-    raw = open(path, "wb")  # noqa: SIM115 - closed through the wrapper
-    gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="", compresslevel=6)
-    gz.myfileobj = raw  # type: ignore[assignment]  # closing the GzipFile then closes the raw file too
-    return io.TextIOWrapper(gz, encoding="utf-8", newline="")
-
-
 class _PartWriter:
     """Appends documents to `part-IIIII-KKKKK.npy` files, starting a new part when the next would overflow.
 
@@ -194,7 +185,7 @@ class _PartWriter:
         stem = f"part-{self.input_index:05d}-{len(self.parts):05d}"
         self._names = (f"{stem}.npy", f"{stem}.csv.gz")
         self._npy = open(self.dest / f".tmp-{self._names[0]}", "wb")  # noqa: SIM115
-        self._csv = _gzip_text_writer(self.dest / f".tmp-{self._names[1]}")
+        self._csv = gzip_text_writer(self.dest / f".tmp-{self._names[1]}")
         self._writer = csv.writer(self._csv, lineterminator="\n")
         self.tokens = self.documents = 0
 
@@ -360,7 +351,7 @@ def tokenize(
     _check_destination(dest, run_key)
     progress_dir.mkdir(exist_ok=True)
     remove_stale_temporaries(dest)
-    (progress_dir / "run.json").write_text(json.dumps({"run_key": run_key, "inputs": inputs}, indent=2) + "\n")
+    write_json_atomic(progress_dir / "run.json", {"run_key": run_key, "inputs": inputs})
 
     results: dict[int, InputResult] = {}
     todo: list[tuple[int, str, int, str]] = []
@@ -385,6 +376,8 @@ def tokenize(
                 (progress_dir / f"{i:05d}.json").unlink(missing_ok=True)
             if created_dest:
                 shutil.rmtree(dest, ignore_errors=True)
+            elif not any(progress_dir.glob("[0-9]*.json")):  # nothing finished: a fixed rerun starts afresh
+                shutil.rmtree(progress_dir, ignore_errors=True)
         raise
 
     ordered = [results[i] for i in range(len(inputs))]
@@ -427,7 +420,10 @@ def _check_destination(dest: Path, run_key: str) -> None:
     """Refuse a destination that holds output of a different run (other inputs, options or tokenizer)."""
     run_file = dest / PROGRESS_DIR / "run.json"
     if run_file.exists():
-        previous = json.loads(run_file.read_text()).get("run_key")
+        try:
+            previous = json.loads(run_file.read_text()).get("run_key")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise DataError(f"{run_file}: damaged ({e}); delete {dest / PROGRESS_DIR} to start over") from e
         if previous != run_key:
             raise DataError(
                 f"{dest}: holds tokenized output of a different run (other inputs, options or tokenizer); "

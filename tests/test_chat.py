@@ -438,6 +438,10 @@ BAD_ROWS = [
         {"messages": [{"role": "user", "content": None}]},
         r"message 1 \(user\): 'content' is null, not a string",
     ),
+    (
+        {"messages": [{"role": "user", "content": "bad \ud800 escape"}]},
+        r"message 1 \(user\): 'content' holds a lone surrogate escape",
+    ),
     ({"conversation": []}, "field 'messages' is missing"),
     ({"messages": [{"content": "no role"}]}, "message 1 has no 'role'"),
     ({"messages": "hello"}, "field 'messages' is a str, not a list"),

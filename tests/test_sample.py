@@ -77,6 +77,14 @@ def test_bad_options_and_inputs(tmp_path: Path) -> None:
         sample([a, b], tmp_path / "o2", every=1)
 
 
+def test_a_bad_later_input_leaves_no_output_of_earlier_ones(tmp_path: Path) -> None:
+    good = [write_jsonl(tmp_path / "in" / f"{n}.jsonl", rows(4, prefix=n)) for n in ("a", "b")]
+    bad = write_jsonl(tmp_path / "in" / "c.jsonl", rows(2), raw_lines=[b"{oops\n"])
+    with pytest.raises(DataError, match=r"c\.jsonl:3: malformed JSON"):
+        sample([*good, bad], tmp_path / "out", every=2)
+    assert not list((tmp_path / "out").iterdir())
+
+
 def test_cli_sample_takes_several_files_after_one_flag(tmp_path: Path) -> None:
     a = write_jsonl(tmp_path / "a.jsonl", rows(10))
     b = write_jsonl(tmp_path / "b.jsonl", rows(5, prefix="b"))

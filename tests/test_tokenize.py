@@ -212,3 +212,18 @@ def test_hub_id_offline_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch, t
         load_tokenizer("some-org/some-model")
     with pytest.raises(DataError, match=r"missing/tokenizer\.json: tokenizer file not found"):
         load_tokenizer("missing/tokenizer.json")
+
+
+def test_fixed_input_reruns_into_an_existing_directory(demo_tokenizer: str, tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    dest.mkdir()
+    bad = write_jsonl(tmp_path / "a.jsonl", docs("fine"), raw_lines=[b"{broken\n"])
+    with pytest.raises(DataError, match=r"a\.jsonl:2: malformed JSON"):
+        tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert dest.exists() and not list(dest.iterdir())  # the user's directory stays, empty
+    write_jsonl(tmp_path / "a.jsonl", docs("fine", "fixed now"))
+    s = tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert s.documents == 2
+    (dest / ".progress" / "run.json").write_text("{not json")
+    with pytest.raises(DataError, match=r"run\.json: damaged .* to start over"):
+        tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
