@@ -73,8 +73,24 @@ def read_train_config(path: str) -> dict[str, Any]:
     for key in ("seed", "global_train_batch_size"):
         if not isinstance(raw[key], int) or isinstance(raw[key], bool):
             raise DataError(f"{path}: {key} must be an integer, got {raw[key]!r}")
-    if not isinstance(raw["model"]["max_sequence_length"], int):
-        raise DataError(f"{path}: model.max_sequence_length must be an integer")
+    length = raw["model"]["max_sequence_length"]
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        raise DataError(f"{path}: model.max_sequence_length must be a positive integer, got {length!r}")
+    if not isinstance(raw["save_folder"], str):
+        raise DataError(f"{path}: save_folder must be a string (a directory), got {raw['save_folder']!r}")
+    data = raw["data"]
+    for key in ("paths", "label_mask_paths"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(p, str) for p in value)):
+            raise DataError(
+                f"{path}: data.{key} must be a list of paths (strings), got {value!r}; "
+                f"write it as a YAML list, e.g. {key}: [runs/demo/tokens]"
+            )
+    for key in ("mix", "order_path"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise DataError(f"{path}: data.{key} must be a path (a string), got {data[key]!r}")
+    if data.get("dtype") is not None and data["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path}: data.dtype must be uint16 or uint32, got {data['dtype']!r}")
     return raw
 
 
@@ -351,7 +367,9 @@ def inspect_batch(
         )
     try:
         expected = source.fingerprint() if verify_data else None
-        indices = read_order_range(path, start, stop, expected_fingerprint=expected, num_instances=n)
+        indices = read_order_range(
+            path, start, stop, expected_fingerprint=expected, num_instances=n, seed=int(cfg["seed"]), epoch=pos.epoch
+        )
     except DataError as e:
         if "past the end" in str(e):
             raise DataError(

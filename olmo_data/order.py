@@ -236,13 +236,16 @@ def _remote_exists(path: str) -> bool:
         return False
 
 
-def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray:
+def load_order(
+    path: str, expected_fingerprint: str | None = None, *, seed: int | None = None, epoch: int | None = None
+) -> np.ndarray:
     """The order at `path` as a read-only memory map (remote orders are fetched once into the local cache).
 
-    With `expected_fingerprint`, an order whose side file records another data fingerprint is refused.
+    With `expected_fingerprint`, an order whose side file records another data fingerprint is refused; with
+    `seed` / `epoch`, one whose side file records another seed or epoch.
     """
     path = str(path)
-    info = _checked_info(path, expected_fingerprint)
+    info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
     dtype = np.dtype(info["dtype"]) if info else np.dtype(np.uint32)
     local = path
     if is_remote(path):
@@ -261,8 +264,23 @@ def load_order(path: str, expected_fingerprint: str | None = None) -> np.ndarray
     return np.memmap(local, dtype=dtype.newbyteorder("<"), mode="r")
 
 
-def _checked_info(path: str, expected_fingerprint: str | None) -> dict[str, Any] | None:
+def _checked_info(
+    path: str, expected_fingerprint: str | None, *, seed: int | None = None, epoch: int | None = None
+) -> dict[str, Any] | None:
+    """The order's side file, refusing one built for other data, another seed or another epoch: any of these
+    names other instances at every step, so reading on would silently report (or train) the wrong batches."""
     info = read_order_info(path)
+    if info is not None and seed is not None and "seed" in info and int(info["seed"]) != int(seed):
+        raise DataError(
+            f"{path}: this order was built with seed {info['seed']}, but the config's seed is {seed}; it is not "
+            f"this run's order: set seed: {info['seed']} in the config, or point data.order_path / --order at "
+            "the order built with this seed (`olmo-data build-order CONFIG` builds one in a new save_folder)"
+        )
+    if info is not None and epoch is not None and "epoch" in info and int(info["epoch"]) != int(epoch):
+        raise DataError(
+            f"{path}: this order was built for epoch {info['epoch']}, but it is read as the order of epoch "
+            f"{epoch}; check the file names (epoch e > 0 is global_indices_epoch<e>.npy)"
+        )
     if info is not None and expected_fingerprint is not None:
         fp = info.get("data_fingerprint")
         if fp is not None and fp != expected_fingerprint:
@@ -282,12 +300,15 @@ def read_order_range(
     *,
     expected_fingerprint: str | None = None,
     num_instances: int | None = None,
+    seed: int | None = None,
+    epoch: int | None = None,
 ) -> np.ndarray:
     """order[start:stop] without reading the whole order: a memory-map slice locally, one ranged read
     remotely.
 
-    Raises DataError when the order file is missing or shorter than `stop`. `num_instances` picks the dtype of
-    an order without a side file (uint32 unless there are 2**32 instances or more).
+    Raises DataError when the order file is missing or shorter than `stop`, or when its side file records
+    another data fingerprint, seed or epoch than the ones given. `num_instances` picks the dtype of an order
+    without a side file (uint32 unless there are 2**32 instances or more).
     """
     path = str(path)
     if not is_remote(path) and not os.path.exists(path):
@@ -296,7 +317,7 @@ def read_order_range(
             "or set "
             "data.order_path to the order file"
         )
-    info = _checked_info(path, expected_fingerprint)
+    info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
     dtype = np.dtype(info["dtype"]) if info else order_dtype(num_instances or 0)
     try:
         length = file_size(path) // dtype.itemsize
@@ -405,11 +426,13 @@ def global_batch_indices(
     *,
     num_instances: int,
     expected_fingerprint: str | None = None,
+    seed: int | None = None,
 ) -> np.ndarray:
     """Instance indices of training step `step`'s global batch, read from the order of the step's epoch.
 
     `order_location` is the `train_data` directory or an explicit epoch-0 order file (local path or URL). Only
-    the batch's slice is read. A missing epoch order or a step past its end raises DataError naming the file.
+    the batch's slice is read. A missing epoch order or a step past its end raises DataError naming the file,
+    and so does an order whose side file records another data fingerprint or seed than the ones given.
     """
     pos = step_position(step, global_batch_size, num_instances)
     path = order_path_for_epoch(order_location, pos.epoch)
@@ -422,7 +445,13 @@ def global_batch_indices(
         )
     try:
         return read_order_range(
-            path, start, stop, expected_fingerprint=expected_fingerprint, num_instances=num_instances
+            path,
+            start,
+            stop,
+            expected_fingerprint=expected_fingerprint,
+            num_instances=num_instances,
+            seed=seed,
+            epoch=pos.epoch,
         )
     except DataError as e:
         if "past the end" in str(e):

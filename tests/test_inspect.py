@@ -208,6 +208,18 @@ def test_bad_input_messages(tmp_path: Path, tokens_dir: str) -> None:
     original = inspect_batch(config, step=1, doc_index=cache)
     assert moved.data_fingerprint != original.data_fingerprint
     assert moved.batch_fingerprint == original.batch_fingerprint
+    # an order built with another seed (the same data) is not this run's order
+    with pytest.raises(
+        DataError,
+        match=rf"global_indices.npy: this order was built with seed {SEED}, but the config's seed is "
+        rf"{SEED + 1}; it is not this run's order: set seed: {SEED} in the config",
+    ):
+        inspect_batch(dict(cfg, seed=SEED + 1), step=1, doc_index=cache)
+    # epoch 0's order (and side file) copied in as epoch 1's
+    for suffix in ("npy", "json"):
+        shutil.copy(tmp_path / "run" / "train_data" / f"global_indices.{suffix}", tmp_path / f"e_epoch1.{suffix}")
+    with pytest.raises(DataError, match=r"e_epoch1.npy: this order was built for epoch 0, but it is read as"):
+        inspect_batch(config, step=per_epoch + 1, order=str(tmp_path / "e.npy"), doc_index=cache)
     with pytest.raises(DataError, match=r"--rank and --world-size go together"):
         inspect_batch(config, step=1, rank=1, doc_index=cache)
     with pytest.raises(DataError, match=r"exactly one of --step .* and --batch-index"):
@@ -363,6 +375,28 @@ def test_config_errors(tmp_path: Path) -> None:
     bad.write_text("data: {paths: [x\n")
     with pytest.raises(DataError, match=r"bad.yaml: not valid YAML"):
         read_train_config(str(bad))
+    for text, message in (
+        ("data: {paths: 5}", r"bad.yaml: data.paths must be a list of paths \(strings\), got 5; write it as a YAML"),
+        ("data: {paths: [a], label_mask_paths: 3}", r"bad.yaml: data.label_mask_paths must be a list of paths"),
+        ("data: {paths: [a, 7]}", r"bad.yaml: data.paths must be a list of paths \(strings\), got \['a', 7\]"),
+        ("data: {mix: [a]}", r"bad.yaml: data.mix must be a path \(a string\), got \['a'\]"),
+        ("data: {paths: [a], dtype: int8}", r"bad.yaml: data.dtype must be uint16 or uint32, got 'int8'"),
+        ("model: {max_sequence_length: 0}", r"bad.yaml: model.max_sequence_length must be a positive integer"),
+        ("save_folder: 3", r"bad.yaml: save_folder must be a string"),
+    ):
+        bad.write_text(text + "\n")
+        with pytest.raises(DataError, match=message):
+            read_train_config(str(bad))
+    # the commands that read a config print the message, not a traceback
+    bad.write_text("data: {paths: 5}\n")
+    for command in (
+        ["build-order", str(bad)],
+        ["stats", "--config", str(bad)],
+        ["inspect-batch", str(bad), "--step", "1"],
+    ):
+        res = CliRunner().invoke(main, command)
+        assert res.exit_code == 2 and "data.paths must be a list of paths" in res.output, (command, res.output)
+        assert "Traceback" not in res.output
     bad.write_text("model:\ndata:\n")  # empty sections take the trainer's defaults
     cfg = read_train_config(str(bad))
     assert cfg["model"]["max_sequence_length"] == 1024 and cfg["data"] == {} and cfg["seed"] == 6198

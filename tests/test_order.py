@@ -175,8 +175,18 @@ def test_global_batch_indices_across_epochs(tmp_path: Path) -> None:
     for step in range(1, 9):
         epoch, b = (step - 1) // 4, (step - 1) % 4
         expect = olmo_permutation(65, seed, epoch)[b * gbs : (b + 1) * gbs]
-        got = global_batch_indices(train_data, step, gbs, num_instances=len(ds), expected_fingerprint=ds.fingerprint())
+        got = global_batch_indices(
+            train_data, step, gbs, num_instances=len(ds), expected_fingerprint=ds.fingerprint(), seed=seed
+        )
         np.testing.assert_array_equal(got, expect)
+    # an order built with another seed is refused wherever it is read
+    other_seed = rf"global_indices.npy: this order was built with seed {seed}, but the config's seed is 12"
+    with pytest.raises(DataError, match=other_seed):
+        global_batch_indices(train_data, 1, gbs, num_instances=len(ds), seed=12)
+    with pytest.raises(DataError, match=other_seed):
+        read_order_range(order_path_for_epoch(train_data, 0), 0, gbs, seed=12)
+    with pytest.raises(DataError, match=other_seed):
+        load_order(order_path_for_epoch(train_data, 0), seed=12)
     with pytest.raises(
         DataError,
         match=r"global_indices_epoch2.npy: order file not found \(step 9 is batch 0 of "
