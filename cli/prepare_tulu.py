@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from cli.options import ManyValuesCommand
 from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
 
 
-@click.command("prepare-tulu")
+@click.command("prepare-tulu", cls=ManyValuesCommand)
 @click.option(
     "--input",
     "inputs",
@@ -15,7 +16,7 @@ from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_
     required=True,
     metavar="PATH_OR_URL",
     help="JSON lines or parquet with `messages` (local, glob, s3://, gs://, http(s)://), or a Hugging Face "
-    "dataset id where `datasets` is installed. Repeat for several.",
+    "dataset id where `datasets` is installed. Several may follow one flag.",
 )
 @click.option("--tokenizer", required=True, help="tokenizer.json path, directory, or Hugging Face hub id.")
 @click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
