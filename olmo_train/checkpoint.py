@@ -6,7 +6,8 @@ Layout of `save_folder`:
   stepN-unsharded/        one file per state: model.pt, optim.pt, plus rng/rank0.pt and trainer_state.json
   latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
 A checkpoint is written under `.tmp-stepN…` and renamed into place by rank 0 after every rank has finished
-writing; `trainer_state.json` is written last, so a directory without it is never taken for a checkpoint. A
+writing; `trainer_state.json` is written last, so a directory without it is never taken for a checkpoint. Saving
+a step that already exists moves the old copy aside (`.replaced-stepN`) until the new one is in place. A
 sharded checkpoint loads on a different world size (DCP reshards); an unsharded one loads anywhere.
 """
 
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+# prefix of a complete checkpoint moved aside while a new save of the same step takes its name
+_REPLACED = ".replaced-"
 # test hook: seconds to sleep after the shards are written and before the checkpoint is made complete
 PAUSE_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE"
 
@@ -113,9 +116,14 @@ def _finish(folder: Path, name: str, tmp: Path, state: TrainerState, pointer: st
     final = folder / name
     if d.is_main:
         write_json_atomic(tmp / TRAINER_STATE, asdict(state))  # last file: marks the checkpoint complete
-        if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it
-            shutil.rmtree(final)
+        replaced = folder / f"{_REPLACED}{name}"
+        if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it,
+            # keeping the old copy aside until the new one is in place (restored at start if killed between)
+            if replaced.exists():
+                shutil.rmtree(replaced)
+            os.replace(final, replaced)
         os.replace(tmp, final)
+        shutil.rmtree(replaced, ignore_errors=True)
         _point(folder / pointer, name)
         _prune(folder, unsharded=name.endswith("-unsharded"), keep=keep)
     barrier()
@@ -185,7 +193,19 @@ def latest_checkpoint(folder: Path) -> Path | None:
 
 
 def remove_stale_temporaries(folder: Path) -> None:
-    """Leftovers of a run killed while saving: never complete, never read; delete them."""
+    """Leftovers of a run killed while saving. A `.tmp-` directory may be unfinished: delete it. A `.replaced-`
+    one is a complete checkpoint moved aside for a new save of the same step: delete it if the new one made it
+    into place, else put it back, since it is then the only complete copy of that step."""
+    for p in folder.glob(f"{_REPLACED}step*"):
+        final = folder / p.name[len(_REPLACED) :]
+        if (final / TRAINER_STATE).is_file():
+            log.warning("removing %s, replaced by %s in an interrupted save", p, final)
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            log.warning("restoring %s: a save that was replacing it was interrupted", final)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(p, final)
     for p in folder.glob(".tmp-step*"):
         log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
         shutil.rmtree(p, ignore_errors=True)
@@ -240,8 +260,13 @@ def _download(url: str) -> Path:
         names += [".metadata"] + sorted({info.relative_path for info in metadata.storage_data.values()})
     for name in names:
         target = dest / name
-        if not target.exists():
-            shutil.copyfile(fetch(name), target)
+        if not target.exists():  # a file is only ever complete under its own name: copied aside, then renamed
+            partial = target.with_name(f".{target.name}.part-{os.getpid()}")
+            try:
+                shutil.copyfile(fetch(name), partial)
+                os.replace(partial, target)
+            finally:
+                partial.unlink(missing_ok=True)
     return dest
 
 

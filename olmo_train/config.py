@@ -107,7 +107,7 @@ class TrainConfig:
     seed: int = 6198
     save_folder: str = "runs/olmo-run"
     load_path: str | None = None  # used when save_folder holds no checkpoint yet
-    reset_trainer_state: bool = False  # load weights only from load_path; start at step 0 (fine-tuning)
+    reset_trainer_state: bool = False  # load weights only from load_path; a fresh run from step 1 (fine-tuning)
     force_load: bool = False  # accept a checkpoint whose data fingerprint differs from this config's data
     max_duration: int | str = 1000  # steps (int), "…T" tokens or "…ep" epochs
     stop_at: int | None = None  # stop (with a checkpoint) after this step, e.g. to split a run in pieces

@@ -22,6 +22,7 @@ import torch
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instances import InstanceSource, open_dataset
+from olmo_data.manifest import MANIFEST_NAME, read_manifest
 from olmo_data.order import (
     batches_per_epoch,
     default_order_location,
@@ -56,6 +57,28 @@ def open_train_source(cfg: TrainConfig) -> InstanceSource:
     )
 
 
+def check_vocabulary(source: InstanceSource, cfg: TrainConfig) -> None:
+    """Refuse at start token data whose tokenizer has more ids than the model has embedding rows: an id past the
+    last row otherwise fails deep in the embedding (a device-side assert on GPU), with no hint at the cause.
+    Token files without a manifest cannot be checked."""
+    rows = cfg.model.embedding_size or cfg.model.vocab_size
+    key = "model.embedding_size" if cfg.model.embedding_size else "model.vocab_size"
+    seen: set[str] = set()
+    for file in source.files:
+        directory = file.path.rpartition("/")[0] or "."
+        if directory in seen:
+            continue
+        seen.add(directory)
+        manifest = read_manifest(directory)
+        vocab = ((manifest or {}).get("tokenizer") or {}).get("vocab_size")
+        if vocab is not None and int(vocab) > rows:
+            raise ConfigError(
+                f"config key '{key}': the model has {rows} embedding rows, but {directory}/{MANIFEST_NAME} says "
+                f"the data's tokenizer has vocab_size {vocab} (token ids up to {int(vocab) - 1}); set {key} to at "
+                f"least {vocab} or train on data made with the model's tokenizer"
+            )
+
+
 class TrainData:
     def __init__(self, cfg: TrainConfig, d: Dist) -> None:
         self.cfg, self.d = cfg, d
@@ -66,6 +89,7 @@ class TrainData:
                 f"{d.world_size}; every rank must get the same number of instances"
             )
         self.source = open_train_source(cfg)
+        check_vocabulary(self.source, cfg)
         self.num_instances = len(self.source)
         self.batches_per_epoch = batches_per_epoch(self.num_instances, self.gbs)
         if self.batches_per_epoch == 0:
@@ -158,6 +182,7 @@ def eval_batches(ev: EvaluatorConfig, cfg: TrainConfig, d: Dist) -> list[tuple[t
     get the same number of batches (the tail that does not divide evenly is dropped), so collectives stay in
     step."""
     source = open_dataset(ev.paths, sequence_length=cfg.model.max_sequence_length, dtype=ev.dtype)
+    check_vocabulary(source, cfg)
     per_batch = cfg.device_eval_batch_size * d.world_size
     n_batches = len(source) // per_batch
     if ev.max_batches is not None:

@@ -185,7 +185,7 @@ def resume(
         path = ckpt.localize(cfg.load_path, d)
         state = ckpt.read_trainer_state(path)
         if cfg.reset_trainer_state:
-            log.info("loading weights only from %s (reset_trainer_state): a fresh run starts at step 0", path)
+            log.info("loading weights only from %s (reset_trainer_state): a fresh run, first trained step 1", path)
             ckpt.load_checkpoint(path, model, None, d, restore_rng=False)
             return fresh
         log.info("resuming from load_path %s", path)
@@ -240,13 +240,14 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     if d.is_main:
         save_folder.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(save_folder)
-        save_config(cfg, save_folder / "config.yaml")
     barrier()
     seed_everything(cfg.seed)
     data = TrainData(cfg, d)
     model, inner = build_model(cfg, d)
     optim = build_optimizer(model, cfg.optimizer)
     state = resume(cfg, model, optim, data, d)
+    if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
+        save_config(cfg, save_folder / "config.yaml")
     total_steps = data.total_steps()
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps
     metrics = MetricsLog(save_folder / "metrics.jsonl", enabled=d.is_main)

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import yaml
-
-torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
 GBS, SEQ, STEPS = 8, 32, 6

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-torch = pytest.importorskip("torch")
-
-from olmo_data.errors import DataError  # noqa: E402
-from olmo_train.config import load_config  # noqa: E402
-from olmo_train.train import main, train  # noqa: E402
+from olmo_data.errors import DataError
+from olmo_train.config import load_config
+from olmo_train.train import main, train
 
 SEQ, GBS = 16, 4
 
@@ -110,7 +108,6 @@ def test_too_little_data_for_one_batch(tmp_path: Path, tokens: str) -> None:
 
 @pytest.mark.slow
 def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     wandb_cfg = {"enabled": True, "mode": "offline", "project": "olmo-test"}
     cfg = config(tmp_path, tokens, max_duration=4, wandb=wandb_cfg)
@@ -208,3 +205,53 @@ def test_checkpoints_move_between_strategies(tmp_path: Path, tokens: str, first:
     assert [r["step"] for r in got] == [1, 2, 3]
     assert got[2]["train/batch_fingerprint"] == ref[2]["train/batch_fingerprint"]
     assert got[2]["train/loss"] == pytest.approx(ref[2]["train/loss"], rel=1e-5)
+
+
+def test_refused_resume_keeps_the_runs_config(tmp_path: Path, tokens: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, tokens, seed=1)
+    assert main([str(cfg), "--stop_at=1"]) == 0
+    assert main([str(cfg), "--seed=5"]) == 2
+    assert "seed 1 != 5 (the data order would change)" in capsys.readouterr().err
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["seed"] == 1, "a refused resume must not rewrite save_folder/config.yaml"
+
+
+def test_reset_trainer_state_says_the_fresh_run_starts_at_step_1(
+    tmp_path: Path, tokens: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(config(tmp_path, tokens, max_duration=1))]) == 0
+    ft = config(tmp_path, tokens, "ft.yaml", save_folder=str(tmp_path / "ft"), max_duration=1)
+    assert main([str(ft), f"--load_path={tmp_path / 'run' / 'step1'}", "--reset_trainer_state"]) == 0
+    err = capsys.readouterr().err
+    assert "(reset_trainer_state): a fresh run, first trained step 1" in err, err
+    assert [json.loads(x)["step"] for x in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("model", "key", "rows"), [({}, "model.vocab_size", 64), ({"embedding_size": 80}, "model.embedding_size", 80)]
+)
+def test_data_vocabulary_larger_than_the_embedding_is_refused(
+    tmp_path: Path, tokens: str, model: dict[str, Any], key: str, rows: int
+) -> None:
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    (directory / "part-0.npy").write_bytes(Path(tokens).read_bytes())
+    manifest = {
+        "format": "olmo-data.tokens",
+        "version": 1,
+        "dtype": "uint16",
+        "tokenizer": {"name": "big", "vocab_size": 100},
+        "files": [{"path": "part-0.npy", "tokens": 30 * SEQ}],
+    }
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    model_cfg = {"d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 64, "max_sequence_length": SEQ, **model}
+    cfg = config(tmp_path, tokens, data={"paths": [str(directory)]}, model=model_cfg)
+    expected = (
+        rf"config key '{key}': the model has {rows} embedding rows, but .*tok/manifest.json says the data's "
+        rf"tokenizer has vocab_size 100 \(token ids up to 99\); set {key} to at least 100"
+    )
+    with pytest.raises(DataError, match=expected):
+        train(load_config(cfg))
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    model_cfg["embedding_size"] = 128  # room for every id: trains
+    assert main([str(config(tmp_path, tokens, data={"paths": [str(directory)]}, model=model_cfg))]) == 0

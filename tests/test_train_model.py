@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from olmo_train.config import ModelConfig, OptimizerConfig, SchedulerConfig  # noqa: E402
-from olmo_train.model import Transformer  # noqa: E402
-from olmo_train.optim import build_optimizer, learning_rate  # noqa: E402
+from olmo_train.config import ModelConfig, OptimizerConfig, SchedulerConfig
+from olmo_train.model import Transformer
+from olmo_train.optim import build_optimizer, learning_rate
 
 
 def tiny(**kw: object) -> ModelConfig:

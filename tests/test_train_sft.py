@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
-torch = pytest.importorskip("torch")
-F = torch.nn.functional
+from olmo_data import chat
+from olmo_train.config import ModelConfig
+from olmo_train.model import Transformer
+from olmo_train.train import main
 
-from olmo_train.config import ModelConfig  # noqa: E402
-from olmo_train.model import Transformer  # noqa: E402
-from olmo_train.train import main  # noqa: E402
+F = torch.nn.functional
 
 SEQ = 32
 
@@ -104,7 +105,6 @@ def test_label_mask_paths_loss_equals_hand_computation(tmp_path: Path) -> None:
 
 
 def test_finetune_on_prepare_tulu_output(tmp_path: Path, demo_tokenizer: str) -> None:
-    chat = pytest.importorskip("olmo_data.chat")
     from olmo_data.inspect import inspect_batch
     from olmo_data.tokenizer import load_tokenizer
 

@@ -1,0 +1,103 @@
+"""Checkpoint files survive being killed at the worst moment: re-saving a step that exists, and downloading a
+remote checkpoint."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from olmo_train import checkpoint as ckpt
+from olmo_train.distributed import Dist
+
+SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after the point it is raised at runs."""
+
+
+def write_step(folder: Path, step: int, marker: str) -> Path:
+    tmp = ckpt._begin(folder, f"step{step}", SINGLE)
+    (tmp / "weights").write_text(marker)
+    return ckpt._finish(folder, f"step{step}", tmp, ckpt.TrainerState(step=step), "latest", -1, SINGLE)
+
+
+def test_killed_while_replacing_a_step_keeps_a_complete_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_step(tmp_path, 2, "old")
+    real_replace = os.replace
+
+    def killed_before_the_new_copy_lands(src: str | Path, dst: str | Path) -> None:
+        if Path(src).name == ".tmp-step2" and Path(dst).name == "step2":
+            raise Killed
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", killed_before_the_new_copy_lands)
+    with pytest.raises(Killed):
+        write_step(tmp_path, 2, "new")
+    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    ckpt.remove_stale_temporaries(tmp_path)  # what the next start does
+    latest = ckpt.latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name == "step2", "the only complete copy of step 2 was deleted"
+    assert (latest / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step2"]
+
+
+def test_replacing_a_step_leaves_only_the_new_copy(tmp_path: Path) -> None:
+    write_step(tmp_path, 2, "old")
+    write_step(tmp_path, 2, "new")
+    assert (tmp_path / "step2" / "weights").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step2"]
+    # killed after the new copy landed but before the old one was removed: the next start drops the old one
+    shutil.copytree(tmp_path / "step2", tmp_path / ".replaced-step2")
+    (tmp_path / ".replaced-step2" / "weights").write_text("old")
+    ckpt.remove_stale_temporaries(tmp_path)
+    assert (tmp_path / "step2" / "weights").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step2"]
+
+
+@pytest.fixture()
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_interrupted_download_is_not_reused(
+    tmp_path: Path, http_root: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    root, url = http_root
+    remote = root / "step3-unsharded"
+    remote.mkdir()
+    (remote / "trainer_state.json").write_text(json.dumps({"step": 3}))
+    (remote / "model.pt").write_bytes(b"m" * 10_000)
+    (remote / "optim.pt").write_bytes(b"o" * 10_000)
+    real_copy = shutil.copyfile
+
+    def interrupted_copy(src: str, dst: str | Path) -> None:
+        data = Path(src).read_bytes()
+        Path(dst).write_bytes(data[: len(data) // 2])
+        raise Killed
+
+    monkeypatch.setattr(ckpt.shutil, "copyfile", interrupted_copy)
+    with pytest.raises(Killed):
+        ckpt._download(f"{url}/step3-unsharded")
+    monkeypatch.setattr(ckpt.shutil, "copyfile", real_copy)
+    local = ckpt._download(f"{url}/step3-unsharded")
+    for name in ("trainer_state.json", "model.pt", "optim.pt"):
+        assert (local / name).read_bytes() == (remote / name).read_bytes(), f"{name}: a partial download was reused"
+    assert sorted(p.name for p in local.iterdir()) == ["model.pt", "optim.pt", "trainer_state.json"]
