@@ -47,9 +47,16 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
     try:
         with open_file(path, "rt", compression="disable") as f:
             manifest = json.load(f)
-    except DataError:
-        if is_remote(path):
+    except DataError as e:
+        if is_remote(path) and is_not_found_error(e):
             return None
+        if is_remote(path):  # a network or permission failure is not "no manifest": that would guess the dtype
+            cause = e.__cause__
+            detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+            raise DataError(
+                f"{path}: cannot read the token directory's manifest ({detail}); it decides the dtype of the "
+                "token files, so check the network and credentials and retry"
+            ) from e
         raise
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e}); the directory's manifest is damaged") from e
@@ -61,6 +68,37 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
             f"({MANIFEST_VERSION}); upgrade olmo-data"
         )
     return dict(manifest)
+
+
+NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404", "403", "AccessDenied"}
+
+
+def is_not_found_error(error: BaseException) -> bool:
+    """Whether a remote read failed because the file does not exist, looking through the exception chain.
+
+    HTTP 404 and S3's NoSuchKey say so; HTTP 403 is taken as "missing" too, because S3 (and public buckets
+    over HTTPS) answer 403 for a missing key when the caller may not list the bucket, and the two cannot be told
+    apart. Anything else (connection refused, timeouts, 5xx) is a failure, not an absence.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, FileNotFoundError):
+            return True
+        response = getattr(current, "response", None)
+        status = getattr(response, "status_code", None)  # requests.HTTPError
+        if status in (403, 404):
+            return True
+        if isinstance(response, dict):  # botocore ClientError
+            code = str(response.get("Error", {}).get("Code", ""))
+            http = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in NOT_FOUND_CODES or http in (403, 404):
+                return True
+        if getattr(current, "code", None) in (403, 404):  # google.api_core NotFound / Forbidden
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def manifest_dtype_for(token_path: str) -> str | None:

@@ -117,10 +117,12 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
         else:  # the trainer asks every step: parse a local side file once per version of it
             st = os.stat(path)
             info = _read_local_json(path, st.st_mtime_ns, st.st_size)
-    except DataError:
-        if is_remote(path):
+    except DataError as e:
+        from olmo_data.manifest import is_not_found_error
+
+        if is_remote(path) and is_not_found_error(e):
             return None
-        raise
+        raise  # a network failure must not pass for "no side file": that would skip every check
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e}); delete it and the order beside it and rebuild") from e
     if not isinstance(info, dict) or info.get("format") != ORDER_FORMAT:

@@ -1,0 +1,85 @@
+"""Remote manifests: only a genuine "not found" means "no manifest"; other failures must not guess the dtype."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from olmo_data.errors import DataError
+from olmo_data.manifest import read_manifest, resolve_dtype
+from tests.test_remote import s3_server  # noqa: F401  (a fixture)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """Serves tmp_path/www; paths under /broken/ answer 500 and under /forbidden/ answer 403."""
+    root = tmp_path / "www"
+    root.mkdir()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            for prefix, code in (("/broken/", 500), ("/forbidden/", 403)):
+                if self.path.startswith(prefix):
+                    self.send_error(code)
+                    return
+            super().do_GET()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_remote_manifest_found_and_missing(server: tuple[Path, str]) -> None:
+    root, url = server
+    (root / "tok").mkdir()
+    (root / "tok" / "manifest.json").write_text(json.dumps({"dtype": "uint32", "files": [{"path": "a.npy"}]}))
+    assert read_manifest(f"{url}/tok") == {"dtype": "uint32", "files": [{"path": "a.npy"}]}
+    assert resolve_dtype(f"{url}/tok/a.npy", None) == "uint32"
+    assert read_manifest(f"{url}/plain") is None  # 404: a directory without a manifest
+    assert read_manifest(f"{url}/forbidden") is None  # 403: S3's answer for a missing key, if unlistable
+
+
+def test_remote_manifest_failures_are_not_missing(server: tuple[Path, str]) -> None:
+    _, url = server
+    with pytest.raises(
+        DataError,
+        match=rf"{url}/broken/manifest.json: cannot read the token directory's manifest \(HTTPError: 500 .*check "
+        r"the network and credentials",
+    ):
+        resolve_dtype(f"{url}/broken/a.npy", None)  # before: read as uint16
+    closed = "http://127.0.0.1:9/tok"  # the discard port: nothing listens there
+    with pytest.raises(DataError, match=r"127.0.0.1:9/tok/manifest.json: cannot read .*\(ConnectionError"):
+        read_manifest(closed)
+
+
+def test_s3_manifest_found_and_missing_key(s3_server: str) -> None:  # noqa: F811
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.create_bucket(Bucket="tokens")
+    s3.put_object(Bucket="tokens", Key="a/manifest.json", Body=json.dumps({"dtype": "uint32"}).encode())
+    assert read_manifest("s3://tokens/a") == {"dtype": "uint32"}
+    assert read_manifest("s3://tokens/b") is None  # NoSuchKey
+
+
+def test_remote_order_side_file_failure_is_not_missing(server: tuple[Path, str]) -> None:
+    from olmo_data.order import read_order_info
+
+    _, url = server
+    assert read_order_info(f"{url}/run/global_indices.npy") is None  # 404: an order OLMo wrote, without one
+    with pytest.raises(DataError, match=rf"{url}/broken/global_indices.json: cannot open \(HTTPError: 500"):
+        read_order_info(f"{url}/broken/global_indices.npy")
