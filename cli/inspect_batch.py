@@ -15,7 +15,11 @@ import click
 @click.option("--world-size", type=int, default=None, help="Number of ranks the run used.")
 @click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
 @click.option("--decode", is_flag=True, help="Decode each instance to text.")
-@click.option("--tokenizer", default=None, help="Tokenizer for --decode (default: the manifest's, if a path).")
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="Tokenizer for --decode (default: the one the manifest records); its sha256 must match the manifest's.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--no-verify-data",

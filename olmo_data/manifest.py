@@ -9,7 +9,7 @@ Schema (version 1), keys sorted on disk:
   version:       1
   tool_version:  olmo_data.__version__
   dtype:         "uint16" | "uint32"
-  tokenizer:     {name, sha256, vocab_size, backend}
+  tokenizer:     {name, path, sha256, vocab_size, backend}   path: absolute local path or hub id (newer manifests)
   eos_token_id, bos_token_id, pad_token_id:  int | null
   options:       the options that change the bytes of the output
   inputs:        [{path, size}]

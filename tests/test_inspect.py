@@ -236,10 +236,91 @@ def test_bad_input_messages(tmp_path: Path, tokens_dir: str) -> None:
     assert res.exit_code == 2 and "training steps count from 1" in res.output and "Traceback" not in res.output
 
 
-def test_decode_without_a_loadable_tokenizer(tmp_path: Path, tokens_dir: str) -> None:
+def _retokenizer(tmp_path: Path, tokens_dir: str, **identity: Any) -> str:
+    """A copy of the token directory whose manifest's tokenizer identity is changed; its config, orders built."""
+    import shutil
+
+    copy = tmp_path / "tokens"
+    shutil.copytree(tokens_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["tokenizer"] = {k: v for k, v in {**manifest["tokenizer"], **identity}.items() if v is not None}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    config = write_config(tmp_path, str(copy))
+    build_config_orders(yaml.safe_load(Path(config).read_text()))
+    return config
+
+
+def _altered(tokenizer: str, where: Path) -> str:
+    """The same tokenizer with the ids of two tokens swapped: loads fine, decodes differently, another sha256."""
+    data = json.loads(Path(tokenizer).read_text())
+    vocab = data["model"]["vocab"]
+    a, b = (next(t for t, i in vocab.items() if i == k) for k in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    where.write_text(json.dumps(data))
+    return str(where)
+
+
+def test_decode_uses_the_recorded_tokenizer_and_checks_its_sha(
+    tmp_path: Path, tokens_dir: str, demo_tokenizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = json.loads((Path(tokens_dir) / "manifest.json").read_text())["tokenizer"]
+    assert recorded["path"] == str(Path(demo_tokenizer).resolve())
+    tok = load_tokenizer(demo_tokenizer, "hf")
     config = write_config(tmp_path, tokens_dir)
     build_config_orders(yaml.safe_load(Path(config).read_text()))
-    with pytest.raises(DataError, match=r"--decode needs the tokenizer: .*pass --tokenizer PATH"):
+    monkeypatch.chdir(tmp_path)  # the recorded path is absolute: found from anywhere
+    report = inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+    assert all(i.text == tok.decode(i.token_ids.tolist()) and i.text for i in report.instances)
+
+    # the recorded path now holds another tokenizer
+    other = _altered(demo_tokenizer, tmp_path / "other.json")
+    changed = _retokenizer(tmp_path / "a", tokens_dir, path=other)
+    with pytest.raises(
+        DataError,
+        match=rf"--decode: the tokenizer at .*other.json has sha256 [0-9a-f]{{64}}, but .*manifest.json records "
+        rf"sha256 {recorded['sha256']} for {recorded['name']!r}: it is not the tokenizer .*pass --tokenizer PATH",
+    ):
+        inspect_batch(changed, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+    # an explicit --tokenizer that is not the data's is refused too
+    with pytest.raises(
+        DataError,
+        match=rf"--tokenizer .*other.json has sha256 [0-9a-f]{{64}}, but .*manifest.json records that the data "
+        rf"was tokenized with {recorded['name']!r} \(sha256 {recorded['sha256']}\)",
+    ):
+        inspect_batch(config, step=1, decode=True, tokenizer=other, doc_index=DocIndex(str(tmp_path / "c")))
+    res = CliRunner().invoke(main, ["inspect-batch", config, "--step", "1", "--decode", "--tokenizer", other])
+    assert res.exit_code == 2 and "has sha256" in res.output and "Traceback" not in res.output
+
+
+def test_decode_falls_back_to_the_name_only_when_its_sha_matches(
+    tmp_path: Path, tokens_dir: str, demo_tokenizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    recorded = json.loads((Path(tokens_dir) / "manifest.json").read_text())["tokenizer"]
+    config = _retokenizer(tmp_path, tokens_dir, path=None)  # a manifest written before `path` was recorded
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(
+        DataError, match=rf"--decode needs the tokenizer: .*manifest.json names {recorded['name']!r} but records no"
+    ):
+        inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+    _altered(demo_tokenizer, here / recorded["name"])  # a file of that name, but not that tokenizer
+    with pytest.raises(DataError, match=r"--decode: the tokenizer at .* has sha256 .* it is not the tokenizer"):
+        inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+    shutil.copy(demo_tokenizer, here / recorded["name"])  # the real one
+    report = inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
+    assert all(i.text for i in report.instances)
+
+
+def test_decode_without_a_loadable_tokenizer(tmp_path: Path, tokens_dir: str) -> None:
+    config = _retokenizer(tmp_path, tokens_dir, path=str(tmp_path / "gone" / "tokenizer.json"))
+    with pytest.raises(
+        DataError,
+        match=r"--decode needs the tokenizer: .*manifest.json records .*gone/tokenizer.json.*, which cannot "
+        r"be loaded here .*pass --tokenizer PATH",
+    ):
         inspect_batch(config, step=1, decode=True, doc_index=DocIndex(str(tmp_path / "c")))
 
 
