@@ -144,9 +144,9 @@ class TrainData:
         return result
 
     def _read(self, step: int) -> Batch:
-        indices = global_batch_indices(self.order_location, step, self.gbs, num_instances=self.num_instances).astype(
-            np.int64
-        )
+        indices = global_batch_indices(
+            self.order_location, step, self.gbs, num_instances=self.num_instances, seed=self.cfg.seed
+        ).astype(np.int64)
         fingerprint = None
         if self.d.is_main:
             tokens, masks = self.source.get_batch(indices)
