@@ -59,3 +59,14 @@ class ManyValuesCommand(click.Command):
                 out.append(flag)
             out.append(arg)
         return super().parse_args(ctx, out)
+
+
+backend_option = click.option(
+    "--backend",
+    type=click.Choice(["auto", "tiktoken", "hf"]),
+    default="auto",
+    show_default=True,
+    help="Tokenizer backend; all give identical ids. auto: tiktoken where an exact equivalent passes the start-up "
+    "self-check, else HF tokenizers.",
+)
+progress_option = click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import ManyValuesCommand
+from cli.options import ManyValuesCommand, backend_option, progress_option
 from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
 
 
@@ -34,15 +34,9 @@ from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_
 )
 @click.option("--skip-bad-rows", is_flag=True, help="Count and skip malformed rows instead of stopping.")
 @click.option("--processes", type=int, default=1, show_default=True, help="Tokenizer processes.")
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "tiktoken", "hf"]),
-    default="auto",
-    show_default=True,
-    help="Tokenizer backend (all give identical ids).",
-)
+@backend_option
 @click.option("--split", default="train", show_default=True, help="Split, for Hugging Face dataset ids.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when on a terminal).")
+@progress_option
 def prepare_tulu(
     inputs: tuple[str, ...],
     tokenizer: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import ManyValuesCommand, document_options
+from cli.options import ManyValuesCommand, backend_option, document_options, progress_option
 from olmo_data.tokenize import DEFAULT_MAX_TOKENS_PER_FILE, TokenizeOptions
 from olmo_data.tokenize import tokenize as run_tokenize
 
@@ -30,14 +30,8 @@ from olmo_data.tokenize import tokenize as run_tokenize
     show_default=True,
     help="Start a new part file past this many tokens (documents are never split).",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "tiktoken", "hf"]),
-    default="auto",
-    show_default=True,
-    help="auto: tiktoken where it gives identical ids (checked at start), else HF tokenizers.",
-)
-@click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+@backend_option
+@progress_option
 def tokenize(
     documents: tuple[str, ...],
     text_field: str,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,3 +46,19 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("OLMO_DATA_CACHE", None)
     else:
         os.environ["OLMO_DATA_CACHE"] = previous
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A loopback HTTP file server over tmp_path/www: (that directory, its base URL). Stands in for a web or
+    object store (remote documents, token files, checkpoints)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

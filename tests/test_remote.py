@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,20 +10,6 @@ import pytest
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from tests.helpers import docs, write_jsonl
 from tests.test_tokenize import read_output
-
-
-@pytest.fixture
-def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None  # type: ignore[method-assign]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def test_tokenize_over_http_equals_local(http_root: tuple[Path, str], demo_tokenizer: str, tmp_path: Path) -> None:

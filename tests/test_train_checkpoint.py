@@ -3,13 +3,9 @@ remote checkpoint."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import shutil
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,18 +58,6 @@ def test_replacing_a_step_leaves_only_the_new_copy(tmp_path: Path) -> None:
     ckpt.remove_stale_temporaries(tmp_path)
     assert (tmp_path / "step2" / "weights").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step2"]
-
-
-@pytest.fixture()
-def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
 
 
 def test_interrupted_download_is_not_reused(

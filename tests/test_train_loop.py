@@ -121,24 +121,6 @@ def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monke
     assert len(runs) == 2 and all(name.endswith(first) for name in runs)
 
 
-@pytest.fixture()
-def http_root(tmp_path: Path) -> Any:
-    """A loopback HTTP server over tmp_path/www (what a checkpoint on a web or object store looks like)."""
-    import functools
-    import http.server
-    import threading
-
-    root = tmp_path / "www"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a, **k: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
 @pytest.mark.parametrize("kind", ["step2", "step2-unsharded"])
 def test_load_path_url_through_cached_path(
     tmp_path: Path, tokens: str, http_root: Any, kind: str, monkeypatch: pytest.MonkeyPatch
