@@ -64,6 +64,7 @@ from olmo_data.io import (
     gzip_text_writer,
     is_remote,
     open_file,
+    parquet_file,
     remove_stale_temporaries,
     write_json_atomic,
 )
@@ -380,13 +381,7 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, bytes]]:
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    import pyarrow.parquet as pq
-
-    with open_file(path, "rb", compression="disable") as f:
-        try:
-            pf = pq.ParquetFile(f)
-        except Exception as e:
-            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+    with parquet_file(path) as pf:
         names = pf.schema_arrow.names
         if "messages" not in names:
             raise DataError(f"{path}: no column 'messages' (columns: {', '.join(names)}); expected Tulu-format rows")

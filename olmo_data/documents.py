@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from olmo_data.errors import DataError
-from olmo_data.io import open_file
+from olmo_data.io import open_file, parquet_file
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2")
 JSON_EXTENSIONS = (".jsonl", ".json", ".ndjson")
@@ -128,14 +128,8 @@ def _read_jsonl(
 
 
 def _read_parquet(path: str, text_field: str, id_field: str, bad: BadDocuments | None) -> Iterator[Document]:
-    import pyarrow.parquet as pq
-
     default_id = os.path.basename(path)
-    with open_file(path, "rb", compression="disable") as f:
-        try:
-            pf = pq.ParquetFile(f)
-        except Exception as e:
-            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+    with parquet_file(path) as pf:
         names = pf.schema_arrow.names
         if text_field not in names:
             raise DataError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); use --text-field")

@@ -29,7 +29,7 @@ import numpy as np
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instances import InstanceSource, open_from_config
-from olmo_data.io import default_cache_dir, is_remote, open_file
+from olmo_data.io import default_cache_dir, is_remote, open_file, read_yaml
 from olmo_data.manifest import read_manifest
 from olmo_data.order import (
     BatchPosition,
@@ -50,15 +50,7 @@ def read_train_config(path: str) -> dict[str, Any]:
 
     Only PyYAML is used (not the trainer's config module) so that inspecting data never needs the trainer.
     """
-    import yaml
-
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: config file not found") from e
-    except yaml.YAMLError as e:
-        raise DataError(f"{path}: not valid YAML ({e})") from e
+    raw = read_yaml(path, "config file")
     if not isinstance(raw, dict):
         raise DataError(f"{path}: expected a mapping of config keys at the top level")
     # the trainer's defaults (olmo_train/config.py) for keys a config leaves out

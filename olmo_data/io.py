@@ -176,6 +176,32 @@ def gzip_text_writer(path: str | os.PathLike[str]) -> io.TextIOWrapper:
     return io.TextIOWrapper(gzip_writer(path), encoding="utf-8", newline="")
 
 
+def read_yaml(path: str, what: str) -> Any:
+    """A local YAML file's content; a missing file or bad YAML is a DataError naming `what` it should have been."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: {what} not found") from e
+    except yaml.YAMLError as e:
+        raise DataError(f"{path}: not valid YAML ({e})") from e
+
+
+@contextlib.contextmanager
+def parquet_file(path: str) -> Iterator[Any]:
+    """An open `pyarrow.parquet.ParquetFile` of a local or remote file; unreadable ones are a DataError."""
+    import pyarrow.parquet as pq
+
+    with open_file(path, "rb", compression="disable") as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+        yield pf
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write JSON (sorted keys, indented, trailing newline) atomically, so the bytes are reproducible."""
     with atomic_path(path) as tmp:

@@ -36,7 +36,7 @@ import numpy as np
 from olmo_data import __version__
 from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource, TokenFile, _files_for, _token_file
-from olmo_data.io import atomic_path, is_remote, sha256_file, write_json_atomic
+from olmo_data.io import atomic_path, is_remote, read_yaml, sha256_file, write_json_atomic
 
 MIX_FORMAT = "olmo-data.mix"
 MIX_VERSION = 1
@@ -152,16 +152,7 @@ def parse_spec(spec: dict[str, Any], where: str = "mix spec") -> MixSpec:
 
 
 def load_spec(path: str) -> MixSpec:
-    import yaml
-
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: mix spec not found") from e
-    except yaml.YAMLError as e:
-        raise DataError(f"{path}: not valid YAML ({e})") from e
-    return parse_spec(raw, where=path)
+    return parse_spec(read_yaml(path, "mix spec"), where=path)
 
 
 def select_instances(available: int, target: int, rng: np.random.Generator) -> np.ndarray:
