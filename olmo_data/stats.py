@@ -67,7 +67,9 @@ class DatasetStats:
 
 def parse_duration(value: int | str) -> tuple[float, str]:
     """OLMo's max_duration: an int of steps, `...T` tokens or `...ep` epochs -> (amount, unit)."""
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise DataError(f"duration {value!r}: must be positive")
         return float(value), "steps"
     text = str(value).strip()
     m = re.fullmatch(r"([0-9.eE+_]+)\s*(T|ep)?", text)
@@ -77,6 +79,8 @@ def parse_duration(value: int | str) -> tuple[float, str]:
         amount = float(m.group(1).replace("_", ""))
     except ValueError as e:
         raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
+    if not amount > 0:
+        raise DataError(f"duration {value!r}: must be positive")
     return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -317,24 +316,20 @@ def _get_dotted(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-_DURATION = re.compile(r"^\s*([0-9.eE+_]+)\s*(T|ep)?\s*$")
-
-
 def parse_duration(value: int | str) -> tuple[float, str]:
-    """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs")."""
-    if isinstance(value, int):
-        return float(value), "steps"
-    match = _DURATION.match(value)
-    if match:
-        try:
-            number = float(match.group(1).replace("_", ""))
-        except ValueError:
-            number = -1.0
-        if number > 0:
-            return number, {None: "steps", "T": "tokens", "ep": "epochs"}[match.group(2)]
-    raise ConfigError(
-        f"config key 'max_duration': got {value!r}, expected steps (1000), tokens ('2e9T') or epochs ('1ep')"
-    )
+    """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs").
+
+    The same rule as `olmo-data stats --duration` (one parser, in olmo_data.stats), with the config key named.
+    """
+    from olmo_data.stats import parse_duration as parse
+
+    try:
+        return parse(value)
+    except DataError as e:
+        raise ConfigError(
+            f"config key 'max_duration': got {value!r}, expected steps (1000), tokens ('2e9T') or epochs ('1ep'), "
+            "more than 0"
+        ) from e
 
 
 def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -67,6 +67,9 @@ def test_durations_in_steps_and_tokens(tmp_path: Path) -> None:
     assert parse_duration("2e9T") == (2e9, "tokens") and parse_duration("1.5ep") == (1.5, "epochs")
     with pytest.raises(DataError, match=r"duration '3 weeks': expected steps \(1000\), tokens \(2e9T\) or epochs"):
         parse_duration("3 weeks")
+    for zero in (0, "0T", "0ep"):
+        with pytest.raises(DataError, match=r"must be positive"):
+            parse_duration(zero)
 
 
 def test_mix_sources(tmp_path: Path) -> None:
