@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from olmo_data.errors import DataError
 from olmo_data.io import file_size, is_remote, open_file, s3_client
-from olmo_data.manifest import DTYPES, read_manifest
+from olmo_data.manifest import DTYPES, agreed_dtype, read_manifest
 
 LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
 
@@ -171,12 +171,7 @@ def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
                 "or re-run `olmo-data tokenize` to write one"
             )
         if manifest is not None:
-            recorded = str(manifest["dtype"])
-            if dtype is not None and dtype != recorded:
-                raise DataError(
-                    f"{path}: dtype {dtype} was requested but the directory's manifest says {recorded}; "
-                    f"drop the dtype option or fix it to {recorded}"
-                )
+            recorded = agreed_dtype(path, dtype, str(manifest["dtype"]))
             base = path.rstrip("/")
             length = manifest.get("sequence_length")
             for e in manifest.get("files", []):
@@ -191,12 +186,7 @@ def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
         if manifest is None or (listed and name not in listed):
             out.append(_Entry(path, _plain_dtype(path, dtype)))
             continue
-        recorded = str(manifest["dtype"])
-        if dtype is not None and dtype != recorded:
-            raise DataError(
-                f"{path}: dtype {dtype} was requested but the directory's manifest says {recorded}; "
-                f"drop the dtype option or fix it to {recorded}"
-            )
+        recorded = agreed_dtype(path, dtype, str(manifest["dtype"]))
         out.append(_entry(directory, listed[name], recorded) if name in listed else _Entry(path, recorded))
     return out
 

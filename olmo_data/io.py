@@ -208,11 +208,6 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 def sha256_file(path: str, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open_file(path, "rb", compression="disable") as f:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -114,6 +113,16 @@ def manifest_dtype_for(token_path: str) -> str | None:
     return str(manifest["dtype"])
 
 
+def agreed_dtype(path: str, requested: str | None, recorded: str) -> str:
+    """`recorded` (a manifest's dtype), after checking that a `requested` dtype, if any, agrees with it."""
+    if requested is not None and requested != recorded:
+        raise DataError(
+            f"{path}: dtype {requested} was requested but the directory's manifest says {recorded}; "
+            f"drop the dtype option or fix it to {recorded}"
+        )
+    return recorded
+
+
 def resolve_dtype(token_path: str, requested: str | None) -> str:
     """The dtype to read `token_path` with: the manifest's; a requested one must agree with it.
 
@@ -121,25 +130,7 @@ def resolve_dtype(token_path: str, requested: str | None) -> str:
     """
     recorded = manifest_dtype_for(token_path)
     if recorded is not None:
-        if requested is not None and requested != recorded:
-            raise DataError(
-                f"{token_path}: dtype {requested} was requested but the directory's manifest says {recorded}; "
-                f"drop the dtype option or fix it to {recorded}"
-            )
-        return recorded
+        return agreed_dtype(token_path, requested, recorded)
     if requested is not None and requested not in DTYPES:
         raise DataError(f"{token_path}: unknown dtype {requested!r}; expected one of {sorted(DTYPES)}")
     return requested or "uint16"
-
-
-def token_files_in(directory: str) -> list[str]:
-    """The token files a directory's manifest lists, in manifest order, as full paths."""
-    manifest = read_manifest(directory)
-    if manifest is None:
-        raise DataError(f"{directory}: no {MANIFEST_NAME}; give the token files themselves or re-run tokenize")
-    base = str(directory).rstrip("/")
-    return [f"{base}/{f['path']}" for f in manifest["files"]]
-
-
-def local_dir(path: str) -> Path:
-    return Path(os.path.expanduser(path))
