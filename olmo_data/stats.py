@@ -84,6 +84,17 @@ def parse_duration(value: int | str) -> tuple[float, str]:
     return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
 
 
+def duration_steps(duration: int | str, *, global_batch_size: int, sequence_length: int, batches_per_epoch: int) -> int:
+    """Training steps of an OLMo max_duration, as the trainer counts them: steps as given, tokens rounded up to
+    whole steps, epochs as full batches (at least one step)."""
+    amount, unit = parse_duration(duration)
+    if unit == "tokens":
+        return math.ceil(amount / (global_batch_size * sequence_length))
+    if unit == "epochs":
+        return max(1, round(amount * batches_per_epoch))
+    return int(amount)
+
+
 def _source_name(source: InstanceSource, file_index: int) -> str:
     name = source.source_of_file(file_index)
     return name if name is not None else os.path.dirname(source.files[file_index].path) or "."
@@ -159,13 +170,9 @@ def dataset_stats(
         out.batches_per_epoch = per_epoch
         out.dropped_per_epoch = total - per_epoch * global_batch_size
         if duration is not None:
-            amount, unit = parse_duration(duration)
-            if unit == "steps":
-                steps = int(amount)
-            elif unit == "tokens":
-                steps = math.ceil(amount / (global_batch_size * L))
-            else:  # as the trainer counts epochs (olmo_train/data.py)
-                steps = max(1, round(amount * per_epoch))
+            steps = duration_steps(
+                duration, global_batch_size=global_batch_size, sequence_length=L, batches_per_epoch=per_epoch
+            )
             out.duration = str(duration)
             out.steps = steps
             out.epochs = steps / per_epoch if per_epoch else math.inf

@@ -11,7 +11,6 @@ step computes.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from olmo_data.order import (
     rank_slice,
     step_position,
 )
+from olmo_data.stats import duration_steps
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, barrier
 
@@ -106,12 +106,13 @@ class TrainData:
 
     def total_steps(self) -> int:
         """max_duration in steps: steps as given, tokens rounded up to whole steps, epochs of full batches."""
-        amount, unit = parse_duration(self.cfg.max_duration)
-        if unit == "tokens":
-            return math.ceil(amount / (self.gbs * self.cfg.model.max_sequence_length))
-        if unit == "epochs":
-            return max(1, round(amount * self.batches_per_epoch))
-        return int(amount)
+        parse_duration(self.cfg.max_duration)  # a bad value is a ConfigError naming the key
+        return duration_steps(
+            self.cfg.max_duration,
+            global_batch_size=self.gbs,
+            sequence_length=self.cfg.model.max_sequence_length,
+            batches_per_epoch=self.batches_per_epoch,
+        )
 
     def epoch_of(self, step: int) -> int:
         return (step - 1) // self.batches_per_epoch
