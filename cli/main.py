@@ -27,13 +27,17 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
+    """Imports a command's module only when that command runs; bad input (DataError) ends in one red line."""
+
+    lazy_commands: dict[str, str] = COMMANDS
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(self.lazy_commands)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        if cmd_name not in self.lazy_commands:
             return None
-        module, attr = COMMANDS[cmd_name].split(":")
+        module, attr = self.lazy_commands[cmd_name].split(":")
         command = getattr(importlib.import_module(module), attr)
         assert isinstance(command, click.Command)
         return command

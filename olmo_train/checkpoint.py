@@ -2,13 +2,16 @@
 
 Layout of `save_folder`:
   stepN/                  sharded: torch.distributed.checkpoint files (model + optimizer), rng/rankR.pt,
+                          config.yaml, trainer_state.json
+  stepN-unsharded/        one file per state: model.pt, optim.pt, plus rng/rank0.pt, config.yaml and
                           trainer_state.json
-  stepN-unsharded/        one file per state: model.pt, optim.pt, plus rng/rank0.pt and trainer_state.json
   latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
 A checkpoint is written under `.tmp-stepN…` and renamed into place by rank 0 after every rank has finished
 writing; `trainer_state.json` is written last, so a directory without it is never taken for a checkpoint. Saving
 a step that already exists moves the old copy aside (`.replaced-stepN`) until the new one is in place. A
-sharded checkpoint loads on a different world size (DCP reshards); an unsharded one loads anywhere.
+sharded checkpoint loads on a different world size (DCP reshards); an unsharded one loads anywhere. Each
+checkpoint carries the run's resolved `config.yaml`, so it can be exported, unsharded or sampled from on its own
+(older checkpoints without one fall back to the save folder's).
 """
 
 from __future__ import annotations
@@ -43,11 +46,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote, write_json_atomic
+from olmo_train.config import TrainConfig, save_config
 from olmo_train.distributed import Dist, barrier, broadcast_object
 
 log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
+CONFIG = "config.yaml"
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 # prefix of a complete checkpoint moved aside while a new save of the same step takes its name
 _REPLACED = ".replaced-"
@@ -96,13 +101,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _begin(folder: Path, name: str, d: Dist) -> Path:
+def _begin(folder: Path, name: str, d: Dist, cfg: TrainConfig | None = None) -> Path:
     tmp = folder / f".tmp-{name}"
     if d.is_main:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         (tmp / "rng").mkdir()
+        if cfg is not None:
+            save_config(cfg, tmp / CONFIG)
     barrier()
     return tmp
 
@@ -148,10 +155,16 @@ def _prune(folder: Path, unsharded: bool, keep: int) -> None:
 
 
 def save_sharded(
-    folder: Path, model: nn.Module, optim: torch.optim.Optimizer, state: TrainerState, keep: int, d: Dist
+    folder: Path,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int,
+    d: Dist,
+    cfg: TrainConfig | None = None,
 ) -> Path:
     name = f"step{state.step}"
-    tmp = _begin(folder, name, d)
+    tmp = _begin(folder, name, d, cfg)
     model_sd, optim_sd = get_state_dict(model, optim)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     torch.save(rng_state(), tmp / "rng" / f"rank{d.rank}.pt")
@@ -159,10 +172,16 @@ def save_sharded(
 
 
 def save_unsharded(
-    folder: Path, model: nn.Module, optim: torch.optim.Optimizer, state: TrainerState, keep: int, d: Dist
+    folder: Path,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int,
+    d: Dist,
+    cfg: TrainConfig | None = None,
 ) -> Path:
     name = f"step{state.step}-unsharded"
-    tmp = _begin(folder, name, d)
+    tmp = _begin(folder, name, d, cfg)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)  # collectives: every rank takes part
     optim_sd = get_optimizer_state_dict(model, optim, options=opts)
@@ -250,6 +269,11 @@ def _download(url: str) -> Path:
     dest = state.parent / f"checkpoint-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
     dest.mkdir(exist_ok=True)
     names = [TRAINER_STATE]
+    try:
+        fetch(CONFIG)
+        names.append(CONFIG)
+    except DataError:  # checkpoints written before configs were saved in them
+        pass
     try:
         fetch("model.pt")
         names += ["model.pt", "optim.pt"]

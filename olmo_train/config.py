@@ -143,8 +143,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`)."""
+def load_config(
+    path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = (), *, require_data: bool = True
+) -> TrainConfig:
+    """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`).
+
+    `require_data=False` reads a config that describes a model but no training data yet (an imported model's,
+    or a checkpoint's config read to rebuild its model): every other check still applies.
+    """
     raw: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -160,7 +166,7 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | tupl
     for key, value in parse_overrides(list(overrides)):
         _set_dotted(raw, key, value)
     cfg = _build(TrainConfig, raw, prefix="")
-    _check(cfg)
+    _check(cfg, require_data=require_data)
     return cfg
 
 
@@ -275,7 +281,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     raise ConfigError(f"config key {key!r}: got {value!r} ({type(value).__name__}), expected {_type_name(tp)}")
 
 
-def _check(cfg: TrainConfig) -> None:
+def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
     for dotted, choices in CHOICES.items():
         value = _get_dotted(cfg, dotted)
         if value is not None and value not in choices:
@@ -299,7 +305,7 @@ def _check(cfg: TrainConfig) -> None:
         raise ConfigError(f"config key 'model.embedding_size': {m.embedding_size} < model.vocab_size={m.vocab_size}")
     if len(cfg.optimizer.betas) != 2:
         raise ConfigError(f"config key 'optimizer.betas': expected two numbers, got {cfg.optimizer.betas}")
-    if not cfg.data.paths and not cfg.data.mix:
+    if require_data and not cfg.data.paths and not cfg.data.mix:
         raise ConfigError("config: no training data; set data.paths (token files or directories) or data.mix")
     if cfg.data.paths and cfg.data.mix:
         raise ConfigError("config: set either data.paths or data.mix, not both")

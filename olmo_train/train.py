@@ -211,9 +211,9 @@ def save(
     folder = Path(cfg.save_folder)
     t0 = time.perf_counter()
     if kind == "sharded":
-        path = ckpt.save_sharded(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, d)
+        path = ckpt.save_sharded(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, d, cfg)
     else:
-        path = ckpt.save_unsharded(folder, model, optim, state, cfg.save_num_unsharded_checkpoints_to_keep, d)
+        path = ckpt.save_unsharded(folder, model, optim, state, cfg.save_num_unsharded_checkpoints_to_keep, d, cfg)
     log.info("saved %s in %.1fs", path, time.perf_counter() - t0)
 
 

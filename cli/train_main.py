@@ -1,0 +1,42 @@
+"""Entry point of `olmo-train`: the model side (unshard, export to and import from Hugging Face, generate).
+
+Training itself stays `torchrun -m olmo_train CONFIG`; these commands work on the checkpoints it writes, in one
+plain process. Subcommands are imported lazily so that `--help` starts fast and torch is loaded only when needed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from cli.main import LazyGroup
+from olmo_data import __version__
+
+TRAIN_COMMANDS: dict[str, str] = {
+    "unshard": "cli.unshard:unshard",
+    "export-hf": "cli.export_hf:export_hf",
+    "import-hf": "cli.import_hf:import_hf",
+    "generate": "cli.generate:generate",
+}
+
+
+class TrainGroup(LazyGroup):
+    lazy_commands = TRAIN_COMMANDS
+
+
+@click.group(cls=TrainGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="olmo-train")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+def main(verbose: bool) -> None:
+    """Move models in and out of training: unshard checkpoints, export to and import from Hugging Face
+    `transformers`, and generate text.
+
+    Train with `torchrun -m olmo_train CONFIG`; its checkpoints (stepN/, stepN-unsharded/) are what these
+    commands read.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+if __name__ == "__main__":
+    main()

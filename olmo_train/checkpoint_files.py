@@ -1,0 +1,119 @@
+"""A finished checkpoint read as a file, outside training: its config, its tensors, its tokenizer.
+
+`unshard`, `export-hf` and `generate` all start from a checkpoint directory that a trainer wrote (sharded
+`stepN/` or unsharded `stepN-unsharded/`) or that `import-hf` made, and need the same three things from it. They
+run in one plain process: no process group and no knowledge of the world size that saved it, so a checkpoint
+written by 64 GPUs is read on a laptop. Sharded tensors are assembled by `torch.distributed.checkpoint` from its
+own metadata, reading only the keys asked for (the model without the optimizer, say), so memory stays near one
+copy of what is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from olmo_data.errors import DataError
+from olmo_data.manifest import read_manifest
+from olmo_train.checkpoint import CONFIG, TRAINER_STATE
+from olmo_train.config import TrainConfig, load_config
+
+MODEL_FILE = "model.pt"
+OPTIM_FILE = "optim.pt"
+DCP_METADATA = ".metadata"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def checkpoint_kind(path: Path) -> str:
+    """Either "sharded" or "unsharded"; anything else is refused with what a checkpoint directory should hold."""
+    if not path.is_dir():
+        raise DataError(f"{path}: no such checkpoint directory")
+    if not (path / TRAINER_STATE).is_file():
+        raise DataError(
+            f"{path}: not a complete checkpoint (no {TRAINER_STATE}; an interrupted save leaves a .tmp-stepN "
+            "directory without it); give a stepN or stepN-unsharded directory"
+        )
+    if (path / MODEL_FILE).is_file():
+        return "unsharded"
+    if (path / DCP_METADATA).is_file():
+        return "sharded"
+    raise DataError(
+        f"{path}: neither {MODEL_FILE} (unsharded) nor {DCP_METADATA} (sharded) is there; the checkpoint is "
+        "incomplete or not one of ours"
+    )
+
+
+def config_path(path: Path) -> Path:
+    """The config.yaml that describes a checkpoint: its own, else (older checkpoints) its save folder's."""
+    for candidate in (path / CONFIG, path.parent / CONFIG):
+        if candidate.is_file():
+            return candidate
+    raise DataError(
+        f"{path}: no {CONFIG} in the checkpoint or its save folder {path.parent}; the model's shape is unknown "
+        "without it (copy the run's config.yaml into the checkpoint directory)"
+    )
+
+
+def read_config(path: Path) -> TrainConfig:
+    """The checkpoint's training config (data paths may be missing: only the model needs to be described)."""
+    return load_config(config_path(path), require_data=False)
+
+
+def read_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full (unsharded) state dict, on CPU, keyed as `Transformer.state_dict()`.
+
+    A tied output head appears under both names, sharing one tensor, as `state_dict()` gives it.
+    """
+    kind = checkpoint_kind(path)
+    if kind == "unsharded":
+        try:
+            state = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise DataError(f"{path / MODEL_FILE}: cannot be read as a model state ({type(e).__name__}: {e})") from e
+        if not isinstance(state, dict):
+            raise DataError(f"{path / MODEL_FILE}: expected a dict of tensors, got {type(state).__name__}")
+        return state
+    return read_sharded(path, "model")
+
+
+def read_sharded(path: Path, key: str) -> dict[str, Any]:
+    """One top-level entry ("model" or "optim") of a sharded checkpoint, unsharded into plain CPU tensors, in
+    this process alone."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    try:
+        loaded = _load_state_dict_from_keys({key}, checkpoint_id=str(path))
+    except Exception as e:
+        raise DataError(
+            f"{path}: cannot read the sharded checkpoint's {key!r} state ({type(e).__name__}: {e}); a shard file "
+            "may be missing or truncated"
+        ) from e
+    if key not in loaded:
+        raise DataError(f"{path}: the sharded checkpoint holds no {key!r} state (found: {sorted(loaded)})")
+    return loaded[key]  # type: ignore[no-any-return]
+
+
+def recorded_tokenizer(cfg: TrainConfig) -> dict[str, Any] | None:
+    """The tokenizer identity ({name, path, sha256, vocab_size, ...}) the run's data manifests record, or None
+    when the data has no manifest (or is not reachable from here). Data made with several tokenizers is refused:
+    no one tokenizer describes such a model."""
+    found: dict[str, dict[str, Any]] = {}
+    for data_path in cfg.data.paths:
+        directory = data_path if not data_path.endswith(".npy") else (os.path.dirname(data_path) or ".")
+        try:
+            manifest = read_manifest(directory)
+        except DataError:
+            continue
+        identity = (manifest or {}).get("tokenizer") or {}
+        if identity.get("sha256"):
+            merged = dict(identity)
+            for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+                merged.setdefault(key, (manifest or {}).get(key))
+            found.setdefault(str(identity["sha256"]), merged)
+    if len(found) > 1:
+        names = ", ".join(f"{i.get('name')!r} (sha256 {sha[:16]}...)" for sha, i in found.items())
+        raise DataError(f"the run's data was tokenized with several tokenizers ({names}); give --tokenizer")
+    return next(iter(found.values()), None)
