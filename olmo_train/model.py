@@ -5,11 +5,16 @@ weight tying. `norm_after=True` is OLMo-2's reordered norm (the sublayer's outpu
 joins the residual stream, which keeps the residual stream's scale in check at scale); `norm_after=False` is
 the classic pre-norm block. Attention is torch's SDPA, or flash-attn when it is installed and the model runs
 on a GPU in bf16.
+
+For generation (`olmo_train/generate.py`) the forward also takes explicit positions, an attention mask and a
+key/value cache; training passes none of them. Rotary tables are extended on demand, so a model runs on sequences
+longer than the `max_sequence_length` it was trained with, as `transformers` does.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +54,18 @@ def rotary_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tens
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, D); cos/sin: (T, D)."""
+    """x: (B, H, T, D); cos/sin: (T, D), or (B, 1, T, D) when each row has its own positions."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class LayerCache(Protocol):
+    """Keys and values of one layer for the tokens before the current ones (see generate.KVCache)."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this call's keys/values (B, H_kv, T, D); return all of them so far (B, H_kv, S, D)."""
+        ...
 
 
 class Attention(nn.Module):
@@ -71,7 +84,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
         self.k_norm = RMSNorm(kv_dim, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        """`mask`: bool (B, 1, T, S), True where a query may attend to a key; None is plain causal attention.
+        `cache`: earlier tokens' keys/values, extended with this call's."""
         B, T, C = x.shape
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None and self.k_norm is not None:
@@ -80,11 +102,19 @@ class Attention(nn.Module):
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        if self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        if cache is not None:
+            k, v = cache.update(k, v)
+        plain = mask is None and cache is None
+        if plain and self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             y = y.reshape(B, T, C)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+            S = k.shape[2]
+            if mask is None and T > 1 and S > T:  # new tokens after cached ones: causal, aligned at the end
+                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.n_kv_heads != self.n_heads
+            )
             y = y.transpose(1, 2).reshape(B, T, C)
         return self.w_out(y)  # type: ignore[no-any-return]
 
@@ -112,11 +142,18 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
         if self.norm_after:  # OLMo-2: x + norm(f(x))
-            x = x + self.attention_norm(self.attention(x, cos, sin))
+            x = x + self.attention_norm(self.attention(x, cos, sin, mask, cache))
             return x + self.mlp_norm(self.mlp(x))  # type: ignore[no-any-return]
-        x = x + self.attention(self.attention_norm(x), cos, sin)  # pre-norm: x + f(norm(x))
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, cache)  # pre-norm: x + f(norm(x))
         return x + self.mlp(self.mlp_norm(x))  # type: ignore[no-any-return]
 
 
@@ -147,17 +184,45 @@ class Transformer(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, embedding_size) logits."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, embedding_size) logits.
+
+        Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
+        `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
+        only (the output head is the largest matmul at a 100K vocabulary).
+        """
         T = input_ids.shape[1]
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        self._extend_rotary(T if positions is None else int(positions.max()) + 1)
+        if positions is None:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        else:
+            cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
         x = self.embeddings(input_ids)
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:  # recompute activations in backward
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
-                x = block(x, cos, sin)
+                x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
+        if last_only:
+            x = x[:, -1:]
         return self.lm_head(self.norm(x))  # type: ignore[no-any-return]
+
+    def _extend_rotary(self, length: int) -> None:
+        """Grow the rotary tables to `length` positions (doubling), for sequences past the trained length."""
+        have = self.rope_cos.shape[0]
+        if length <= have:
+            return
+        new_len = max(length, 2 * have)
+        cos, sin = rotary_tables(self.cfg.d_model // self.cfg.n_heads, new_len, self.cfg.rope_theta)
+        self.rope_cos = cos.to(self.rope_cos.device)
+        self.rope_sin = sin.to(self.rope_sin.device)
 
     def num_params(self, include_embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied weight is counted once

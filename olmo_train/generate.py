@@ -1,0 +1,307 @@
+"""Text generation from a trained (or imported) model: a key/value cache, samplers and beam search.
+
+`load_model(checkpoint)` gives the model and the tokenizer its data was made with, in eval mode, from any
+checkpoint this project reads (sharded, unsharded, imported, a `transformers` directory, or a URL).
+`generate(model, prompts, max_steps)` returns `GenerationOutput(token_ids (batch, beam, steps), scores (batch,
+beam))`, best beam first, as OLMo's beam search does; `beam_size=1` is greedy decoding or, with a sampler,
+sampling.
+
+What this gets right that is easy to get wrong: prompts of different lengths are padded on the left and every row
+keeps its own positions (the first real token is position 0) and never attends to padding, so a row gives the same
+tokens in a batch as alone; sampling draws from one seeded generator from the first token on, so a seed
+reproduces a sample; beams that end keep their score while the others go on; the cache is allocated once for the
+whole prompt plus continuation, which may be longer than the length the model was trained with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from olmo_data.errors import DataError
+from olmo_train.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+class KVCache:
+    """Every layer's keys and values, preallocated for `max_len` tokens: a decode step writes one column per layer
+    instead of concatenating (and copying) the whole history."""
+
+    def __init__(self, model: Transformer, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        cfg = model.cfg
+        heads = cfg.n_kv_heads or cfg.n_heads
+        shape = (cfg.n_layers, batch, heads, max_len, cfg.d_model // cfg.n_heads)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0  # tokens stored, the same for every layer once a forward pass is complete
+        self.layers = [_Layer(self, i) for i in range(cfg.n_layers)]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Keep (and duplicate) the rows a beam search step selected: row j becomes old row rows[j]."""
+        self.k = self.k.index_select(1, rows)
+        self.v = self.v.index_select(1, rows)
+
+
+class _Layer:
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache, self.index = cache, index
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, i = self.cache, self.index
+        start, end = c.length, c.length + k.shape[2]
+        c.k[i, :, :, start:end] = k
+        c.v[i, :, :, start:end] = v
+        if i == len(c.layers) - 1:
+            c.length = end
+        return c.k[i, :, :, :end], c.v[i, :, :, :end]
+
+
+class Sampler(Protocol):
+    """Chooses `k` distinct next tokens per row from log-probabilities (N, V): returns their ids (N, k) and their
+    log-probabilities (N, k)."""
+
+    def __call__(
+        self, logprobs: torch.Tensor, k: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def greedy(
+    logprobs: torch.Tensor, k: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens (k=1: greedy decoding; beam search's usual expansion)."""
+    values, ids = logprobs.topk(k, dim=-1)
+    return ids, values
+
+
+@dataclass
+class Sampling:
+    """Random tokens from the model's distribution, reshaped by temperature, then cut to the `top_k` most likely
+    and to the smallest set whose probability reaches `top_p`. The returned log-probabilities are the model's
+    own (before reshaping), so beam scores stay sequence log-likelihoods."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise DataError(f"temperature must be > 0 (got {self.temperature}); use greedy decoding for 0")
+        if self.top_k is not None and self.top_k < 1:
+            raise DataError(f"top_k must be at least 1 (got {self.top_k})")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise DataError(f"top_p must be in (0, 1] (got {self.top_p})")
+
+    def __call__(
+        self, logprobs: torch.Tensor, k: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scaled = logprobs / self.temperature
+        if self.top_k is not None and self.top_k < scaled.shape[-1]:
+            kth = scaled.topk(self.top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1:
+            sorted_lp, order = scaled.sort(dim=-1, descending=True)
+            probs = sorted_lp.softmax(dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
+            drop = (before >= self.top_p).scatter(-1, order, before >= self.top_p)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        # k draws without replacement, in proportion to the reshaped probabilities: the k largest of
+        # log-probability + Gumbel noise (unlike torch.multinomial, this never fails when fewer than k tokens
+        # survive the cuts; those beyond get -inf and lose to any real candidate)
+        uniform = torch.rand(scaled.shape, generator=generator, device=scaled.device).clamp_(min=1e-20)
+        ids = (scaled.log_softmax(-1) - (-uniform.log()).log()).topk(k, dim=-1).indices
+        cut = scaled.gather(-1, ids) == float("-inf")
+        return ids, logprobs.gather(-1, ids).masked_fill(cut, float("-inf"))
+
+
+@dataclass
+class GenerationOutput:
+    token_ids: torch.Tensor  # (batch, beam, steps) int64; after a stop id, the stop id repeats
+    scores: torch.Tensor  # (batch, beam) sum of the tokens' log-probabilities, best beam first
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths as one (B, T) batch padded on the left, and its (B, T) bool mask of real
+    tokens."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise DataError("generate: every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    real = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        real[row, width - len(p) :] = True
+    return ids, real
+
+
+@torch.no_grad()
+def generate(
+    model: Transformer,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
+    max_steps: int,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    beam_size: int = 1,
+    per_node_beam_size: int | None = None,
+    min_steps: int = 0,
+    sampler: Sampler | None = None,
+    stop_ids: Sequence[int] = (),
+    seed: int | None = None,
+) -> GenerationOutput:
+    """Continue each prompt by up to `max_steps` tokens.
+
+    `input_ids` is a list of token lists, or a (B, T) tensor left-padded with `attention_mask` (B, T) marking
+    real tokens. Each step, every beam proposes `per_node_beam_size` (default `beam_size`) next tokens chosen
+    by `sampler` (default: the most likely ones) and the `beam_size` best-scoring continuations are kept. A
+    beam that emits one of `stop_ids` is finished; it keeps its score and is carried on with the stop id.
+    Generation ends when every beam is finished or after `max_steps`. No stop id is allowed before
+    `min_steps` tokens.
+    """
+    if max_steps < 1:
+        raise DataError(f"generate: max_steps must be at least 1 (got {max_steps})")
+    if beam_size < 1:
+        raise DataError(f"generate: beam_size must be at least 1 (got {beam_size})")
+    per_node = per_node_beam_size or beam_size
+    if stop_ids == () and min_steps:
+        log.warning("min_steps=%d has no effect without stop_ids", min_steps)
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.long()
+        real = attention_mask.bool() if attention_mask is not None else torch.ones_like(ids, dtype=torch.bool)
+    else:
+        ids, real = left_pad(input_ids)
+    sampler = sampler or greedy
+    device = next(model.parameters()).device
+    ids, real = ids.to(device), real.to(device)
+    B, T = ids.shape
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed)
+    stops = torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
+
+    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    cache = KVCache(model, B, T + max_steps, next(model.parameters()).dtype, device)
+    padded = not bool(real.all())
+    mask = None  # no padding: plain causal attention, the fast path
+    if padded:  # a query sees earlier real tokens; a padding query sees itself only (a row with no key at all
+        # would give NaN, which would leak into the real rows through the cache)
+        causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        mask = (causal & (real[:, None, :] | torch.eye(T, dtype=torch.bool, device=device))).unsqueeze(1)
+    logits = model(ids, positions=positions if padded else None, mask=mask, cache=cache.layers, last_only=True)
+
+    keys = real  # (rows, S): which cached positions are real tokens
+    next_pos = positions[:, -1] + 1
+    scores = torch.zeros(B, 1, device=device)  # (batch, beams)
+    history = torch.empty(B, 1, 0, dtype=torch.long, device=device)
+    finished = torch.zeros(B, 1, dtype=torch.bool, device=device)
+    for step in range(max_steps):
+        beams = scores.shape[1]
+        logprobs = logits[:, -1].float().log_softmax(-1)  # (B * beams, V)
+        if step < min_steps and stops.numel():
+            logprobs[:, stops] = float("-inf")
+        k = beam_size if step == 0 else per_node  # at first every beam is the prompt: draw beam_size from it
+        cand_ids, cand_lp = sampler(logprobs, k, generator)
+        done = finished.reshape(-1)
+        if stops.numel() and bool(done.any()):  # a finished beam continues with the stop id at no cost
+            cand_ids[done] = stops[0]
+            cand_lp[done] = float("-inf")
+            cand_lp[done, 0] = 0.0
+        total = (scores.reshape(-1, 1) + cand_lp).reshape(B, beams * k)
+        width = min(beam_size, beams * k)
+        scores, flat = total.topk(width, dim=-1)  # sorted: best first
+        origin = flat // k  # which beam each survivor extends
+        token = cand_ids.reshape(B, beams * k).gather(1, flat)
+        rows = (torch.arange(B, device=device)[:, None] * beams + origin).reshape(-1)
+        history = torch.cat(
+            [history.gather(1, origin[..., None].expand(-1, -1, history.shape[2])), token[..., None]], 2
+        )
+        finished = finished.gather(1, origin) | (torch.isin(token, stops) if stops.numel() else False)
+        if bool(finished.all()) or step == max_steps - 1:
+            break
+        if beam_size > 1:  # with one beam, row j always continues row j
+            cache.reorder(rows)
+            keys, next_pos = keys[rows], next_pos[rows]
+        if padded:
+            keys = torch.cat([keys, torch.ones(rows.numel(), 1, dtype=torch.bool, device=device)], 1)
+        logits = model(
+            token.reshape(-1, 1),
+            positions=next_pos[:, None],
+            mask=keys[:, None, None, :] if padded else None,
+            cache=cache.layers,
+            last_only=True,
+        )
+        next_pos = next_pos + 1
+    return GenerationOutput(history, scores)
+
+
+def load_model(
+    checkpoint: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, Any]:
+    """The model of a checkpoint, in eval mode, and the tokenizer its data was made with (None when it cannot
+    be found; a warning says why).
+
+    `checkpoint` is a sharded or unsharded checkpoint directory of ours, one made by `olmo-train import-hf`, a
+    `transformers` model directory (config.json + safetensors), or the URL of a checkpoint of ours.
+    """
+    from olmo_data.io import is_remote
+    from olmo_train import checkpoint_files as files
+
+    spec = str(checkpoint)
+    if is_remote(spec):
+        from olmo_train.checkpoint import localize
+        from olmo_train.distributed import Dist
+
+        path = localize(spec, Dist(0, 1, 0, torch.device("cpu")))
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise DataError(f"{spec}: no such checkpoint or model directory")
+    if (path / "config.json").is_file() and not (path / files.TRAINER_STATE).is_file():
+        from olmo_train.hf import read_hf_dir
+
+        model_cfg, state = read_hf_dir(str(path))
+        tokenizer = _load_tokenizer(path / files.TOKENIZER_FILE, None)
+    else:
+        cfg = files.read_config(path)
+        model_cfg, state = cfg.model, files.read_model_state(path)
+        own = path / files.TOKENIZER_FILE
+        tokenizer = _load_tokenizer(own, None) if own.is_file() else _recorded(cfg)
+    model = Transformer(model_cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DataError(
+            f"{spec}: the weights do not fit the model its config describes (missing: {missing[:5]}, unexpected: "
+            f"{unexpected[:5]})"
+        )
+    model.to(device=device, dtype=dtype).eval()
+    return model, tokenizer
+
+
+def _recorded(cfg: Any) -> Any:
+    from olmo_train.checkpoint_files import recorded_tokenizer
+
+    identity = recorded_tokenizer(cfg)
+    if identity is None:
+        log.warning("no tokenizer: the run's data has no manifest naming one here; pass token ids, not text")
+        return None
+    return _load_tokenizer(Path(str(identity.get("path") or "")), identity.get("sha256"))
+
+
+def _load_tokenizer(path: Path, sha256: str | None) -> Any:
+    from olmo_data.tokenizer import load_tokenizer
+
+    if not path.is_file():
+        log.warning("no tokenizer: %s is not here; pass token ids, not text", path)
+        return None
+    tok = load_tokenizer(str(path), "hf")
+    if sha256 and tok.sha256 != sha256:
+        raise DataError(
+            f"{path}: sha256 {tok.sha256} differs from the {sha256} the data manifest records; it is not the "
+            "tokenizer the model was trained with"
+        )
+    return tok
