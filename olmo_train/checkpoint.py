@@ -300,6 +300,11 @@ def load_checkpoint(
     """Load weights (and optimizer state unless `optim` is None) from a sharded or unsharded checkpoint."""
     state = read_trainer_state(path)
     if (path / "model.pt").is_file():
+        if optim is not None and not (path / "optim.pt").is_file():  # weights only (`unshard --model-only`)
+            raise DataError(
+                f"{path / 'optim.pt'}: no optimizer state in this checkpoint, so a run cannot continue from it; "
+                f"start a fresh run from its weights with --load_path={path} --reset_trainer_state"
+            )
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, torch.load(path / "model.pt", map_location="cpu", weights_only=True), options=opts)
         if optim is not None:

@@ -11,6 +11,7 @@ copy of what is read.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +83,30 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
 def read_sharded(path: Path, key: str) -> dict[str, Any]:
     """One top-level entry ("model" or "optim") of a sharded checkpoint, unsharded into plain CPU tensors, in
     this process alone."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     try:
-        loaded = _load_state_dict_from_keys({key}, checkpoint_id=str(path))
-    except Exception as e:
+        with warnings.catch_warnings():  # "no process group, loading in a single process": that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
+            loaded = _load_state_dict_from_keys({key}, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # DCP wraps read errors in a BaseException
         raise DataError(
-            f"{path}: cannot read the sharded checkpoint's {key!r} state ({type(e).__name__}: {e}); a shard file "
-            "may be missing or truncated"
+            f"{path}: cannot read the sharded checkpoint's {key!r} state ({_cause(e)}); a shard file may be missing "
+            "or truncated"
         ) from e
     if key not in loaded:
         raise DataError(f"{path}: the sharded checkpoint holds no {key!r} state (found: {sorted(loaded)})")
     return loaded[key]  # type: ignore[no-any-return]
+
+
+def _cause(e: BaseException) -> str:
+    """The underlying error of a failed DCP read in one line (DCP's own message is a traceback per rank)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(e, CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    return f"{type(e).__name__}: {e}"
 
 
 def recorded_tokenizer(cfg: TrainConfig) -> dict[str, Any] | None:
