@@ -43,9 +43,14 @@ class KVCache:
         self.layers = [_Layer(self, i) for i in range(cfg.n_layers)]
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Keep (and duplicate) the rows a beam search step selected: row j becomes old row rows[j]."""
-        self.k = self.k.index_select(1, rows)
-        self.v = self.v.index_select(1, rows)
+        """Keep (and duplicate) the rows a beam search step selected: row j becomes old row rows[j]. Only the
+        filled part is copied, except when the number of rows changes (the prompt's row becoming its beams)."""
+        if rows.numel() != self.k.shape[1]:
+            self.k, self.v = self.k.index_select(1, rows), self.v.index_select(1, rows)
+            return
+        n = self.length
+        self.k[:, :, :, :n] = self.k[:, rows, :, :n]
+        self.v[:, :, :, :n] = self.v[:, rows, :, :n]
 
 
 class _Layer:
@@ -139,7 +144,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.T
     return ids, real
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(
     model: Transformer,
     input_ids: torch.Tensor | Sequence[Sequence[int]],

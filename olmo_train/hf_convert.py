@@ -1,0 +1,300 @@
+"""Checkpoints out to, and in from, Hugging Face model directories (`olmo-train export-hf` / `import-hf`).
+
+An export is only useful if others' tools load it as the model that was trained, with the tokenizer its data was
+made with; so the tokenizer is the one the data manifest records (checked by hash), the special ids are the ones
+the data used, and the written directory is loaded back (by transformers when installed) before it gets its name:
+transformers itself only *warns* when a weight it expected is missing and quietly initialises it at random. An
+import gives the trainer what it resumes from (model.pt, trainer_state.json, config.yaml), so fine-tuning an
+imported model is `--load_path=DIR --reset_trainer_state`. Both write under a `.tmp-` name and rename at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from olmo_data.errors import DataError
+from olmo_data.tokenizer import Tokenizer, load_tokenizer
+from olmo_train import checkpoint_files as files
+from olmo_train.checkpoint import CONFIG, TRAINER_STATE, TrainerState
+from olmo_train.config import ModelConfig, TrainConfig, save_config
+from olmo_train.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
+from olmo_train.hf_files import (
+    CONFIG_JSON,
+    INSTALL_HINT,
+    local_model_dir,
+    read_json,
+    safetensors_names,
+    write_safetensors,
+)
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+SPECIAL = ("bos", "eos", "pad")
+
+
+@contextlib.contextmanager
+def _atomic_dir(dest: Path) -> Iterator[Path]:
+    """A `.tmp-` sibling to fill; renamed onto `dest` when the block completes, removed when it fails."""
+    tmp = dest.parent / f".tmp-{dest.name}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(tmp):
+        log.warning("removing %s, left by an interrupted conversion", tmp)
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
+            raise DataError(f"{dest}: the destination appeared while converting; remove it or give another one")
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def require_transformers(what: str) -> None:
+    if importlib.util.find_spec("transformers") is None:
+        raise DataError(f"{what} compares with transformers, which is not installed: {INSTALL_HINT}")
+
+
+def _refuse_existing(dest: Path) -> None:
+    if os.path.lexists(dest):
+        raise DataError(f"{dest}: the destination exists; remove it or give another --destination")
+
+
+# ---- export -------------------------------------------------------------------------------------------------
+
+
+def export_hf(
+    checkpoint: Path,
+    destination: Path,
+    *,
+    dtype: str = "float32",
+    tokenizer: str | None = None,
+    force: bool = False,
+    check: bool = False,
+    max_shard_bytes: int = 5 * 10**9,
+) -> Path:
+    """Write a transformers model directory (config, weights, generation config, tokenizer) for a sharded or
+    unsharded checkpoint of ours; return its path.
+
+    `tokenizer` replaces the one the data manifest records, which it must equal (by SHA-256) unless `force`.
+    `check` also compares the exported model with ours block by block (see hf_check).
+    """
+    source, dest = Path(checkpoint).expanduser(), Path(destination).expanduser()
+    _refuse_existing(dest)
+    if dtype not in DTYPES:
+        raise DataError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if check:
+        require_transformers("--check")
+    files.checkpoint_kind(source)  # complete and ours, before anything else is read
+    cfg = files.read_config(source)
+    model = cfg.model
+    model_type_for(model)  # refuse an architecture transformers does not have before reading any weights
+    tok, ids = _export_tokenizer(cfg, source, tokenizer, force)
+    rows = model.embedding_size or model.vocab_size
+    if tok is not None and tok.vocab_size > rows:
+        raise DataError(
+            f"{tok.path}: the tokenizer has {tok.vocab_size} tokens, but the model's embedding has only {rows} rows "
+            f"(model.{'embedding_size' if model.embedding_size else 'vocab_size'}); ids past {rows - 1} have no "
+            "embedding. Export with the tokenizer the model was trained with"
+        )
+    t0 = time.perf_counter()
+    log.info("reading the model state of %s", source)
+    state = files.read_model_state(source)
+    hf_state = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state(state, model, str(source)).items()}
+    # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
+    reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
+    del state
+    with _atomic_dir(dest) as tmp:
+        config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
+        _write_json(tmp / CONFIG_JSON, config)
+        _write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
+        write_safetensors(hf_state, tmp, max_shard_bytes)
+        if tok is not None:
+            _write_tokenizer(tok, ids, model, tmp)
+        _verify_export(tmp, model, reference)
+    log.info("exported %s to %s in %.1f s", source, dest, time.perf_counter() - t0)
+    return dest
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _export_tokenizer(
+    cfg: TrainConfig, source: Path, given: str | None, force: bool
+) -> tuple[Tokenizer | None, dict[str, Any]]:
+    """The tokenizer to ship and the bos/eos/pad ids the data was made with (the manifest's where it states
+    them, else the tokenizer's own). A checkpoint made by import-hf has no data yet but carries its model's
+    tokenizer files, which then stand in for the manifest."""
+    where = "the run's data manifest"
+    try:
+        recorded = files.recorded_tokenizer(cfg)
+    except DataError:
+        if given is None:
+            raise
+        log.warning("the run's data was tokenized with several tokenizers; exporting with %s as given", given)
+        recorded = None
+    own = source / files.TOKENIZER_FILE
+    if recorded is None and own.is_file():
+        where = f"the checkpoint's {files.TOKENIZER_FILE}"
+        tok = _load(str(own))
+        recorded = {"name": own.name, "path": str(own), "sha256": tok.sha256}
+        recorded.update(_special_ids(source / "tokenizer_config.json", tok))
+    if recorded is None and given is None:
+        log.warning("no tokenizer: the run's data has no manifest naming one; pass --tokenizer to include one")
+        return None, dict.fromkeys(SPECIAL)
+    if given is not None:
+        tok = _load(given)
+        if recorded and tok.sha256 != recorded["sha256"]:
+            if not force:
+                raise DataError(
+                    f"{given}: sha256 {tok.sha256} differs from {recorded['sha256']}, the tokenizer "
+                    f"({recorded.get('name')}, {recorded.get('path')}) that {where} records; it is not the tokenizer "
+                    "the model was trained with. Pass --force to export with it anyway"
+                )
+            log.warning("%s differs from the tokenizer the data was made with; exporting it anyway (force)", given)
+    elif recorded is not None:
+        path = str(recorded.get("path") or "")
+        if not path or not os.path.exists(path):
+            raise DataError(
+                f"{where} records tokenizer {recorded.get('name')!r} at {path or '(no path)'}, which is not here; "
+                f"pass --tokenizer with that tokenizer.json (sha256 {recorded['sha256']})"
+            )
+        tok = _load(path)
+        if tok.sha256 != recorded["sha256"]:
+            if not force:
+                raise DataError(
+                    f"{path}: sha256 {tok.sha256}, but {where} records {recorded['sha256']}: the file changed since "
+                    "the data was tokenized. Pass --tokenizer with the original, or --force"
+                )
+            log.warning("%s changed since the data was tokenized; exporting it anyway (force)", path)
+    ids = {s: (recorded or {}).get(f"{s}_token_id") for s in SPECIAL}
+    for s in SPECIAL:
+        if ids[s] is None:
+            ids[s] = getattr(tok, f"{s}_token_id")
+    return tok, ids
+
+
+def _special_ids(path: Path, tok: Tokenizer) -> dict[str, Any]:
+    """bos/eos/pad ids named by a tokenizer_config.json (as a string or as {"content": ...})."""
+    if not path.is_file():
+        return {}
+    config = read_json(path, "tokenizer config")
+    out = {}
+    for s in SPECIAL:
+        token = config.get(f"{s}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and tok.hf.token_to_id(token) is not None:
+            out[f"{s}_token_id"] = tok.hf.token_to_id(token)
+    return out
+
+
+def _load(spec: str) -> Tokenizer:
+    if spec.endswith(".tiktoken"):
+        raise DataError(f"{spec}: transformers needs a tokenizer.json, not a .tiktoken ranks file")
+    return load_tokenizer(spec, "hf")
+
+
+def _write_tokenizer(tok: Tokenizer, ids: dict[str, Any], model: ModelConfig, directory: Path) -> None:
+    """tokenizer.json as the data was made with it, and the tokenizer_config.json that makes
+    `AutoTokenizer.from_pretrained` load it as a fast tokenizer with its special tokens."""
+    if os.path.isfile(tok.path):
+        shutil.copyfile(tok.path, directory / "tokenizer.json")  # the bytes whose sha256 the manifest records
+    else:  # loaded from the hub: its sha256 is that of this text
+        directory.joinpath("tokenizer.json").write_text(tok.hf.to_str())
+    tokens = {f"{s}_token": tok.hf.id_to_token(ids[s]) if ids[s] is not None else None for s in SPECIAL}
+    _write_json(
+        directory / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **tokens,
+            "model_max_length": model.max_sequence_length,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+
+
+def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, torch.Tensor] | None) -> None:
+    """Load the export back and fail on any tensor transformers would not take as written; with a `reference`
+    state (--check), also compare the loaded model with ours block by block."""
+    if importlib.util.find_spec("transformers") is None:
+        written = safetensors_names(directory)
+        expected = expected_hf_names(model)
+        if set(written) != expected:
+            raise DataError(
+                f"{directory}: the written tensors are not the ones a {model_type_for(model).name} model has "
+                f"(missing {sorted(expected - set(written))[:4]}, unexpected {sorted(set(written) - expected)[:4]})"
+            )
+        log.info("checked the written tensor names (transformers is not installed: not loaded back)")
+        return
+    from olmo_train.hf_check import compare_with_transformers, load_transformers_model
+
+    log.info("loading the export back with transformers")
+    hf_model, info = load_transformers_model(directory, loading_info=True)
+    problems = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        found = "; ".join(f"{k.replace('_', ' ')}: {v[:4]}" for k, v in problems.items() if v)
+        raise DataError(f"{directory}: transformers does not load every tensor as written ({found})")
+    if reference is not None:
+        diff = compare_with_transformers(hf_model, model, reference)
+        log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
+
+
+# ---- import -------------------------------------------------------------------------------------------------
+
+
+def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
+    """Make an unsharded checkpoint of ours (model.pt, trainer_state.json, config.yaml, tokenizer files) from a
+    transformers model directory or hub id; return its path. `check` compares ours with transformers' model of
+    the source, block by block."""
+    dest = Path(destination).expanduser()
+    _refuse_existing(dest)
+    if check:
+        require_transformers("--check")
+    source = local_model_dir(model)
+    t0 = time.perf_counter()
+    model_cfg, state = read_hf_dir(str(source))
+    state = {k: v.to(torch.float32) for k, v in state.items()}  # fp32 master weights, as the trainer keeps them
+    if model_cfg.weight_tying:
+        state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
+    final = dest.resolve()
+    cfg = TrainConfig(
+        run_name=dest.name,
+        save_folder=f"runs/{dest.name}-finetune",
+        load_path=str(final),
+        reset_trainer_state=True,
+        model=model_cfg,
+    )
+    with _atomic_dir(dest) as tmp:
+        log.info("writing %s", files.MODEL_FILE)
+        torch.save(state, tmp / files.MODEL_FILE)
+        save_config(cfg, tmp / CONFIG)
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        for name in copied:
+            shutil.copyfile(source / name, tmp / name)
+        if "tokenizer.json" not in copied:
+            log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
+        if check:
+            from olmo_train.hf_check import compare_with_transformers
+
+            diff = compare_with_transformers(source, model_cfg, state)
+            log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
+        state_obj = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model_cfg.max_sequence_length)
+        _write_json(tmp / TRAINER_STATE, asdict(state_obj))  # last: marks the checkpoint complete
+    log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
+    return dest
