@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from olmo_data.demo import make_demo_corpus, train_demo_tokenizer
+from olmo_data.demo import make_demo_chat, make_demo_corpus, train_demo_tokenizer
 
 
 @click.command("demo-data")
@@ -17,9 +17,12 @@ from olmo_data.demo import make_demo_corpus, train_demo_tokenizer
 def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: int) -> None:
     """Write a real-text corpus (the standard library's sources, dolma format) and a BPE tokenizer trained on it.
 
-    Creates DESTINATION/documents/*.jsonl.gz and DESTINATION/tokenizer.json; needs no network.
+    Creates DESTINATION/documents/*.jsonl.gz, DESTINATION/tokenizer.json and DESTINATION/chat/tulu.jsonl (a
+    user asks what each module is for, the assistant answers with its docstring: a sample for `prepare-tulu`);
+    needs no network.
     """
     dest = Path(destination)
     files = make_demo_corpus(dest / "documents", num_shards=shards, max_files=max_files)
     tokenizer = train_demo_tokenizer(files, dest / "tokenizer.json", vocab_size=vocab_size)
-    click.echo(f"wrote {len(files)} document shards to {dest / 'documents'} and the tokenizer {tokenizer}")
+    chat = make_demo_chat(dest / "chat" / "tulu.jsonl", max_files=max_files)
+    click.echo(f"wrote {len(files)} document shards to {dest / 'documents'}, the tokenizer {tokenizer} and {chat}")

@@ -55,6 +55,34 @@ def make_demo_corpus(
     return out
 
 
+def make_demo_chat(destination: str | os.PathLike[str], *, max_files: int | None = None) -> str:
+    """Write Tulu-format chat data made from the standard library (one conversation per module with a docstring:
+    the user asks what the module is for, the assistant answers with the docstring's first paragraph) to
+    `destination` (JSON lines); return its path. Enough to run `prepare-tulu` and a fine-tune offline."""
+    import ast
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rows = []
+    for path in stdlib_sources(max_files):
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+        answer = (doc or "").strip().split("\n\n")[0].strip()
+        if not answer:
+            continue
+        module = path.relative_to(root).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+        messages = [
+            {"role": "user", "content": f"What is the Python module `{module}` for?"},
+            {"role": "assistant", "content": answer},
+        ]
+        rows.append(json.dumps({"id": module, "dataset": "python-stdlib-docstrings", "messages": messages}))
+    final = Path(destination)
+    with atomic_path(final) as tmp:
+        tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return str(final)
+
+
 def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], *, vocab_size: int = 8192) -> str:
     """Train a byte-level BPE tokenizer (GPT-2 style) on the given dolma files; write and return `tokenizer.json`.
 

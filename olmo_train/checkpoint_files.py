@@ -10,8 +10,12 @@ copy of what is read.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ MODEL_FILE = "model.pt"
 OPTIM_FILE = "optim.pt"
 DCP_METADATA = ".metadata"
 TOKENIZER_FILE = "tokenizer.json"
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_kind(path: Path) -> str:
@@ -130,3 +136,23 @@ def recorded_tokenizer(cfg: TrainConfig) -> dict[str, Any] | None:
         names = ", ".join(f"{i.get('name')!r} (sha256 {sha[:16]}...)" for sha, i in found.items())
         raise DataError(f"the run's data was tokenized with several tokenizers ({names}); give --tokenizer")
     return next(iter(found.values()), None)
+
+
+@contextlib.contextmanager
+def atomic_directory(dest: Path) -> Iterator[Path]:
+    """A `.tmp-` sibling to fill; renamed onto `dest` when the block completes, removed when it fails, so a
+    converted checkpoint or model never exists half-written under its name."""
+    tmp = dest.parent / f".tmp-{dest.name}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(tmp):
+        log.warning("removing %s, left by an interrupted conversion", tmp)
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
+            raise DataError(f"{dest}: the destination appeared while converting; remove it or give another one")
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -10,14 +10,12 @@ imported model is `--load_path=DIR --reset_trainer_state`. Both write under a `.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,25 +42,6 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 SPECIAL = ("bos", "eos", "pad")
-
-
-@contextlib.contextmanager
-def _atomic_dir(dest: Path) -> Iterator[Path]:
-    """A `.tmp-` sibling to fill; renamed onto `dest` when the block completes, removed when it fails."""
-    tmp = dest.parent / f".tmp-{dest.name}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if os.path.lexists(tmp):
-        log.warning("removing %s, left by an interrupted conversion", tmp)
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        yield tmp
-        if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
-            raise DataError(f"{dest}: the destination appeared while converting; remove it or give another one")
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def require_transformers(what: str) -> None:
@@ -119,7 +98,7 @@ def export_hf(
     # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
     reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
     del state
-    with _atomic_dir(dest) as tmp:
+    with files.atomic_directory(dest) as tmp:
         config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
         _write_json(tmp / CONFIG_JSON, config)
         _write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
@@ -280,7 +259,7 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
         reset_trainer_state=True,
         model=model_cfg,
     )
-    with _atomic_dir(dest) as tmp:
+    with files.atomic_directory(dest) as tmp:
         log.info("writing %s", files.MODEL_FILE)
         torch.save(state, tmp / files.MODEL_FILE)
         save_config(cfg, tmp / CONFIG)

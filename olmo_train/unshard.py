@@ -25,7 +25,15 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from olmo_data.errors import DataError
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
-from olmo_train.checkpoint_files import DCP_METADATA, MODEL_FILE, OPTIM_FILE, checkpoint_kind, config_path, read_sharded
+from olmo_train.checkpoint_files import (
+    DCP_METADATA,
+    MODEL_FILE,
+    OPTIM_FILE,
+    atomic_directory,
+    checkpoint_kind,
+    config_path,
+    read_sharded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +56,8 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
     metadata = _check_shard_files(source)
     config = _config_or_none(source)
 
-    tmp = dest.parent / f".tmp-{dest.name}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if os.path.lexists(tmp):
-        log.warning("removing %s, left by an interrupted unshard", tmp)
-        shutil.rmtree(tmp)
-    (tmp / RNG_FILE.parent).mkdir(parents=True)
-    try:
+    with atomic_directory(dest) as tmp:
+        (tmp / RNG_FILE.parent).mkdir()
         _write_part(source, "model", tmp / MODEL_FILE, metadata)
         if not model_only:
             _write_part(source, "optim", tmp / OPTIM_FILE, metadata)
@@ -63,12 +66,6 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
         if config is not None:
             shutil.copyfile(config, tmp / CONFIG)
         shutil.copyfile(source / TRAINER_STATE, tmp / TRAINER_STATE)  # last: it marks the checkpoint complete
-        if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
-            raise DataError(f"{dest}: the destination appeared while unsharding; remove it or give another one")
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

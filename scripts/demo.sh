@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole pipeline on built-in data (Python's standard library as the corpus), on CPU, in a few minutes:
 # make data -> sample -> tokenize -> stats -> train 2 processes, stop at step 30 -> resume to the end
-# -> rebuild the batch of a step with inspect-batch and check it against what the trainer logged.
+# -> rebuild the batch of a step with inspect-batch and check it against what the trainer logged
+# -> generate text -> unshard a checkpoint -> export to Hugging Face transformers and load it there
+# -> import it back and fine-tune it on chat data prepared with prepare-tulu.
 # Run it through `make demo` (which installs first), or directly once olmo-data is installed.
 set -euo pipefail
 OUT=${OUT:-demo_output}
@@ -45,4 +47,31 @@ assert trained == report.batch_fingerprint, "the rebuilt batch differs from the 
 last = max(logged)
 print(f"steps logged: {len(logged)} (1..{last}), tokens seen: {logged[last]['train/tokens_seen']:,}")
 PY
+step "8. generate: greedy, then beam search, from the last checkpoint"
+olmo-train generate "$OUT/run/latest" --prompt "def " --prompt "import " --max-steps 24
+olmo-train generate "$OUT/run/latest" --prompt "class " --max-steps 16 --beam-size 3 --all-beams
+
+step "9. unshard the step-75 checkpoint (written by $NPROC processes) in one process"
+olmo-train unshard "$OUT/run/step75" --destination "$OUT/step75-unsharded"
+
+step "10. export to Hugging Face transformers, compared block by block with our model (--check)"
+olmo-train export-hf "$OUT/run/latest" --destination "$OUT/hf" --check
+python - "$OUT/hf" <<'PY'
+import sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model, tok = AutoModelForCausalLM.from_pretrained(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[1])
+ids = tok("def ", return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=24, do_sample=False)
+print("transformers:", repr(tok.decode(out[0])))
+PY
+
+step "11. import it back and fine-tune it on chat data (prepare-tulu: only the assistant's tokens train)"
+olmo-train import-hf "$OUT/hf" --destination "$OUT/imported"
+olmo-data prepare-tulu --input "$OUT/data/chat/tulu.jsonl" --tokenizer "$OUT/imported/tokenizer.json" \
+  --seq-len 128 --destination "$OUT/sft-data"
+torchrun --standalone --nproc-per-node "$NPROC" -m olmo_train "$OUT/imported/config.yaml" \
+  "--data.paths=[$OUT/sft-data]" "--save_folder=$OUT/sft" --max_duration=20 --global_train_batch_size=16 \
+  --device_train_microbatch_size=8 --save_interval=20 --console_log_interval=5 --optimizer.learning_rate=1e-3
+olmo-train generate "$OUT/sft/latest" --prompt "What is the Python module \`json\` for?" --max-steps 24
+
 step "done: outputs in $OUT/"

@@ -70,3 +70,23 @@ def test_prepare_tulu_requires_seq_len(demo_tokenizer: str, tmp_path: Path) -> N
     args = ["prepare-tulu", "--input", src, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "Missing option '--seq-len'" in result.output
+
+
+def test_demo_chat_sample_prepares_with_every_conversation_trained(demo_tokenizer: str, tmp_path: Path) -> None:
+    from olmo_data.demo import make_demo_chat
+
+    path = make_demo_chat(tmp_path / "tulu.jsonl", max_files=60)
+    assert (
+        make_demo_chat(tmp_path / "again.jsonl", max_files=60)
+        and (tmp_path / "again.jsonl").read_bytes() == (tmp_path / "tulu.jsonl").read_bytes()
+    )  # the same sample on every run
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert len(rows) > 20
+    for row in rows:
+        user, assistant = row["messages"]
+        assert user["role"] == "user" and f"`{row['id']}`" in user["content"]
+        assert assistant["role"] == "assistant" and assistant["content"].strip()
+    args = ["prepare-tulu", "--input", path, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "sft")]
+    result = CliRunner().invoke(main, [*args, "--seq-len", "128", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert f"read {len(rows)} conversations, wrote {len(rows)} into {len(rows)} instances" in result.output
