@@ -237,3 +237,19 @@ def test_generate_command(trained: Path) -> None:
     assert sampled[0] == sampled[1]
     missing = runner.invoke(main, ["generate", str(trained / "step99"), "--prompt", "x"])
     assert missing.exit_code == 2 and "no such checkpoint or model directory" in missing.output
+
+
+@pytest.mark.parametrize("name", ["step12", "step12-unsharded"])
+def test_load_model_from_a_url(
+    trained: Path, http_root: tuple[Path, str], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    root, url = http_root
+    shutil.copytree(trained / name, root / name)
+    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    remote, tok = load_model(f"{url}/{name}")
+    local, _ = load_model(trained / name)
+    for (key, a), (_, b) in zip(remote.state_dict().items(), local.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+    assert tok is not None and tok.decode(tok.encode("def f(): pass")) == "def f(): pass"
