@@ -235,7 +235,7 @@ class RssSampler(threading.Thread):
         self.peaks: dict[str, dict[str, float]] = {}
         self.done = threading.Event()
 
-    def _target(self) -> int | None:
+    def _measured_pid(self) -> int | None:
         try:
             children = Path(f"/proc/{self.parent_pid}/task/{self.parent_pid}/children").read_text().split()
         except OSError:
@@ -245,7 +245,7 @@ class RssSampler(threading.Thread):
     def run(self) -> None:
         pid = None
         while not self.done.is_set():
-            pid = pid or self._target()
+            pid = pid or self._measured_pid()
             if pid is not None:
                 try:
                     status = Path(f"/proc/{pid}/status").read_text()
@@ -424,7 +424,11 @@ def main() -> None:
     for r in results:
         print(f"{r['name']} (before: {r['mem_available_gib']:.1f} GiB available, load {r['loadavg']:.1f}):")
         for p in r["phases"]:
-            rss = f"{p.get('VmRSS', float('nan')):5.2f} ({p.get('RssAnon', 0):.2f} + {p.get('RssFile', 0):.2f})"
+            rss = (
+                f"{p['VmRSS']:5.2f} ({p['RssAnon']:.2f} + {p['RssFile']:.2f})"
+                if "VmRSS" in p
+                else "    - (not sampled)"
+            )
             print(f"  {p['seconds']:7.1f} s  {rss}  {p['phase'][:110]}")
     if args.json:
         Path(args.json).write_text(json.dumps({"n_params": n_params, "build": build, "results": results}, indent=1))

@@ -24,8 +24,10 @@ from olmo_train.model import Transformer
 log = logging.getLogger(__name__)
 
 
-def load_transformers_model(directory: Path, *, loading_info: bool = False) -> Any:
-    """`AutoModelForCausalLM.from_pretrained(directory)` in fp32 eval mode (with its loading info if asked)."""
+def load_transformers_model(directory: Path, *, loading_info: bool = False, float32: bool = True) -> Any:
+    """`AutoModelForCausalLM.from_pretrained(directory)` in eval mode, cast to fp32 unless `float32` is False
+    (checking names and shapes needs no cast, which would double a bf16 export's memory), with its loading info
+    if asked."""
     try:
         from transformers import AutoModelForCausalLM
     except ImportError as e:
@@ -35,7 +37,7 @@ def load_transformers_model(directory: Path, *, loading_info: bool = False) -> A
     except Exception as e:
         raise DataError(f"{directory}: transformers cannot load this model ({type(e).__name__}: {e})") from e
     model, info = loaded if loading_info else (loaded, None)
-    model = model.to(torch.float32).eval()
+    model = (model.to(torch.float32) if float32 else model).eval()
     return (model, info) if loading_info else model
 
 

@@ -94,15 +94,19 @@ def export_hf(
     t0 = time.perf_counter()
     log.info("reading the model state of %s", source)
     state = files.read_model_state(source)
-    hf_state = {k: v.to(DTYPES[dtype]) for k, v in to_hf_state(state, model, str(source)).items()}
     # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
     reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
+    mapped = to_hf_state(state, model, str(source))
     del state
+    hf_state = {}
+    for key in list(mapped):  # cast one tensor at a time, dropping its source: memory stays near one model
+        hf_state[key] = mapped.pop(key).to(DTYPES[dtype])
     with files.atomic_directory(dest) as tmp:
         config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
         _write_json(tmp / CONFIG_JSON, config)
         _write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
         write_safetensors(hf_state, tmp, max_shard_bytes)
+        del hf_state  # the reload below must not hold a second copy
         if tok is not None:
             _write_tokenizer(tok, ids, model, tmp)
         _verify_export(tmp, model, reference)
@@ -224,7 +228,7 @@ def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, tor
     from olmo_train.hf_check import compare_with_transformers, load_transformers_model
 
     log.info("loading the export back with transformers")
-    hf_model, info = load_transformers_model(directory, loading_info=True)
+    hf_model, info = load_transformers_model(directory, loading_info=True, float32=reference is not None)
     problems = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(problems.values()):
         found = "; ".join(f"{k.replace('_', ' ')}: {v[:4]}" for k, v in problems.items() if v)
