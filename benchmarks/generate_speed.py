@@ -7,7 +7,7 @@ processes hits both alike; the best of `--repeat` is reported, as decode tokens 
 seconds, the prompt's forward pass (prefill) included. The outputs are compared too: greedy must be equal token
 for token.
 
-    python benchmarks/generate_speed.py                     # the default "small" shape (78.8M parameters, 50K vocabulary)
+    python benchmarks/generate_speed.py               # the default "small" shape (78.8M parameters, 50K vocab)
     python benchmarks/generate_speed.py --shape tiny        # configs/tiny.yaml's model: per-token overhead
 """
 
