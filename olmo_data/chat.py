@@ -55,7 +55,7 @@ from typing import IO, Any
 import numpy as np
 
 from olmo_data import __version__
-from olmo_data.documents import file_format
+from olmo_data.documents import file_format, numbered_lines, parquet_batches
 from olmo_data.errors import DataError
 from olmo_data.io import (
     atomic_path,
@@ -375,7 +375,7 @@ def _tasks(paths: Sequence[str], split: str, size: int) -> Iterator[_Task]:
 
 def _jsonl_rows(path: str) -> Iterator[tuple[int, bytes]]:
     with open_file(path, "rb") as f:
-        for line, raw in enumerate(f, start=1):
+        for line, raw in numbered_lines(f, path):
             if raw.strip():
                 yield line, raw
 
@@ -387,7 +387,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
             raise DataError(f"{path}: no column 'messages' (columns: {', '.join(names)}); expected Tulu-format rows")
         columns = [c for c in ("messages", "id", "dataset") if c in names]
         row = 0
-        for batch in pf.iter_batches(batch_size=1024, columns=columns):
+        for batch in parquet_batches(pf, path, 1024, columns):
             for obj in batch.to_pylist():
                 row += 1
                 yield row, obj

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import IO, Any
 
 from olmo_data.errors import DataError
 from olmo_data.io import open_file, parquet_file
@@ -90,7 +91,7 @@ def _read_jsonl(
 ) -> Iterator[Document]:
     default_id = os.path.basename(path)
     with open_file(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in numbered_lines(f, path):
             if not raw.strip():
                 continue
             try:
@@ -127,6 +128,45 @@ def _read_jsonl(
             )
 
 
+def numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) of an open file. A file that cannot be read to its end (a download cut short
+    leaves a truncated .gz; a damaged .zst) raises DataError naming the file and the last good line: the
+    decompressors' own EOFError or OSError says neither, and click would report it as just "Aborted!"."""
+    lines = iter(f)
+    lineno = 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            return
+        except Exception as e:  # only the read itself is inside the try: EOFError, OSError, zlib/zstd errors
+            raise DataError(
+                f"{path}: cannot be read past line {lineno} ({type(e).__name__}: {e}); the file is truncated or "
+                "corrupt: download or copy it again"
+            ) from e
+        lineno += 1
+        yield lineno, raw
+
+
+def parquet_batches(pf: Any, path: str, batch_size: int, columns: list[str]) -> Iterator[Any]:
+    """The record batches of an open parquet file; a damaged page or row group raises DataError naming the file
+    and the rows read before it, as `numbered_lines` does for JSON lines."""
+    batches = pf.iter_batches(batch_size=batch_size, columns=columns)
+    rows = 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise DataError(
+                f"{path}: cannot be read past row {rows} ({type(e).__name__}: {e}); the file is truncated or "
+                "corrupt: download or copy it again"
+            ) from e
+        rows += batch.num_rows
+        yield batch
+
+
 def _read_parquet(path: str, text_field: str, id_field: str, bad: BadDocuments | None) -> Iterator[Document]:
     default_id = os.path.basename(path)
     with parquet_file(path) as pf:
@@ -135,7 +175,7 @@ def _read_parquet(path: str, text_field: str, id_field: str, bad: BadDocuments |
             raise DataError(f"{path}: no column {text_field!r} (columns: {', '.join(names)}); use --text-field")
         columns = [c for c in (text_field, id_field, "source") if c in names]
         row = 0
-        for batch in pf.iter_batches(batch_size=4096, columns=columns):
+        for batch in parquet_batches(pf, path, 4096, columns):
             data = batch.to_pydict()
             texts = data[text_field]
             ids = data.get(id_field, [None] * len(texts))

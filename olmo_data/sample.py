@@ -89,12 +89,15 @@ def sample(
         return (line - 1) % every == 0
 
     written: list[Path] = []
+    created = not dest.exists()
     try:
         for path in paths:
             _sample_file(path, dest, keep, text_field, id_field, skip_bad_documents, summary, written)
     except BaseException:  # bad input or interruption: remove what this call wrote, so no partial output stays
         for out in written:
             out.unlink(missing_ok=True)
+        if created and dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()  # the directory too, when this call made it
         raise
     return summary
 

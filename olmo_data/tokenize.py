@@ -119,20 +119,22 @@ class _Resolved:
     bos: int | None
     tokenizer_identity: dict[str, Any]
 
-    def run_key(self, inputs: list[dict[str, Any]]) -> str:
-        """A digest of everything that determines the output; a rerun must match it to reuse work."""
-        blob = json.dumps(
-            {
-                "options": _recorded_options(self.options),
-                "dtype": self.dtype,
-                "eos": self.eos,
-                "bos": self.bos,
-                "tokenizer": self.tokenizer_identity["sha256"],
-                "inputs": inputs,
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()
+    def run_record(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """What decides the output, as `.progress/run.json` records it: a rerun must match it to reuse work.
+
+        Input files are named by path only: a file whose content changed (one fixed after a truncated download)
+        is redone, since its own progress record names its size, and the other inputs are reused.
+        """
+        parts = {
+            "options": _recorded_options(self.options),
+            "dtype": self.dtype,
+            "eos": self.eos,
+            "bos": self.bos,
+            "tokenizer": self.tokenizer_identity["sha256"],
+            "inputs": [str(i["path"]) for i in inputs],
+        }
+        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        return {"run_key": key, "parts": parts, "inputs": inputs}
 
 
 def _recorded_options(options: TokenizeOptions) -> dict[str, Any]:
@@ -347,11 +349,11 @@ def tokenize(
     created_dest = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     progress_dir = dest / PROGRESS_DIR
-    run_key = resolved.run_key(inputs)
-    _check_destination(dest, run_key)
+    record = resolved.run_record(inputs)
+    _check_destination(dest, record)
     progress_dir.mkdir(exist_ok=True)
     remove_stale_temporaries(dest)
-    write_json_atomic(progress_dir / "run.json", {"run_key": run_key, "inputs": inputs})
+    write_json_atomic(progress_dir / "run.json", record)
 
     results: dict[int, InputResult] = {}
     todo: list[tuple[int, str, int, str]] = []
@@ -416,17 +418,19 @@ def tokenize(
     )
 
 
-def _check_destination(dest: Path, run_key: str) -> None:
-    """Refuse a destination that holds output of a different run (other inputs, options or tokenizer)."""
+def _check_destination(dest: Path, record: dict[str, Any]) -> None:
+    """Refuse a destination that holds output of a different run, saying what differs (inputs, options or
+    tokenizer, and which)."""
     run_file = dest / PROGRESS_DIR / "run.json"
     if run_file.exists():
         try:
-            previous = json.loads(run_file.read_text()).get("run_key")
+            previous = json.loads(run_file.read_text())
+            key = previous.get("run_key")
         except (json.JSONDecodeError, AttributeError) as e:
             raise DataError(f"{run_file}: damaged ({e}); delete {dest / PROGRESS_DIR} to start over") from e
-        if previous != run_key:
+        if key != record["run_key"]:
             raise DataError(
-                f"{dest}: holds tokenized output of a different run (other inputs, options or tokenizer); "
+                f"{dest}: holds tokenized output of a different run ({_what_differs(previous, record)}); "
                 "use an empty destination, or delete this one to start over"
             )
         return
@@ -436,6 +440,34 @@ def _check_destination(dest: Path, run_key: str) -> None:
             f"{dest}: already holds token files ({leftovers[0]}, ...) that this tool did not record; "
             "use an empty destination"
         )
+
+
+def _what_differs(previous: dict[str, Any], record: dict[str, Any]) -> str:
+    before, now = previous.get("parts"), record["parts"]
+    if not isinstance(before, dict):  # written by an older version, which recorded only a digest
+        return "other inputs, options or tokenizer"
+    found = []
+    if before.get("inputs") != now["inputs"]:
+        gone = [p for p in before.get("inputs", []) if p not in now["inputs"]]
+        new = [p for p in now["inputs"] if p not in before.get("inputs", [])]
+        detail = "; ".join(
+            x for x in (f"not given now: {gone[:2]}" if gone else "", f"new: {new[:2]}" if new else "") if x
+        )
+        found.append(f"inputs ({detail or 'another order'})")
+    for key in ("options", "dtype", "eos", "bos"):
+        if before.get(key) != now[key]:
+            if isinstance(now[key], dict):
+                keys = sorted(
+                    k
+                    for k in set(before.get(key) or {}) | set(now[key])
+                    if (before.get(key) or {}).get(k) != now[key].get(k)
+                )
+                found.append(f"options {', '.join(keys)}")
+            else:
+                found.append(f"{key} {before.get(key)} -> {now[key]}")
+    if before.get("tokenizer") != now["tokenizer"]:
+        found.append(f"tokenizer (sha256 {str(before.get('tokenizer'))[:12]}... -> {now['tokenizer'][:12]}...)")
+    return "; ".join(found) or "other inputs, options or tokenizer"
 
 
 def _load_done(progress_dir: Path, index: int, inp: dict[str, Any]) -> InputResult | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -81,3 +82,14 @@ def test_expand_patterns(tmp_path: Path) -> None:
         expand_patterns([str(tmp_path / "missing.jsonl")])
     with pytest.raises(DataError, match=r"is a directory"):
         expand_patterns([str(tmp_path)])
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_a_truncated_compressed_file_is_named_with_its_last_good_line(tmp_path: Path, suffix: str) -> None:
+    rows = [{"id": str(i), "text": "hello world " * 50} for i in range(2000)]
+    path = tmp_path / f"t{suffix}"
+    write_jsonl(path, rows)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=rf"t{re.escape(suffix)}: cannot be read past line \d+ .*truncated or corrupt"):
+        list(read_documents(str(path)))

@@ -90,3 +90,17 @@ def test_demo_chat_sample_prepares_with_every_conversation_trained(demo_tokenize
     result = CliRunner().invoke(main, [*args, "--seq-len", "128", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert f"read {len(rows)} conversations, wrote {len(rows)} into {len(rows)} instances" in result.output
+
+
+def test_prepare_tulu_names_a_truncated_gzip_and_leaves_nothing(demo_tokenizer: str, tmp_path: Path) -> None:
+    import gzip
+
+    rows = [json.dumps(CONVERSATIONS[0] | {"id": str(i)}) for i in range(3000)]
+    data = gzip.compress(("\n".join(rows) + "\n").encode())
+    src = tmp_path / "chat.jsonl.gz"
+    src.write_bytes(data[: len(data) // 2])
+    args = ["prepare-tulu", "--input", str(src), "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, [*args, "--seq-len", "32", "--no-progress"])
+    assert result.exit_code == 2
+    assert "chat.jsonl.gz: cannot be read past line" in result.output and "truncated or corrupt" in result.output
+    assert not (tmp_path / "o").exists()

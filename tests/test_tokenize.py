@@ -227,3 +227,66 @@ def test_fixed_input_reruns_into_an_existing_directory(demo_tokenizer: str, tmp_
     (dest / ".progress" / "run.json").write_text("{not json")
     with pytest.raises(DataError, match=r"run\.json: damaged .* to start over"):
         tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_truncated_gzip_is_named_leaves_nothing_and_the_fixed_rerun_is_a_clean_run(
+    demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path, processes: int
+) -> None:
+    import shutil
+
+    inputs = [tmp_path / "in" / Path(p).name for p in demo_corpus]
+    (tmp_path / "in").mkdir()
+    for src, dst in zip(demo_corpus, inputs, strict=True):
+        shutil.copyfile(src, dst)
+    whole = inputs[1].read_bytes()
+    inputs[1].write_bytes(whole[: len(whole) // 2])  # a download cut short
+    opts = TokenizeOptions(tokenizer=demo_tokenizer, backend="hf")
+    dest = tmp_path / "out"
+    with pytest.raises(
+        DataError, match=rf"{inputs[1].name}: cannot be read past line \d+ \(EOFError.*truncated or corrupt"
+    ):
+        tokenize([str(p) for p in inputs], dest, opts, processes=processes)
+    assert not dest.exists()
+    dest.mkdir()  # a destination the user made: emptied of this call's output, progress records included
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        tokenize([str(p) for p in inputs], dest, opts, processes=processes)
+    assert sorted(p.name for p in dest.iterdir()) == []
+    inputs[1].write_bytes(whole)  # fixed
+    tokenize([str(p) for p in inputs], dest, opts, processes=processes)
+    clean = tmp_path / "clean"
+    tokenize([str(p) for p in inputs], clean, opts, processes=1)
+    for part in sorted(clean.glob("part-*")) + [clean / "manifest.json"]:
+        assert (dest / part.name).read_bytes() == part.read_bytes(), part.name
+
+
+def test_a_fixed_input_is_redone_and_the_others_reused(demo_tokenizer: str, tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", docs("first text"))
+    b = write_jsonl(tmp_path / "b.jsonl", docs("second text"))
+    dest = tmp_path / "out"
+    tokenize([a, b], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    write_jsonl(tmp_path / "b.jsonl", docs("second text, corrected"))
+    again = tokenize([a, b], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert again.inputs_reused == 1 and again.documents == 2
+
+
+def test_a_different_run_says_what_differs(demo_tokenizer: str, tmp_path: Path) -> None:
+    a = write_jsonl(tmp_path / "a.jsonl", docs("some text"))
+    b = write_jsonl(tmp_path / "b.jsonl", docs("more text"))
+    dest = tmp_path / "out"
+    tokenize([a], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    with pytest.raises(DataError, match=r"different run \(options max_tokens_per_file\)"):
+        tokenize([a], dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=100))
+    with pytest.raises(DataError, match=r"different run \(inputs \(new: \[.*b\.jsonl'\]\)\)"):
+        tokenize([a, b], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+
+
+def test_sample_of_a_truncated_gzip_leaves_no_directory(demo_corpus: list[str], tmp_path: Path) -> None:
+    from olmo_data.sample import sample
+
+    bad = tmp_path / "x.jsonl.gz"
+    data = Path(demo_corpus[0]).read_bytes()
+    bad.write_bytes(data[: len(data) // 3])
+    with pytest.raises(DataError, match=r"x\.jsonl\.gz: cannot be read past line \d+"):
+        sample([str(bad)], tmp_path / "sampled", fraction=0.5)
+    assert not (tmp_path / "sampled").exists()
