@@ -237,12 +237,18 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         force=True,
     )
     save_folder = Path(cfg.save_folder)
+    created = not save_folder.exists()
     if d.is_main:
         save_folder.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(save_folder)
     barrier()
     seed_everything(cfg.seed)
-    data = TrainData(cfg, d)
+    try:
+        data = TrainData(cfg, d)
+    except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
+        if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
+            save_folder.rmdir()
+        raise
     model, inner = build_model(cfg, d)
     optim = build_optimizer(model, cfg.optimizer)
     state = resume(cfg, model, optim, data, d)
@@ -250,6 +256,16 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         save_config(cfg, save_folder / "config.yaml")
     total_steps = data.total_steps()
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps
+    if state.step >= stop_step:  # a finished (or stopped at stop_at) run started again: say so, train nothing
+        log.info(
+            "nothing to train: the run is at step %d, and %s; %s",
+            state.step,
+            f"stop_at is {cfg.stop_at}" if stop_step < total_steps else f"max_duration is {total_steps} steps",
+            "raise max_duration (or stop_at) to train further, or use a new save_folder",
+        )
+        data.close()
+        barrier()
+        return 0
     metrics = MetricsLog(save_folder / "metrics.jsonl", enabled=d.is_main)
     metrics.start(state.step)
     state.wandb_run_id = metrics.start_wandb(cfg, state.wandb_run_id)

@@ -68,13 +68,26 @@ def test_tokens_duration_eval_pruning_and_resolved_config(tmp_path: Path, tokens
     assert saved["max_duration"] == f"{5 * GBS * SEQ - 10}T" and saved["evaluators"][0]["label"] == "heldout"
 
 
-def test_epochs_duration_and_finished_run_is_a_no_op(tmp_path: Path, tokens: str) -> None:
+def test_epochs_duration_and_finished_run_is_a_no_op(
+    tmp_path: Path, tokens: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     cfg = config(tmp_path, tokens, max_duration="2ep", save_interval=100)
     assert main([str(cfg)]) == 0
     assert [r["step"] for r in records(tmp_path)] == list(range(1, 15))  # 30 // 4 = 7 batches per epoch
     assert records(tmp_path)[-1]["train/epoch"] == 1
+    capfd.readouterr()
     assert main([str(cfg)]) == 0  # rerun of a finished run: resumes at the end, trains nothing, duplicates nothing
     assert len(records(tmp_path)) == 14
+    err = capfd.readouterr().err
+    assert "nothing to train: the run is at step 14, and max_duration is 14 steps" in err
+    assert "training steps 15..14" not in err
+
+
+def test_missing_data_leaves_no_save_folder(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, str(tmp_path / "nowhere.npy"))
+    assert main([str(cfg)]) == 2
+    assert "nowhere.npy" in capfd.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_load_path_and_eval_data(tmp_path: Path, tokens: str) -> None:
