@@ -31,6 +31,25 @@ def default_cache_dir() -> str:
     return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
 
 
+def hub_offline_mode() -> bool:
+    """HF_HUB_OFFLINE is set: the hub client then serves what its cache holds, at once, without the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within `timeout` seconds. Asked before loading by hub
+    id: offline, the hub client retries for half a minute, printing a warning each time, before it gives up."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def is_remote(path: str | os.PathLike[str]) -> bool:
     return str(path).startswith(REMOTE_SCHEMES)
 

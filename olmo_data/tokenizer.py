@@ -107,6 +107,13 @@ def _load_hf(spec: str) -> tuple[Any, str, str, str]:
         return _load_hf(os.path.join(spec, "tokenizer.json"))
     if os.path.sep in spec and not spec.count("/") == 1 or spec.endswith(".json"):
         raise DataError(f"{spec}: tokenizer file not found")
+    from olmo_data.io import hub_offline_mode, hub_reachable
+
+    if not hub_offline_mode() and not hub_reachable():
+        raise DataError(
+            f"{spec}: no such tokenizer file or directory here, and the Hugging Face hub cannot be reached to load it "
+            "as a hub id (offline?); check the name, or give a local tokenizer.json path"
+        )
     try:
         hf = HFTokenizer.from_pretrained(spec)
     except Exception as e:

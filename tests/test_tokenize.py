@@ -214,6 +214,15 @@ def test_hub_id_offline_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch, t
         load_tokenizer("missing/tokenizer.json")
 
 
+def test_a_mistyped_name_without_a_reachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: as unreachable as offline
+    start = time.perf_counter()
+    with pytest.raises(DataError, match=r"gpt-neox-20: no such tokenizer file or directory here, and the Hugging Face"):
+        load_tokenizer("gpt-neox-20")
+    assert time.perf_counter() - start < 10  # the hub client alone retries for about 24 s
+
+
 def test_fixed_input_reruns_into_an_existing_directory(demo_tokenizer: str, tmp_path: Path) -> None:
     dest = tmp_path / "out"
     dest.mkdir()
