@@ -297,6 +297,7 @@ class BatchReport:
     rank: int | None
     world_size: int | None
     instances: list[InstanceReport] = field(default_factory=list)
+    run_steps: int | None = None  # steps the config's max_duration trains; a later step was never trained
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -384,6 +385,7 @@ def inspect_batch(
         batch_fingerprint=batch_fingerprint(tokens),
         rank=rank,
         world_size=world_size,
+        run_steps=_run_steps(cfg, gbs, source.sequence_length, pos.batches_per_epoch),
     )
     positions = rank_positions(gbs, rank, world_size) if rank is not None and world_size is not None else np.arange(gbs)
     locations = source.locate_many(indices[positions])
@@ -408,6 +410,21 @@ def inspect_batch(
             )
         )
     return report
+
+
+def _run_steps(cfg: dict[str, Any], gbs: int, sequence_length: int, batches_per_epoch: int) -> int | None:
+    """How many steps the config's run trains (its max_duration), or None when the config does not say."""
+    from olmo_data.stats import duration_steps
+
+    duration = cfg.get("max_duration")
+    if duration is None:
+        return None
+    try:
+        return duration_steps(
+            duration, global_batch_size=gbs, sequence_length=sequence_length, batches_per_epoch=batches_per_epoch
+        )
+    except DataError:
+        return None
 
 
 def _recorded_tokenizer(source: InstanceSource) -> tuple[dict[str, Any], str] | None:
@@ -486,6 +503,11 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         f"data fingerprint: {r.data_fingerprint}",
         f"batch fingerprint: {r.batch_fingerprint}",
     ]
+    if r.run_steps is not None and r.step > r.run_steps:
+        lines.append(
+            f"note: the run trains {r.run_steps} steps (its max_duration), so it never trained step {r.step}: this is "
+            "the batch the order holds for that step, had the run gone on"
+        )
     if r.rank is not None:
         lines.append(
             f"rank {r.rank} of world size {r.world_size}: positions {r.rank}, {r.rank}+{r.world_size}, ... "

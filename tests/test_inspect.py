@@ -512,3 +512,18 @@ def test_load_remote_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_step_past_max_duration_is_flagged(tmp_path: Path, tokens_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    config = write_config(tmp_path, tokens_dir)
+    cfg = yaml.safe_load(Path(config).read_text())
+    Path(config).write_text(yaml.safe_dump({**cfg, "max_duration": 4}))
+    runner = CliRunner()
+    assert runner.invoke(main, ["build-order", config]).exit_code == 0
+    inside = runner.invoke(main, ["inspect-batch", config, "--step", "4"])
+    past = runner.invoke(main, ["inspect-batch", config, "--step", "5"])
+    assert inside.exit_code == past.exit_code == 0, past.output
+    assert "never trained" not in inside.output
+    assert "note: the run trains 4 steps (its max_duration), so it never trained step 5" in past.output
+    assert inspect_batch(config, step=5).run_steps == 4
