@@ -18,6 +18,7 @@ TRAIN_COMMANDS: dict[str, str] = {
     "export-hf": "cli.export_hf:export_hf",
     "import-hf": "cli.import_hf:import_hf",
     "generate": "cli.generate:generate",
+    "verify": "cli.verify:verify",
 }
 
 
@@ -30,7 +31,7 @@ class TrainGroup(LazyGroup):
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def main(verbose: bool) -> None:
     """Move models in and out of training: unshard checkpoints, export to and import from Hugging Face
-    `transformers`, and generate text.
+    `transformers`, generate text, and verify that a checkpoint is intact and safe to load.
 
     Train with `torchrun -m olmo_train CONFIG`; its checkpoints (stepN/, stepN-unsharded/) are what these
     commands read.

@@ -5,7 +5,8 @@
 run in one plain process: no process group and no knowledge of the world size that saved it, so a checkpoint
 written by 64 GPUs is read on a laptop. Sharded tensors are assembled by `torch.distributed.checkpoint` from its
 own metadata, reading only the keys asked for (the model without the optimizer, say), so memory stays near one
-copy of what is read.
+copy of what is read. Files are checked against the checkpoint's checksums.json before they are read, and
+nothing in them is unpickled freely (checkpoint_safety).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import logging
 import os
 import shutil
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,14 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.manifest import read_manifest
-from olmo_train.checkpoint import CONFIG, TRAINER_STATE
+from olmo_train import checkpoint_integrity as integrity
+from olmo_train import checkpoint_safety as safety
+from olmo_train.checkpoint import CONFIG, TRAINER_STATE, check_files
+from olmo_train.checkpoint_safety import DCP_METADATA
 from olmo_train.config import TrainConfig, load_config
 
 MODEL_FILE = "model.pt"
 OPTIM_FILE = "optim.pt"
-DCP_METADATA = ".metadata"
 TOKENIZER_FILE = "tokenizer.json"
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ def checkpoint_kind(path: Path) -> str:
     """Either "sharded" or "unsharded"; anything else is refused with what a checkpoint directory should hold."""
     if not path.is_dir():
         raise DataError(f"{path}: no such checkpoint directory")
+    safety.check_link(path)
     if not (path / TRAINER_STATE).is_file():
         raise DataError(
             f"{path}: not a complete checkpoint (no {TRAINER_STATE}; an interrupted save leaves a .tmp-stepN "
@@ -75,6 +78,7 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
     A tied output head appears under both names, sharing one tensor, as `state_dict()` gives it.
     """
     kind = checkpoint_kind(path)
+    check_files(path, weights_only=True)  # against checksums.json; a sharded one's metadata read safely
     if kind == "unsharded":
         try:
             state = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
@@ -88,14 +92,13 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
 
 def read_sharded(path: Path, key: str) -> dict[str, Any]:
     """One top-level entry ("model" or "optim") of a sharded checkpoint, unsharded into plain CPU tensors, in
-    this process alone."""
+    this process alone. The caller checks the files first (`checkpoint.check_files`)."""
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     try:
-        with warnings.catch_warnings():  # "no process group, loading in a single process": that is the intent
-            warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
-            loaded = _load_state_dict_from_keys({key}, checkpoint_id=str(path))
+        loaded = safety.read_keys(path, {key})
+    except DataError:
+        raise
     except (Exception, CheckpointException) as e:  # DCP wraps read errors in a BaseException
         raise DataError(
             f"{path}: cannot read the sharded checkpoint's {key!r} state ({_cause(e)}); a shard file may be missing "
@@ -156,3 +159,70 @@ def atomic_directory(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def verify_checkpoint(spec: str, *, strict: bool = False) -> str:
+    """Check a checkpoint (a directory or a URL, downloaded as a load would) without loading a model, and return
+    a one-line summary; any problem is a DataError naming the file. Checked: every file against checksums.json
+    (its absence is a warning, or with `strict` an error), a sharded checkpoint's metadata read safely, its shard
+    names inside the directory and every tensor it lists wholly inside an existing shard, and that every
+    `torch.save` file loads as plain data (a static look at its pickle: no tensor is read)."""
+    from olmo_data.io import is_remote
+    from olmo_train.checkpoint import localize, read_trainer_state
+    from olmo_train.distributed import Dist
+
+    path = localize(spec, Dist(0, 1, 0, torch.device("cpu"))) if is_remote(spec) else Path(spec).expanduser()
+    kind = checkpoint_kind(path)
+    if strict and integrity.read_checksums(path) is None:
+        raise DataError(f"{path}: no {integrity.CHECKSUMS}, so its files cannot be checked (--strict)")
+    shards = check_files(path)
+    records = integrity.read_checksums(path)
+    tensors = 0
+    if kind == "sharded":
+        tensors = _check_tensors_stored(path / DCP_METADATA)
+    for pt in sorted(path.glob("*.pt")) + sorted(path.glob("rng/*.pt")):
+        _check_plain(pt)
+    state = read_trainer_state(path)
+    if records is None:
+        checked = f"not checked: no {integrity.CHECKSUMS} (saved before checksums existed)"
+    else:
+        size = sum(r["size"] for r in records.values())
+        checked = f"{len(records)} files ({size / 1e6:.1f} MB) match {integrity.CHECKSUMS}"
+    stored = f"; metadata safe, {tensors} tensors inside {len(shards)} shard files" if kind == "sharded" else ""
+    return f"{path}: {kind} checkpoint of step {state.step}: {checked}{stored}"
+
+
+def _check_tensors_stored(metadata_file: Path) -> int:
+    """Every tensor the metadata lists has each of its chunks stored (offset and length inside a shard file,
+    which `check_files` established), and its chunks cover it; returns the number of tensors."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    metadata = safety.read_metadata(metadata_file)
+    tensors = 0
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, TensorStorageMetadata):
+            if MetadataIndex(fqn) not in metadata.storage_data:
+                raise DataError(f"{metadata_file}: entry {fqn} is listed but stored in no shard file")
+            continue
+        tensors += 1
+        for chunk in entry.chunks:
+            if MetadataIndex(fqn, chunk.offsets) not in metadata.storage_data:
+                raise DataError(f"{metadata_file}: tensor {fqn} has a piece at {list(chunk.offsets)} in no shard file")
+        if sum(chunk.sizes.numel() for chunk in entry.chunks) != entry.size.numel():
+            raise DataError(f"{metadata_file}: the stored pieces of tensor {fqn} do not make up its {list(entry.size)}")
+    return tensors
+
+
+def _check_plain(path: Path) -> None:
+    """A `torch.save` file must load with weights_only=True: its pickle is read statically for the globals it
+    names (an RNG file saved before the state was kept in tensors may name numpy's array classes)."""
+    allowed = {"numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct", "numpy.dtypes.UInt32DType"}
+    try:
+        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception as e:
+        raise DataError(f"{path}: not a file torch.save wrote ({type(e).__name__}: {e})") from e
+    if path.parent.name == "rng":
+        unsafe -= allowed
+    if unsafe:
+        names = ", ".join(sorted(unsafe))
+        raise DataError(f"{path}: refers to {names}, which plain tensors and values do not; refused")

@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from olmo_data.errors import DataError
 from olmo_train.config import ConfigError, TrainConfig
 
 
@@ -138,3 +139,25 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def all_gather_objects(obj: object) -> list[object]:
+    """Every rank's `obj`, in rank order (a list of one without a process group of several)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def raise_together(check: Callable[[], object]) -> None:
+    """Run `check` on every rank and raise the first rank's DataError on all of them: a rank that raised alone
+    would leave the others waiting in the next collective until the timeout."""
+    problem = None
+    try:
+        check()
+    except DataError as e:
+        problem = str(e)
+    found = next((p for p in all_gather_objects(problem) if p), None)
+    if found is not None:
+        raise DataError(found)

@@ -26,6 +26,7 @@ from olmo_data.errors import DataError
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 from olmo_train import checkpoint_files as files
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE, TrainerState
+from olmo_train.checkpoint_integrity import Recorder
 from olmo_train.config import ModelConfig, TrainConfig, save_config
 from olmo_train.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
 from olmo_train.hf_files import (
@@ -265,11 +266,13 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     )
     with files.atomic_directory(dest) as tmp:
         log.info("writing %s", files.MODEL_FILE)
-        torch.save(state, tmp / files.MODEL_FILE)
+        written = Recorder(tmp)  # checksums.json, as the trainer's checkpoints have
+        written.torch_save(state, files.MODEL_FILE)
         save_config(cfg, tmp / CONFIG)
+        written.add_file(CONFIG)
         copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
         for name in copied:
-            shutil.copyfile(source / name, tmp / name)
+            written.copy(source / name, name)
         if "tokenizer.json" not in copied:
             log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
         if check:
@@ -278,6 +281,7 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
             diff = compare_with_transformers(source, model_cfg, state)
             log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
         state_obj = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model_cfg.max_sequence_length)
-        _write_json(tmp / TRAINER_STATE, asdict(state_obj))  # last: marks the checkpoint complete
+        # checksums.json, then trainer_state.json: the last file, it marks the checkpoint complete
+        written.finish(TRAINER_STATE, (json.dumps(asdict(state_obj), indent=2) + "\n").encode())
     log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

@@ -212,6 +212,9 @@ def test_refuses_an_existing_destination(sharded_copy: Path, tmp_path: Path) -> 
 
 def test_refuses_a_missing_shard_file(sharded_copy: Path, tmp_path: Path) -> None:
     (sharded_copy / "__0_0.distcp").unlink()
+    shard = sharded_copy / "__0_0.distcp"
+    refused(sharded_copy, tmp_path / "out", f"{shard}: missing, though checksums.json lists it", via_cli=True)
+    (sharded_copy / "checksums.json").unlink()  # saved before checksums existed: the metadata names it
     refused(sharded_copy, tmp_path / "out", f"{sharded_copy}: shard file __0_0.distcp is missing", via_cli=True)
 
 
@@ -220,16 +223,21 @@ def test_refuses_a_truncated_shard_file(sharded_copy: Path, tmp_path: Path) -> N
     size = shard.stat().st_size
     with shard.open("r+b") as f:
         f.truncate(size - 100)  # only the end: the optimizer state, which --model-only would not even read
+    refused(sharded_copy, tmp_path / "out", f"{shard}: truncated ({size - 100} bytes, checksums.json records {size})")
+    (sharded_copy / "checksums.json").unlink()
     refused(sharded_copy, tmp_path / "out", f"shard file __0_0.distcp is truncated ({size - 100} bytes")
 
 
-def test_a_corrupt_shard_fails_while_writing_and_leaves_nothing(sharded_copy: Path, tmp_path: Path) -> None:
-    """Damage the size check cannot see (bytes overwritten in the optimizer part): the read fails after model.pt
-    was written, and the half-written directory is removed."""
+def test_a_corrupt_shard_is_named_before_anything_is_written(sharded_copy: Path, tmp_path: Path) -> None:
+    """Damage the size check cannot see (bytes overwritten in the optimizer part): refused by checksums.json
+    before anything is written. Without checksums.json (an older checkpoint), the read fails after model.pt was
+    written, and the half-written directory is removed."""
     shard = sharded_copy / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[-300:] = b"\0" * 300
     shard.write_bytes(bytes(data))
+    refused(sharded_copy, tmp_path / "out", f"{shard}: sha256 ")
+    (sharded_copy / "checksums.json").unlink()
     refused(sharded_copy, tmp_path / "out", f"{sharded_copy}: cannot read the sharded checkpoint's 'optim' state")
 
 
