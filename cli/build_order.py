@@ -19,6 +19,10 @@ def build_order(config: str, epochs: int, first_epoch: int, destination: str | N
 
     The order of epoch e is a PCG64(seed + e) shuffle of all instances, stored as headerless uint32, with a
     .json side file recording the data fingerprint; an existing order is kept if it matches the data.
+
+    \b
+    Examples:
+      olmo-data build-order configs/tiny.yaml --epochs 2
     """
     from olmo_data.inspect import read_train_config
     from olmo_data.order import build_config_orders

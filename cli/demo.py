@@ -20,6 +20,10 @@ def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: 
     Creates DESTINATION/documents/*.jsonl.gz, DESTINATION/tokenizer.json and DESTINATION/chat/tulu.jsonl (a
     user asks what each module is for, the assistant answers with its docstring: a sample for `prepare-tulu`);
     needs no network.
+
+    \b
+    Examples:
+      olmo-data demo-data --destination runs/demo
     """
     dest = Path(destination)
     files = make_demo_corpus(dest / "documents", num_shards=shards, max_files=max_files)

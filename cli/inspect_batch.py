@@ -43,6 +43,11 @@ def inspect_batch(
     """Show which instances, tokens and documents a training step of CONFIG's run trained on.
 
     Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics.
+
+    \b
+    Examples:
+      olmo-data inspect-batch runs/tiny/config.yaml --step 40 --decode
+      olmo-data inspect-batch configs/tiny.yaml --step 40 --rank 1 --world-size 2 --json
     """
     from olmo_data.inspect import format_report
     from olmo_data.inspect import inspect_batch as inspect

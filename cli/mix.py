@@ -16,6 +16,10 @@ def mix(spec: str, destination: str) -> None:
     The SPEC format (seed, sequence_length, total_tokens, dtype, sources with name, paths and share or
     tokens) is documented in the README section "Data orders, mixtures and inspecting a batch" and in the
     example configs/mix_example.yaml.
+
+    \b
+    Examples:
+      olmo-data mix configs/mix_example.yaml --destination runs/mix
     """
     from olmo_data.mixture import build_mix, load_spec, mix_report
 

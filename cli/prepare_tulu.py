@@ -58,6 +58,11 @@ def prepare_tulu(
     Only the assistant replies are trained (the README gives each template's exact mask). Point a
     training config's data.paths at DESTINATION (its manifest names the label mask), or at input_ids.npy with
     data.label_mask_paths at label_mask.npy.
+
+    \b
+    Examples:
+      olmo-data prepare-tulu --input runs/demo/chat/tulu.jsonl --tokenizer runs/demo/tokenizer.json \\
+          --seq-len 128 --destination runs/sft-data
     """
     options = ChatOptions(
         tokenizer=tokenizer,

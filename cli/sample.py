@@ -27,6 +27,11 @@ def sample(
     """Sample documents deterministically into dolma-format shards (one per input file, same names).
 
     With --fraction the same documents are kept whatever the machine, file order or process count.
+
+    \b
+    Examples:
+      olmo-data sample --documents runs/demo/documents/*.jsonl.gz --destination runs/sample --fraction 0.1
+      olmo-data sample --documents docs/a.jsonl.gz docs/b.jsonl.gz --destination sampled --every 10
     """
     summary = run_sample(
         documents,

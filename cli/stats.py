@@ -28,7 +28,13 @@ def stats(
     no_lengths: bool,
     as_json: bool,
 ) -> None:
-    """Statistics of token files/directories PATHS, a --mix, or a --config's data, as training will see it."""
+    """Statistics of token files/directories PATHS, a --mix, or a --config's data, as training will see it.
+
+    \b
+    Examples:
+      olmo-data stats --config configs/tiny.yaml
+      olmo-data stats runs/demo/tokens --sequence-length 128 --global-batch-size 16
+    """
     from olmo_data.errors import DataError
     from olmo_data.instances import open_dataset, open_from_config
     from olmo_data.stats import dataset_stats, format_stats

@@ -51,6 +51,11 @@ def tokenize(
 
     Writes DIR/part-*.npy (headerless token arrays), DIR/part-*.csv.gz (start,end,id,src,loc per document) and
     DIR/manifest.json. Output is byte-identical whatever --processes is; a rerun skips finished inputs.
+
+    \b
+    Examples:
+      olmo-data tokenize --documents runs/demo/documents/*.jsonl.gz --tokenizer runs/demo/tokenizer.json \\
+          --destination runs/demo/tokens --processes 2
     """
     options = TokenizeOptions(
         tokenizer=tokenizer,
