@@ -221,10 +221,16 @@ def parquet_file(path: str) -> Iterator[Any]:
         yield pf
 
 
+def json_bytes(obj: Any) -> bytes:
+    """JSON as this project writes it (sorted keys, indented, trailing newline), so equal content gives equal
+    bytes; also for callers that must know the bytes before writing them (to record their checksum)."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write JSON (sorted keys, indented, trailing newline) atomically, so the bytes are reproducible."""
+    """Write `json_bytes(obj)` atomically."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        tmp.write_bytes(json_bytes(obj))
 
 
 def sha256_file(path: str, chunk: int = 1 << 20) -> str:

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
+from olmo_data.io import is_remote, json_bytes
 from olmo_train import checkpoint_integrity as integrity
 from olmo_train import checkpoint_safety as safety
 from olmo_train.config import TrainConfig, save_config
@@ -163,8 +163,9 @@ def _finish(
             records.files.update(cast(dict[str, integrity.Record], part))
         if (tmp / CONFIG).is_file():
             records.add_file(CONFIG)
-        data = (json.dumps(asdict(state), indent=2, sort_keys=True) + "\n").encode()
-        records.finish(TRAINER_STATE, data)  # checksums.json, then the last file: marks the checkpoint complete
+        records.finish(
+            TRAINER_STATE, json_bytes(asdict(state))
+        )  # checksums.json, then the last file: marks the checkpoint complete
         replaced = folder / f"{_REPLACED}{name}"
         if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it,
             # keeping the old copy aside until the new one is in place (restored at start if killed between)

@@ -141,6 +141,13 @@ def recorded_tokenizer(cfg: TrainConfig) -> dict[str, Any] | None:
     return next(iter(found.values()), None)
 
 
+def refuse_existing(dest: Path) -> None:
+    """A conversion never writes over what is there: checked before any work, and again by atomic_directory
+    when it renames its result into place."""
+    if os.path.lexists(dest):
+        raise DataError(f"{dest}: the destination exists; remove it or give another --destination")
+
+
 @contextlib.contextmanager
 def atomic_directory(dest: Path) -> Iterator[Path]:
     """A `.tmp-` sibling to fill; renamed onto `dest` when the block completes, removed when it fails, so a
@@ -173,10 +180,10 @@ def verify_checkpoint(spec: str, *, strict: bool = False) -> str:
 
     path = localize(spec, Dist(0, 1, 0, torch.device("cpu"))) if is_remote(spec) else Path(spec).expanduser()
     kind = checkpoint_kind(path)
-    if strict and integrity.read_checksums(path) is None:
+    records = integrity.read_checksums(path)
+    if strict and records is None:
         raise DataError(f"{path}: no {integrity.CHECKSUMS}, so its files cannot be checked (--strict)")
     shards = check_files(path)
-    records = integrity.read_checksums(path)
     tensors = 0
     if kind == "sharded":
         tensors = _check_tensors_stored(path / DCP_METADATA)

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path
+from olmo_data.io import atomic_path, sha256_file, write_json_atomic
 from olmo_train.checkpoint_safety import confined
 
 CHECKSUMS = "checksums.json"
@@ -54,12 +54,7 @@ def record_of(data: bytes) -> Record:
 
 
 def hash_file(path: Path) -> Record:
-    sha, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            sha.update(block)
-            size += len(block)
-    return {"size": size, "sha256": sha.hexdigest()}
+    return {"size": path.stat().st_size, "sha256": sha256_file(str(path), _CHUNK)}
 
 
 @functools.cache
@@ -201,8 +196,7 @@ class Recorder:
     def finish(self, last: str, data: bytes) -> None:
         """checksums.json, listing `last` too, then `last` itself (written atomically)."""
         self.files[last] = record_of(data)
-        with atomic_path(self.root / CHECKSUMS) as tmp:
-            tmp.write_text(json.dumps({"version": VERSION, "files": self.files}, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(self.root / CHECKSUMS, {"version": VERSION, "files": self.files})
         with atomic_path(self.root / last) as tmp:
             tmp.write_bytes(data)
 

@@ -119,8 +119,7 @@ def shard_path(metadata_file: Path, name: str) -> Path:
     directory. A name with a separator or `..` (or a shard that is a link out of it) is refused: it could make a
     download write, or a load read, outside the checkpoint."""
     directory = metadata_file.parent
-    plain = name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
-    if plain and _inside(directory / name, directory):
+    if "/" not in name and _names_inside(directory, name):
         return directory / name
     raise DataError(f"{metadata_file}: shard name {name!r} is not a file name inside {directory}; refused")
 
@@ -128,11 +127,17 @@ def shard_path(metadata_file: Path, name: str) -> Path:
 def confined(directory: Path, name: str, source: Path | str) -> Path:
     """`directory / name` for a relative name read from `source` (a checksums.json entry such as `rng/rank0.pt`),
     refused by name if it is absolute, climbs out with `..`, or resolves (through links) outside `directory`."""
-    parts = name.split("/")
-    if name and "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts):
-        if _inside(directory / name, directory):
-            return directory / name
+    if _names_inside(directory, name):
+        return directory / name
     raise DataError(f"{source}: file name {name!r} is not a relative path inside {directory}; refused")
+
+
+def _names_inside(directory: Path, name: str) -> bool:
+    """`name` is a relative path of plain parts (no empty, `.` or `..` part, no backslash or NUL) that stays inside
+    `directory` once links are resolved."""
+    parts = name.split("/")
+    plain = "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts)
+    return plain and _inside(directory / name, directory)
 
 
 def _inside(path: Path, directory: Path) -> bool:

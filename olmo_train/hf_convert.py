@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from olmo_data.errors import DataError
+from olmo_data.io import json_bytes
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 from olmo_train import checkpoint_files as files
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE, TrainerState
@@ -50,11 +51,6 @@ def require_transformers(what: str) -> None:
         raise DataError(f"{what} compares with transformers, which is not installed: {INSTALL_HINT}")
 
 
-def _refuse_existing(dest: Path) -> None:
-    if os.path.lexists(dest):
-        raise DataError(f"{dest}: the destination exists; remove it or give another --destination")
-
-
 # ---- export -------------------------------------------------------------------------------------------------
 
 
@@ -75,7 +71,7 @@ def export_hf(
     `check` also compares the exported model with ours block by block (see hf_check).
     """
     source, dest = Path(checkpoint).expanduser(), Path(destination).expanduser()
-    _refuse_existing(dest)
+    files.refuse_existing(dest)
     if dtype not in DTYPES:
         raise DataError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if check:
@@ -247,7 +243,7 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     transformers model directory or hub id; return its path. `check` compares ours with transformers' model of
     the source, block by block."""
     dest = Path(destination).expanduser()
-    _refuse_existing(dest)
+    files.refuse_existing(dest)
     if check:
         require_transformers("--check")
     source = local_model_dir(model)
@@ -282,6 +278,6 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
             log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
         state_obj = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model_cfg.max_sequence_length)
         # checksums.json, then trainer_state.json: the last file, it marks the checkpoint complete
-        written.finish(TRAINER_STATE, (json.dumps(asdict(state_obj), indent=2) + "\n").encode())
+        written.finish(TRAINER_STATE, json_bytes(asdict(state_obj)))
     log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

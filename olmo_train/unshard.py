@@ -16,7 +16,6 @@ own checksums.json, recorded as it is written.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from olmo_train.checkpoint_files import (
     checkpoint_kind,
     config_path,
     read_sharded,
+    refuse_existing,
 )
 from olmo_train.checkpoint_integrity import Recorder
 from olmo_train.checkpoint_safety import DCP_METADATA, check_link, read_metadata
@@ -53,8 +53,7 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
         raise DataError(f"{checkpoint}: already unsharded (it holds {MODEL_FILE}); use it as it is")
     suffix = "-model" if model_only else "-unsharded"
     dest = Path(destination).expanduser() if destination is not None else source.parent / f"{source.name}{suffix}"
-    if os.path.lexists(dest):
-        raise DataError(f"{dest}: the destination exists; remove it or give another --destination")
+    refuse_existing(dest)
     check_files(source)  # refuse a damaged, crafted, missing or truncated file before writing anything
     metadata = read_metadata(source / DCP_METADATA)
     config = _config_or_none(source)
