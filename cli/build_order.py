@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from cli.options import Command
 
-@click.command("build-order")
+
+@click.command("build-order", cls=Command)
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--epochs", default=1, show_default=True, help="How many epochs' orders to build.")
 @click.option("--first-epoch", default=0, show_default=True, help="The first epoch to build (0-based).")

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from cli.options import Command
 from olmo_data.demo import make_demo_chat, make_demo_corpus, train_demo_tokenizer
 
 
-@click.command("demo-data")
+@click.command("demo-data", cls=Command)
 @click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--shards", type=int, default=4, show_default=True, help="Number of .jsonl.gz shards.")
 @click.option("--max-files", type=int, help="Use only the first N standard-library modules.")

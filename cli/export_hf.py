@@ -8,8 +8,10 @@ from pathlib import Path
 
 import click
 
+from cli.options import Command
 
-@click.command("export-hf")
+
+@click.command("export-hf", cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--destination", type=click.Path(path_type=Path), required=True, help="Directory to create.")
 @click.option(
@@ -21,6 +23,7 @@ import click
 )
 @click.option(
     "--tokenizer",
+    "-t",
     default=None,
     help="tokenizer.json to ship [default: the one the run's data manifest records]; its SHA-256 must be the "
     "manifest's unless --force.",

@@ -6,8 +6,10 @@ import time
 
 import click
 
+from cli.options import Command
 
-@click.command("generate")
+
+@click.command("generate", cls=Command)
 @click.argument("checkpoint")
 @click.option("--prompt", "prompts", multiple=True, required=True, help="Text to continue; repeat for a batch.")
 @click.option("--max-steps", type=int, default=64, show_default=True, help="Tokens to generate at most.")

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from cli.options import Command
 
-@click.command("import-hf")
+
+@click.command("import-hf", cls=Command)
 @click.argument("model")
 @click.option("--destination", type=click.Path(path_type=Path), required=True, help="Directory to create.")
 @click.option(
@@ -25,7 +27,7 @@ def import_hf(model: str, destination: Path, check: bool) -> None:
     \b
     Examples:
       olmo-train import-hf allenai/OLMo-2-0425-1B --destination runs/olmo2-1b
-      olmo-data prepare-tulu --input tulu.jsonl --tokenizer runs/olmo2-1b/tokenizer.json --seq-len 4096 \\
+      olmo-data prepare-tulu -d tulu.jsonl -t runs/olmo2-1b/tokenizer.json --sequence-length 4096 \\
           --destination runs/sft-data
       torchrun --nproc-per-node 8 -m olmo_train runs/olmo2-1b/config.yaml --data.paths=[runs/sft-data] \\
           --save_folder=runs/olmo2-1b-sft --max_duration=1000 --global_train_batch_size=64

@@ -6,8 +6,10 @@ import json
 
 import click
 
+from cli.options import Command
 
-@click.command("inspect-batch")
+
+@click.command("inspect-batch", cls=Command)
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--step", type=int, default=None, help="Training step (1-based; step N trains batch N-1).")
 @click.option("--batch-index", type=int, default=None, help="Global batch index (0-based), instead of --step.")
@@ -17,6 +19,7 @@ import click
 @click.option("--decode", is_flag=True, help="Decode each instance to text.")
 @click.option(
     "--tokenizer",
+    "-t",
     default=None,
     help="Tokenizer for --decode (default: the one the manifest records); its sha256 must match the manifest's.",
 )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from cli.options import Command
 
-@click.command("mix")
+
+@click.command("mix", cls=Command)
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--destination", required=True, help="Directory for mix.json and the selected instance ids.")
 def mix(spec: str, destination: str) -> None:

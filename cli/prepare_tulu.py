@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import click
 
-from cli.options import ManyValuesCommand, backend_option, progress_option
+from cli.options import Command, backend_option, progress_option
 from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
 
 
-@click.command("prepare-tulu", cls=ManyValuesCommand)
+@click.command("prepare-tulu", cls=Command)
 @click.option(
-    "--input",
+    "--documents",
+    "-d",
     "inputs",
     multiple=True,
     required=True,
-    metavar="PATH_OR_URL",
-    help="JSON lines or parquet with `messages` (local, glob, s3://, gs://, http(s)://), or a Hugging Face "
+    metavar="PATTERN",
+    help="Chat files: JSON lines or parquet with `messages` (local, glob, s3://, gs://, http(s)://), or a Hugging Face "
     "dataset id where `datasets` is installed. Several may follow one flag.",
 )
-@click.option("--tokenizer", required=True, help="tokenizer.json path, directory, or Hugging Face hub id.")
+@click.option("--tokenizer", "-t", required=True, help="tokenizer.json path, directory, or Hugging Face hub id.")
 @click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--seq-len", type=int, required=True, help="Tokens per instance (the model's sequence length).")
+@click.option("--sequence-length", type=int, required=True, help="Tokens per instance (the model's sequence length).")
 @click.option("--template", type=click.Choice(TEMPLATES), default="olmo", show_default=True, help="Layout.")
 @click.option("--eos-token-id", type=int, default=None, help="Default: the tokenizer's EOS token.")
 @click.option("--pad-token-id", type=int, default=None, help="Default: the tokenizer's pad token, else the EOS id.")
@@ -32,8 +33,8 @@ from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_
     show_default=True,
     help="With --pack: how many open instances a conversation may go into (first fit).",
 )
-@click.option("--skip-bad-rows", is_flag=True, help="Count and skip malformed rows instead of stopping.")
-@click.option("--processes", type=int, default=1, show_default=True, help="Tokenizer processes.")
+@click.option("--skip-bad-documents", is_flag=True, help="Count and skip malformed rows instead of stopping.")
+@click.option("--processes", "-p", type=int, default=1, show_default=True, help="Tokenizer processes.")
 @backend_option
 @click.option("--split", default="train", show_default=True, help="Split, for Hugging Face dataset ids.")
 @progress_option
@@ -41,13 +42,13 @@ def prepare_tulu(
     inputs: tuple[str, ...],
     tokenizer: str,
     destination: str,
-    seq_len: int,
+    sequence_length: int,
     template: str,
     eos_token_id: int | None,
     pad_token_id: int | None,
     pack: bool,
     pack_window: int,
-    skip_bad_rows: bool,
+    skip_bad_documents: bool,
     processes: int,
     backend: str,
     split: str,
@@ -61,19 +62,19 @@ def prepare_tulu(
 
     \b
     Examples:
-      olmo-data prepare-tulu --input runs/demo/chat/tulu.jsonl --tokenizer runs/demo/tokenizer.json \\
-          --seq-len 128 --destination runs/sft-data
+      olmo-data prepare-tulu -d runs/demo/chat/tulu.jsonl -t runs/demo/tokenizer.json \\
+          --sequence-length 128 --destination runs/sft-data
     """
     options = ChatOptions(
         tokenizer=tokenizer,
-        seq_len=seq_len,
+        seq_len=sequence_length,
         template=template,
         backend=backend,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         pack=pack,
         pack_window=pack_window,
-        skip_bad_rows=skip_bad_rows,
+        skip_bad_rows=skip_bad_documents,
         split=split,
     )
     summary = prepare_chat(list(inputs), destination, options, processes=processes, progress=progress)

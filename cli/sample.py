@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from cli.options import ManyValuesCommand, document_options
+from cli.options import Command, document_options
 from olmo_data.sample import sample as run_sample
 
 
-@click.command(cls=ManyValuesCommand)
+@click.command(cls=Command)
 @document_options
 @click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--fraction", type=float, help="Keep each document with this probability (hash of seed and id).")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from cli.options import ManyValuesCommand, backend_option, document_options, progress_option
+from cli.options import Command, backend_option, document_options, progress_option
 from olmo_data.tokenize import DEFAULT_MAX_TOKENS_PER_FILE, TokenizeOptions
 from olmo_data.tokenize import tokenize as run_tokenize
 
 
-@click.command(cls=ManyValuesCommand)
+@click.command(cls=Command)
 @document_options
 @click.option(
     "--tokenizer",

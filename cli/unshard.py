@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from cli.options import Command
 
-@click.command("unshard")
+
+@click.command("unshard", cls=Command)
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--destination",

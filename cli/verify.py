@@ -6,8 +6,10 @@ import sys
 
 import click
 
+from cli.options import Command
 
-@click.command("verify")
+
+@click.command("verify", cls=Command)
 @click.argument("checkpoint")
 @click.option(
     "--strict",

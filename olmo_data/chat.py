@@ -262,7 +262,7 @@ def encode_conversations(
 # ------------------------------------------------------------------------------------------------------------
 # Reading rows (main process) and parsing them (worker processes)
 
-BAD_ROW_HINT = " (use --skip-bad-rows to count and skip such rows)"
+BAD_ROW_HINT = " (use --skip-bad-documents to count and skip such rows)"
 
 
 @dataclass
@@ -604,7 +604,7 @@ def _check_options(options: ChatOptions, processes: int) -> None:
     if options.template not in TEMPLATES:
         raise DataError(f"unknown template {options.template!r}; expected one of {', '.join(TEMPLATES)}")
     if options.seq_len < 1:
-        raise DataError(f"--seq-len must be a positive number of tokens, got {options.seq_len}")
+        raise DataError(f"--sequence-length must be a positive number of tokens, got {options.seq_len}")
     if options.pack_window < 1:
         raise DataError(f"--pack-window must be at least 1, got {options.pack_window}")
     if processes < 1:
@@ -621,7 +621,7 @@ def _expand_inputs(inputs: Sequence[str]) -> list[str]:
             file_format(path)  # an unsupported file type is an error before any work
             out.append(path)
     if not out:
-        raise DataError("no input given; pass --input FILE (JSON lines or parquet) at least once")
+        raise DataError("no input given; pass --documents FILE (JSON lines or parquet) at least once")
     return list(dict.fromkeys(out))
 
 
@@ -689,8 +689,8 @@ def prepare_chat(
                 raise DataError(
                     f"no conversation left to write: read {counts.read}, dropped "
                     f"{counts.dropped[DROP_NO_ASSISTANT]} without an assistant message and "
-                    f"{counts.dropped[DROP_TRUNCATED]} with nothing trained within --seq-len "
-                    f"{options.seq_len}, {counts.bad_rows} bad rows skipped; check the inputs and --seq-len"
+                    f"{counts.dropped[DROP_TRUNCATED]} with nothing trained within --sequence-length "
+                    f"{options.seq_len}, {counts.bad_rows} bad rows skipped; check the inputs and --sequence-length"
                 )
             (dest / MANIFEST_NAME).unlink(missing_ok=True)  # a stale manifest must never describe new files
     except BaseException:

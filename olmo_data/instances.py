@@ -444,7 +444,7 @@ def _files_for(
             raise DataError(
                 f"{entry.path}: this chat data was prepared as instances of {entry.instance_length} tokens, but "
                 f"the sequence length is {sequence_length}; set model.max_sequence_length to "
-                f"{entry.instance_length}, or re-run prepare-tulu with --seq-len {sequence_length}"
+                f"{entry.instance_length}, or re-run prepare-tulu with --sequence-length {sequence_length}"
             )
     if label_mask_paths:
         masks = [str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)]

@@ -67,8 +67,8 @@ PY
 
 step "11. import it back and fine-tune it on chat data (prepare-tulu: only the assistant's tokens train)"
 olmo-train import-hf "$OUT/hf" --destination "$OUT/imported"
-olmo-data prepare-tulu --input "$OUT/data/chat/tulu.jsonl" --tokenizer "$OUT/imported/tokenizer.json" \
-  --seq-len 128 --destination "$OUT/sft-data"
+olmo-data prepare-tulu --documents "$OUT/data/chat/tulu.jsonl" --tokenizer "$OUT/imported/tokenizer.json" \
+  --sequence-length 128 --destination "$OUT/sft-data"
 torchrun --standalone --nproc-per-node "$NPROC" -m olmo_train "$OUT/imported/config.yaml" \
   "--data.paths=[$OUT/sft-data]" "--save_folder=$OUT/sft" --max_duration=20 --global_train_batch_size=16 \
   --device_train_microbatch_size=8 --save_interval=20 --console_log_interval=5 --optimizer.learning_rate=1e-3

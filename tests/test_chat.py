@@ -455,7 +455,7 @@ BAD_ROWS = [
 def test_bad_rows_name_file_and_line(demo_tokenizer: str, tmp_path: Path, row: Any, message: str) -> None:
     good = {"messages": MULTI_TURN}
     src = write_jsonl(tmp_path / "in.jsonl", [good, good, row, good])
-    with pytest.raises(DataError, match=rf"in\.jsonl:3: {message}.*use --skip-bad-rows"):
+    with pytest.raises(DataError, match=rf"in\.jsonl:3: {message}.*use --skip-bad-documents"):
         prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=64))
     summary = prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=64, skip_bad_rows=True))
     assert (summary.read, summary.written, summary.bad_rows) == (3, 3, 1)
@@ -558,7 +558,7 @@ def test_a_tokenizer_without_eos_needs_eos_token_id(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"seq_len": 0}, "--seq-len must be a positive number of tokens, got 0"),
+        ({"seq_len": 0}, "--sequence-length must be a positive number of tokens, got 0"),
         ({"seq_len": 8, "pack_window": 0}, "--pack-window must be at least 1, got 0"),
         ({"seq_len": 8, "eos_token_id": -3}, "--eos-token-id -3 is not a valid token id"),
     ],

@@ -212,6 +212,11 @@ def test_mix_through_config_order_and_inspect(tmp_path: Path, sources: dict[str,
             assert inst.token_ids[0] == 2_000_000 + int(code_ids[inst.instance - 75]) * SEQ
     manifest = json.loads((tmp_path / "mix" / "mix.json").read_text())
     assert manifest["totals"] == {"instances": 94, "tokens": 94 * SEQ}
+    # stats of a mix takes the sequence length the mix was cut at
+    res = CliRunner().invoke(main, ["stats", "--mix", str(tmp_path / "mix"), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["num_instances"] == 94 and got["sequence_length"] == SEQ
 
 
 def test_label_masks_through_a_mix(tmp_path: Path, sources: dict[str, list[str]]) -> None:

@@ -26,8 +26,8 @@ def write_input(path: Path, extra: list[str] | None = None) -> str:
 def test_prepare_tulu_writes_padded_instances_and_reports(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_input(tmp_path / "chat.jsonl")
     dest = tmp_path / "sft"
-    args = ["prepare-tulu", "--input", src, "--tokenizer", demo_tokenizer, "--destination", str(dest)]
-    result = CliRunner().invoke(main, [*args, "--seq-len", "32", "--no-progress"])
+    args = ["prepare-tulu", "--documents", src, "--tokenizer", demo_tokenizer, "--destination", str(dest)]
+    result = CliRunner().invoke(main, [*args, "--sequence-length", "32", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "read 3 conversations, wrote 2 into 2 instances of 32 tokens" in result.output
     assert "dropped 1 (1 no assistant message)" in result.output
@@ -42,8 +42,8 @@ def test_prepare_tulu_writes_padded_instances_and_reports(demo_tokenizer: str, t
 
 def test_prepare_tulu_pack_and_tulu_template(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_input(tmp_path / "chat.jsonl")
-    args = ["prepare-tulu", "--input", src, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
-    result = CliRunner().invoke(main, [*args, "--seq-len", "64", "--pack", "--template", "tulu"])
+    args = ["prepare-tulu", "--documents", src, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, [*args, "--sequence-length", "64", "--pack", "--template", "tulu"])
     assert result.exit_code == 0, result.output
     assert "wrote 2 into 1 packed instances of 64 tokens" in result.output and "template tulu" in result.output
     meta = [json.loads(line) for line in (tmp_path / "o" / "metadata.jsonl").read_text().splitlines()]
@@ -53,13 +53,13 @@ def test_prepare_tulu_pack_and_tulu_template(demo_tokenizer: str, tmp_path: Path
 
 def test_prepare_tulu_bad_row_is_an_error_unless_skipped(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_input(tmp_path / "chat.jsonl", ['{"messages": [{"role": "tool", "content": "x"}]}'])
-    base = ["prepare-tulu", "--input", src, "--tokenizer", demo_tokenizer, "--seq-len", "32"]
+    base = ["prepare-tulu", "--documents", src, "--tokenizer", demo_tokenizer, "--sequence-length", "32"]
     result = CliRunner().invoke(main, [*base, "--destination", str(tmp_path / "a")])
     assert result.exit_code == 2
     assert "chat.jsonl:4: message 1 has role 'tool'; expected one of system, user, assistant" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "a").exists()
 
-    result = CliRunner().invoke(main, [*base, "--destination", str(tmp_path / "b"), "--skip-bad-rows"])
+    result = CliRunner().invoke(main, [*base, "--destination", str(tmp_path / "b"), "--skip-bad-documents"])
     assert result.exit_code == 0, result.output
     assert "1 bad rows skipped" in result.output
     assert "bad row: " in result.output and "chat.jsonl:4: message 1 has role 'tool'" in result.output
@@ -67,9 +67,9 @@ def test_prepare_tulu_bad_row_is_an_error_unless_skipped(demo_tokenizer: str, tm
 
 def test_prepare_tulu_requires_seq_len(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_input(tmp_path / "chat.jsonl")
-    args = ["prepare-tulu", "--input", src, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
+    args = ["prepare-tulu", "--documents", src, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "Missing option '--seq-len'" in result.output
+    assert result.exit_code == 2 and "Missing option '--sequence-length'" in result.output
 
 
 def test_demo_chat_sample_prepares_with_every_conversation_trained(demo_tokenizer: str, tmp_path: Path) -> None:
@@ -86,8 +86,8 @@ def test_demo_chat_sample_prepares_with_every_conversation_trained(demo_tokenize
         user, assistant = row["messages"]
         assert user["role"] == "user" and f"`{row['id']}`" in user["content"]
         assert assistant["role"] == "assistant" and assistant["content"].strip()
-    args = ["prepare-tulu", "--input", path, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "sft")]
-    result = CliRunner().invoke(main, [*args, "--seq-len", "128", "--no-progress"])
+    args = ["prepare-tulu", "--documents", path, "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "sft")]
+    result = CliRunner().invoke(main, [*args, "--sequence-length", "128", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert f"read {len(rows)} conversations, wrote {len(rows)} into {len(rows)} instances" in result.output
 
@@ -99,8 +99,8 @@ def test_prepare_tulu_names_a_truncated_gzip_and_leaves_nothing(demo_tokenizer: 
     data = gzip.compress(("\n".join(rows) + "\n").encode())
     src = tmp_path / "chat.jsonl.gz"
     src.write_bytes(data[: len(data) // 2])
-    args = ["prepare-tulu", "--input", str(src), "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
-    result = CliRunner().invoke(main, [*args, "--seq-len", "32", "--no-progress"])
+    args = ["prepare-tulu", "--documents", str(src), "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, [*args, "--sequence-length", "32", "--no-progress"])
     assert result.exit_code == 2
     assert "chat.jsonl.gz: cannot be read past line" in result.output and "truncated or corrupt" in result.output
     assert not (tmp_path / "o").exists()

@@ -104,8 +104,8 @@ def test_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             }
         )
     )
-    res = CliRunner().invoke(main, ["stats", "--config", str(cfg)])
+    res = CliRunner().invoke(main, ["stats", str(cfg)])
     assert res.exit_code == 0, res.output
     assert "5 steps = 1.000 epochs" in res.output
     res = CliRunner().invoke(main, ["stats", d])
-    assert res.exit_code == 2 and "--sequence-length is required without --config" in res.output
+    assert res.exit_code == 2 and "--sequence-length is required without a CONFIG" in res.output
