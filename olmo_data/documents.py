@@ -8,6 +8,7 @@ caller asks to skip bad documents, in which case they are counted in a `BadDocum
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections.abc import Iterator
@@ -45,6 +46,25 @@ class BadDocuments:
             self.examples.append(message)
 
 
+class ReadPosition:
+    """How many of its file's own bytes (compressed, where it is) a reader has consumed, for progress bars that
+    know the input sizes. Known for local plain and gzip files; elsewhere `bytes()` is None and callers credit the
+    file when it is done."""
+
+    def __init__(self) -> None:
+        self._raw: IO[bytes] | None = None
+
+    def attach(self, f: IO[Any]) -> None:
+        raw = f.fileobj if isinstance(f, gzip.GzipFile) else f  # type: ignore[attr-defined]
+        self._raw = raw if hasattr(raw, "fileno") and hasattr(raw, "tell") else None
+
+    def bytes(self) -> int | None:
+        try:
+            return None if self._raw is None else int(self._raw.tell())
+        except (OSError, ValueError):  # closed, or not seekable after all
+            return None
+
+
 def file_format(path: str) -> str:
     """'jsonl' or 'parquet', from the file name (a compression suffix is looked through)."""
     name = path.rsplit("/", 1)[-1].split("?", 1)[0].lower()
@@ -68,14 +88,16 @@ def read_documents(
     id_field: str = "id",
     bad: BadDocuments | None = None,
     keep_raw: bool = False,
+    position: ReadPosition | None = None,
 ) -> Iterator[Document]:
     """Yield the documents of one file in file order.
 
     With `bad` given, bad documents are counted there and skipped; without it the first one raises `DataError`.
+    With `position` given, it follows how far into the file the reading is.
     """
     fmt = file_format(path)
     if fmt == "jsonl":
-        yield from _read_jsonl(path, text_field, id_field, bad, keep_raw)
+        yield from _read_jsonl(path, text_field, id_field, bad, keep_raw, position)
     else:
         yield from _read_parquet(path, text_field, id_field, bad)
 
@@ -87,10 +109,12 @@ def _fail(message: str, bad: BadDocuments | None) -> None:
 
 
 def _read_jsonl(
-    path: str, text_field: str, id_field: str, bad: BadDocuments | None, keep_raw: bool
+    path: str, text_field: str, id_field: str, bad: BadDocuments | None, keep_raw: bool, position: ReadPosition | None
 ) -> Iterator[Document]:
     default_id = os.path.basename(path)
     with open_file(path, "rb") as f:
+        if position is not None:
+            position.attach(f)
         for lineno, raw in numbered_lines(f, path):
             if not raw.strip():
                 continue

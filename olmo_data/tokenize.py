@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data import __version__
-from olmo_data.documents import BadDocuments, Document, read_documents
+from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.io import expand_patterns, file_size, gzip_text_writer, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES, MANIFEST_NAME, MANIFEST_VERSION, smallest_dtype
@@ -274,6 +274,16 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     docs: list[Document] = []
     texts: list[str] = []
     chars = 0
+    position = ReadPosition()
+    reported = 0  # input bytes reported to the progress bar so far
+
+    def report(docs_done: int, tokens: int, chars: int, end: bool = False) -> None:
+        nonlocal reported
+        if progress is None:
+            return
+        now = size if end else min(position.bytes() or reported, size)
+        progress.put((index, docs_done, tokens, chars, now - reported))
+        reported = now
 
     def flush() -> None:
         nonlocal chars
@@ -288,14 +298,14 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
         writer.write(flat.astype(resolved.dtype, copy=False), lengths, docs, path)
         result.documents += len(docs)
         result.tokens += int(flat.size)
-        if progress is not None:
-            progress.put((len(docs), int(flat.size), chars))
+        report(len(docs), int(flat.size), chars)
         docs.clear()
         texts.clear()
         chars = 0
 
     try:
-        for doc in read_documents(path, text_field=opts.text_field, id_field=opts.id_field, bad=bad):
+        read = read_documents(path, text_field=opts.text_field, id_field=opts.id_field, bad=bad, position=position)
+        for doc in read:
             text = doc.text.strip()
             if not text:
                 result.skipped_empty += 1
@@ -308,6 +318,7 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
         if docs:
             flush()
         writer.close_part()
+        report(0, 0, 0, end=True)  # the whole file is done, whatever the position could tell
     except BaseException:
         writer.abort()
         for part in writer.parts:  # parts of an unfinished input are not reusable
@@ -367,7 +378,9 @@ def tokenize(
     reused = len(results)
     written_now: list[int] = []
     try:
-        for result in _run_tasks(todo, resolved, tok, processes, progress, len(inputs), reused):
+        sizes = [int(inp["size"]) for inp in inputs]
+        total, reused_bytes = sum(sizes), sum(sizes[i] for i in results)
+        for result in _run_tasks(todo, resolved, tok, processes, progress, len(inputs), reused, total, reused_bytes):
             write_json_atomic(progress_dir / f"{result.index:05d}.json", asdict(result))
             results[result.index] = result
             written_now.append(result.index)
@@ -493,38 +506,71 @@ def _run_tasks(
     show_progress: bool | None,
     n_inputs: int,
     reused: int,
+    total_bytes: int,
+    reused_bytes: int,
 ) -> Any:
-    """Yield InputResults as inputs finish, with a progress bar fed by the workers."""
+    """Yield InputResults as inputs finish, with a progress bar fed by the workers.
+
+    The bar counts input bytes (compressed, as on disk), which are known before any work starts, so it shows the
+    percentage done and an ETA; it stays on screen when the work ends, as the record of what was done.
+    """
     from tqdm import tqdm
 
     bar = tqdm(
-        desc="tokenize", unit=" docs", disable=(None if show_progress is None else not show_progress), leave=False
+        desc="tokenize",
+        total=total_bytes,
+        initial=reused_bytes,
+        unit="B",
+        unit_scale=True,
+        disable=(None if show_progress is None else not show_progress),
+        leave=True,
     )
-    tokens = 0
-    chars = 0
+    docs = tokens = chars = 0
     t0 = time.perf_counter()
     files_done = reused
+    shown: dict[int, list[int]] = {}  # per input: [docs, tokens, bytes] the bar has counted so far
+    finished: set[int] = set()
 
-    def update(msg: tuple[int, int, int]) -> None:
-        nonlocal tokens, chars
-        tokens += msg[1]
-        chars += msg[2]
+    def show(refresh: bool = False) -> None:
         dt = max(time.perf_counter() - t0, 1e-9)
         bar.set_postfix_str(
-            f"files {files_done}/{n_inputs}, {tokens / 1e6:.1f}M tokens, {chars / dt / 1e6:.1f} MB/s", refresh=False
+            f"files {files_done}/{n_inputs}, {docs:,} docs, {tokens / 1e6:.1f}M tokens, "
+            f"{chars / dt / 1e6:.1f} MB/s of text",
+            refresh=refresh,
         )
-        bar.update(msg[0])
+
+    def update(msg: tuple[int, int, int, int, int]) -> None:
+        nonlocal docs, tokens, chars
+        index, n_docs, n_tokens, n_chars, n_bytes = msg
+        if index in finished:  # a late message of an input already counted in full
+            return
+        counted = shown.setdefault(index, [0, 0, 0])
+        counted[0] += n_docs
+        counted[1] += n_tokens
+        counted[2] += n_bytes
+        docs, tokens, chars = docs + n_docs, tokens + n_tokens, chars + n_chars
+        show()
+        bar.update(n_bytes)
+
+    def finish(result: InputResult) -> InputResult:
+        """A finished input counts in full, whatever of its progress messages are still on their way."""
+        nonlocal files_done
+        counted = shown.pop(result.index, [0, 0, 0])
+        update((result.index, result.documents - counted[0], result.tokens - counted[1], 0, result.size - counted[2]))
+        finished.add(result.index)
+        files_done += 1
+        show(refresh=True)
+        return result
 
     try:
         if processes == 1 or len(todo) <= 1:
-            local_q: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+            local_q: queue.SimpleQueue[tuple[int, int, int, int, int]] = queue.SimpleQueue()
             _init_worker(resolved, tok, local_q, processes)
             for task in todo:
                 result = _tokenize_input(task)
                 while not local_q.empty():
                     update(local_q.get())
-                files_done += 1
-                yield result
+                yield finish(result)
             return
         # inputs are independent: largest first, so the last worker to finish is not stuck with a big file
         todo = sorted(todo, key=lambda t: -t[2])
@@ -539,17 +585,16 @@ def _run_tasks(
             remaining = len(todo)
             while remaining:
                 try:
-                    finished: InputResult | None = pending.next(timeout=0.2)
+                    done: InputResult | None = pending.next(timeout=0.2)
                 except mp.TimeoutError:
-                    finished = None
+                    done = None
                 while True:
                     try:
                         update(progress_q.get_nowait())
                     except queue.Empty:
                         break
-                if finished is not None:
+                if done is not None:
                     remaining -= 1
-                    files_done += 1
-                    yield finished
+                    yield finish(done)
     finally:
         bar.close()

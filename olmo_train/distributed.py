@@ -161,3 +161,22 @@ def raise_together(check: Callable[[], object]) -> None:
     found = next((p for p in all_gather_objects(problem) if p), None)
     if found is not None:
         raise DataError(found)
+
+
+def tell_launcher(message: str) -> None:
+    """Hand `message` to torchrun as this process's error, so that the failure summary torchrun prints after a
+    worker fails ends with our one line instead of a link to its docs.
+
+    torchrun gives each worker an error file (TORCHELASTIC_ERROR_FILE) and shows a string message found there as
+    the root cause; without the file it prints "To enable traceback see: ...", which hides the real error under
+    thirty lines of launcher traceback. Outside torchrun there is no file and nothing to do.
+    """
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        with open(path, "w") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)

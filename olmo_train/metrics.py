@@ -103,8 +103,10 @@ class MetricsLog:
             self._wandb = None
 
 
-def console_line(record: dict[str, Any], total_steps: int) -> str:
-    parts = [f"step {record['step']}/{total_steps}", f"loss {record['train/loss']:.4f}"]
+def console_line(record: dict[str, Any], total_steps: int, eta_s: float | None = None) -> str:
+    """One log line per console_log_interval steps: where the run is, how it trains, and when it will be done."""
+    done = f"{100 * record['step'] / total_steps:.0f}%" if total_steps else "?"
+    parts = [f"step {record['step']}/{total_steps} ({done})", f"loss {record['train/loss']:.4f}"]
     parts.append(f"lr {record['optim/lr']:.3g}")
     if "optim/grad_norm" in record:
         parts.append(f"gnorm {record['optim/grad_norm']:.3f}")
@@ -112,7 +114,19 @@ def console_line(record: dict[str, Any], total_steps: int) -> str:
     if "throughput/mfu" in record:
         parts.append(f"mfu {100 * record['throughput/mfu']:.1f}%")
     parts.append(f"tokens {record['train/tokens_seen']:,}")
+    if eta_s is not None:
+        parts.append(f"eta {format_duration(eta_s)}")
     for key, value in record.items():
         if key.startswith("eval/") and isinstance(value, float) and math.isfinite(value):
             parts.append(f"{key} {value:.4f}")
     return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """12s, 4m05s, 3h07m: short enough for a log line, precise enough to plan by."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -36,6 +36,7 @@ from olmo_train.distributed import (
     init_distributed,
     parallelize,
     shutdown,
+    tell_launcher,
 )
 from olmo_train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.model import Transformer
@@ -293,6 +294,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         last_saved = {"sharded": state.step, "unsharded": -1}
         model.train()
         preempted = False
+        first_step, t_start = state.step + 1, time.perf_counter()
         while state.step < stop_step:
             step = state.step + 1
             t0 = time.perf_counter()
@@ -325,7 +327,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
                 record.update(evaluate(model, cfg, d, eval_cache))
             metrics.write(record)
             if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
-                log.info(console_line(record, total_steps))
+                per_step = (time.perf_counter() - t_start) / (step - first_step + 1)  # saves and evals included
+                log.info(console_line(record, total_steps, eta_s=per_step * (stop_step - step)))
             if cfg.save_interval and step % cfg.save_interval == 0:
                 save("sharded", cfg, model, optim, state, d)
                 last_saved["sharded"] = step
@@ -364,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(config_path, overrides)
         return train(cfg)
-    except DataError as e:
+    except DataError as e:  # bad input: one line (from the first rank), repeated in torchrun's failure summary
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
+        tell_launcher(f"error: {e}")  # every rank: an error only one rank met still reaches the user
         return 2

@@ -299,3 +299,26 @@ def test_sample_of_a_truncated_gzip_leaves_no_directory(demo_corpus: list[str], 
     with pytest.raises(DataError, match=r"x\.jsonl\.gz: cannot be read past line \d+"):
         sample([str(bad)], tmp_path / "sampled", fraction=0.5)
     assert not (tmp_path / "sampled").exists()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_progress_bar_counts_input_bytes_to_100_percent_and_stays(
+    demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], processes: int
+) -> None:
+    tokenize(demo_corpus, tmp_path / "o", TokenizeOptions(tokenizer=demo_tokenizer), processes=processes, progress=True)
+    err = capsys.readouterr().err
+    last = err.split("\r")[-1]  # the bar's final frame, left on screen (a cleared bar ends with an empty frame)
+    total = sum(os.path.getsize(p) for p in demo_corpus)
+    assert last.startswith("tokenize: 100%") and last.endswith("\n"), repr(err[-300:])
+    assert f"files {len(demo_corpus)}/{len(demo_corpus)}" in last, last
+    assert f"/{total / 1e6:.2f}M " in last or f"/{total / 1e3:.0f}k " in last, (last, total)
+
+
+def test_read_position_follows_a_gzip_file(tmp_path: Path) -> None:
+    from olmo_data.documents import ReadPosition
+
+    path = write_jsonl(tmp_path / "a.jsonl.gz", docs(*[f"document {i} " * 50 for i in range(2000)]))
+    position = ReadPosition()
+    seen = [position.bytes() for _ in read_documents(path, position=position)]
+    assert seen[0] is not None and 0 < seen[0] < seen[-1] <= os.path.getsize(path)
+    assert seen == sorted(seen)  # it only moves forward

@@ -230,3 +230,26 @@ def test_sigterm_saves_and_exits_cleanly(data: list[str], tmp_path: Path) -> Non
     last = metrics(run)[-1]["step"]
     state = json.loads((run / "latest" / "trainer_state.json").read_text())
     assert state["step"] == last and state["tokens_seen"] == last * GBS * SEQ
+
+
+@pytest.mark.slow
+def test_a_config_error_under_torchrun_comes_first_once_and_ends_the_summary(tmp_path: Path) -> None:
+    """Bad input under torchrun: the first line is our error (from rank 0 only), the launcher's failure summary
+    repeats it as each rank's cause instead of pointing at its docs, and the exit status is non-zero."""
+    config = tiny_config(tmp_path, [str(tmp_path / "missing.npy")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "olmo_train"]
+        + [str(config)],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    message = f"error: {tmp_path / 'missing.npy'}: token file not found; check data.paths"
+    assert lines[0] == message, proc.stderr
+    assert sum(x == message for x in lines) == 1  # printed by one rank, not by each
+    assert sum(x.strip() == f"traceback : {message}" for x in lines) == 2  # the summary's cause, per rank
+    assert "To enable traceback" not in proc.stderr

@@ -4,6 +4,7 @@ checkpoints, the resolved config, bad checkpoints, and wandb (offline) keeping i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,21 @@ def test_epochs_duration_and_finished_run_is_a_no_op(
     err = capfd.readouterr().err
     assert "nothing to train: the run is at step 14, and max_duration is 14 steps" in err
     assert "training steps 15..14" not in err
+
+
+def test_console_lines_say_percent_done_and_eta(tmp_path: Path, tokens: str, capfd: pytest.CaptureFixture[str]) -> None:
+    cfg = config(tmp_path, tokens, max_duration=4, console_log_interval=2)
+    assert main([str(cfg)]) == 0
+    lines = [x for x in capfd.readouterr().err.splitlines() if "| loss " in x]
+    assert len(lines) == 2
+    assert "step 2/4 (50%)" in lines[0] and re.search(r"\| eta \d+s", lines[0])
+    assert "step 4/4 (100%)" in lines[1] and "| eta 0s" in lines[1]
+
+
+def test_format_duration() -> None:
+    from olmo_train.metrics import format_duration
+
+    assert [format_duration(x) for x in (0.4, 59.6, 245, 3599, 11220)] == ["0s", "1m00s", "4m05s", "59m59s", "3h07m"]
 
 
 def test_missing_data_leaves_no_save_folder(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
