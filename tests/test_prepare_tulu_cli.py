@@ -99,7 +99,15 @@ def test_prepare_tulu_names_a_truncated_gzip_and_leaves_nothing(demo_tokenizer: 
     data = gzip.compress(("\n".join(rows) + "\n").encode())
     src = tmp_path / "chat.jsonl.gz"
     src.write_bytes(data[: len(data) // 2])
-    args = ["prepare-tulu", "--documents", str(src), "--tokenizer", demo_tokenizer, "--destination", str(tmp_path / "o")]
+    args = [
+        "prepare-tulu",
+        "--documents",
+        str(src),
+        "--tokenizer",
+        demo_tokenizer,
+        "--destination",
+        str(tmp_path / "o"),
+    ]
     result = CliRunner().invoke(main, [*args, "--sequence-length", "32", "--no-progress"])
     assert result.exit_code == 2
     assert "chat.jsonl.gz: cannot be read past line" in result.output and "truncated or corrupt" in result.output
