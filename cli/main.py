@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "build-order": "cli.build_order:build_order",
     "mix": "cli.mix:mix",
     "inspect-batch": "cli.inspect_batch:inspect_batch",
+    "trace": "cli.trace:trace",
     "stats": "cli.stats:stats",
     "prepare-tulu": "cli.prepare_tulu:prepare_tulu",
 }

@@ -306,6 +306,20 @@ class InstanceSource:
             out[here] = local + self.file_offsets[self._source_file_ranges[s][0]]
         return out
 
+    def dataset_indices_of(self, base: int) -> list[int]:
+        """The reverse of `base_indices`: the dataset indices whose instance is `base` (in the concatenation of
+        all files). Without a mix, just `base`; through a mix, none when its source down-sampled it away and
+        several when the source repeats it."""
+        if self.mix is None:
+            return [int(base)]
+        out: list[int] = []
+        for s, (f_lo, f_hi) in enumerate(self._source_file_ranges):
+            lo, hi = int(self.file_offsets[f_lo]), int(self.file_offsets[f_hi])
+            if lo <= base < hi:
+                picked = np.flatnonzero(np.asarray(self._selections[s]) == base - lo)
+                out.extend((picked + int(self._selection_offsets[s])).tolist())
+        return out
+
     def locate_many(self, indices: npt.ArrayLike) -> list[InstanceLocation]:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         base = self.base_indices(idx)

@@ -1,0 +1,101 @@
+"""`olmo-data trace`: which training steps saw a document, a source file's documents, or a passage."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from cli.options import Command, progress_option
+
+
+@click.command("trace", cls=Command)
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--document", "document_ids", multiple=True, metavar="ID", help="A document id; repeat for several.")
+@click.option(
+    "--document-list", type=click.Path(dir_okay=False), default=None, help="A file of document ids, one per line."
+)
+@click.option("--source", "source_glob", default=None, metavar="GLOB", help="Every document of these source files.")
+@click.option("--text", default=None, help="A passage: its tokens are searched for in the token files.")
+@click.option("--tokens", default=None, metavar="ID,ID,...", help="A token id sequence to search for.")
+@click.option("--tokenizer", "-t", default=None, help="Tokenizer for --text (default: the one the manifest records).")
+@click.option("--steps", default=None, metavar="A..B", help="Steps to look at (1-based) [default: the whole run].")
+@click.option("--world-size", type=int, default=None, help="Also say which rank trained each place.")
+@click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
+@click.option("--processes", "-p", type=int, default=1, show_default=True, help="Processes for the --text scan.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@progress_option
+def trace(
+    config: str,
+    document_ids: tuple[str, ...],
+    document_list: str | None,
+    source_glob: str | None,
+    text: str | None,
+    tokens: str | None,
+    tokenizer: str | None,
+    steps: str | None,
+    world_size: int | None,
+    order: str | None,
+    processes: int,
+    as_json: bool,
+    progress: bool | None,
+) -> None:
+    """The reverse of inspect-batch: every step of CONFIG's run that trained on a token of the given documents
+    (by id, or every document of some source files) or of a passage (by text or token ids), with the position in
+    the global batch, the rank, the instance, and which tokens of the document and of the instance.
+
+    Works for any run config, this project's or OLMo's (with data.order_path at its published order); through
+    mixtures (a repeated source is found at each repetition); on SFT data it also counts the supervised tokens.
+
+    \b
+    Examples:
+      olmo-data trace runs/tiny/config.yaml --document stdlib-0000.jsonl.gz:12
+      olmo-data trace configs/tiny.yaml --source '*/json/*' --steps 1..50 --world-size 2 --json
+      olmo-data trace configs/tiny.yaml --text "def __init__(self" --processes 2
+    """
+    from pathlib import Path
+
+    from olmo_data.errors import DataError
+    from olmo_data.trace import find_documents, find_tokens, format_trace, open_run
+    from olmo_data.trace import trace as run_trace
+
+    ids = list(document_ids)
+    if document_list is not None:
+        try:
+            ids += [x.strip() for x in Path(document_list).read_text().splitlines() if x.strip()]
+        except OSError as e:
+            raise DataError(f"{document_list}: cannot read the id list ({e.strerror})") from e
+    searches = (text is not None) + (tokens is not None)
+    if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
+        raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
+    cfg, source = open_run(config)
+    scan = None
+    if text is not None or tokens is not None:
+        if tokens is not None:
+            try:
+                sequence = [int(x) for x in tokens.replace(" ", "").split(",") if x]
+            except ValueError as e:
+                raise DataError(f"--tokens {tokens!r}: expected token ids separated by commas") from e
+            name = tokens
+        else:
+            from olmo_data.inspect import _load_decoder
+
+            sequence, name = _load_decoder(tokenizer, source).encode(str(text)), str(text)
+        targets, scan = find_tokens(source, sequence, name=name, processes=processes, progress=progress)
+    else:
+        targets = find_documents(source, ids, source_glob)
+    report = run_trace(cfg, targets, source=source, steps=_steps(steps), world_size=world_size, order=order)
+    report.scan = scan
+    click.echo(json.dumps(report.to_json()) if as_json else format_trace(report))
+
+
+def _steps(value: str | None) -> tuple[int, int] | None:
+    from olmo_data.errors import DataError
+
+    if value is None:
+        return None
+    a, sep, b = value.partition("..")
+    try:
+        return (int(a), int(b)) if sep else (int(a), int(a))
+    except ValueError as e:
+        raise DataError(f"--steps {value!r}: expected A..B (1-based steps, inclusive) or one step N") from e

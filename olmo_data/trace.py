@@ -1,0 +1,389 @@
+"""Provenance in reverse: which training steps saw a document, a source file's documents, or a passage.
+
+`inspect-batch` answers "what did step N train on"; this answers the opposite question that memorisation,
+contamination and attribution studies ask. The chain is the same, walked backwards:
+
+  document id / source glob (tokenize metadata)  or  token sequence (a scan of the token files)
+    -> token span [start, end) of a token file
+    -> the instances cut from that span (OLMo's per-file rule: instance j holds tokens [j*L, (j+1)*L))
+    -> through a mix: the dataset indices that select those instances (none if down-sampled away, several if
+       repeated)
+    -> their positions in each epoch's order (a vectorised membership test over the order)
+    -> step = epoch * batches_per_epoch + position // GBS + 1, rank = (position % GBS) % world_size.
+
+Only the order is read in full (a memory map; one pass per epoch); documents and instances are found by binary
+search in the side indexes `inspect-batch` uses.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from olmo_data.errors import DataError
+from olmo_data.inspect import DocIndex, order_location, read_train_config
+from olmo_data.instances import InstanceSource, open_from_config
+from olmo_data.io import is_remote
+from olmo_data.order import batches_per_epoch, build_order, load_order, order_path_for_epoch
+
+SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
+
+
+@dataclass(frozen=True)
+class Target:
+    """A run of tokens to trace: a whole document, or one place where a searched sequence occurs."""
+
+    name: str  # the document id, or the searched text / tokens
+    file_index: int  # in InstanceSource.files
+    start: int  # tokens [start, end) of that token file
+    end: int
+    src: str | None = None  # the document's source file and line, where known
+    loc: int | None = None
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One place where a target was trained: a step, a position in its global batch, an instance, a span."""
+
+    target: int  # index into TraceReport.targets
+    step: int
+    epoch: int
+    batch_in_epoch: int
+    position: int  # in the global batch
+    rank: int | None  # for the world size asked about
+    instance: int  # dataset index (what the order holds)
+    path: str  # token file
+    instance_start: int  # the trained tokens of the target, as positions within the instance [start, end)
+    instance_end: int
+    target_start: int  # ... and as positions within the target (token 0 = the document's first token)
+    target_end: int
+    supervised: int | None = None  # of those tokens, how many the label mask trains (SFT data), else None
+
+
+@dataclass
+class TraceReport:
+    targets: list[Target]
+    hits: list[Hit]
+    first_step: int
+    last_step: int
+    global_batch_size: int
+    sequence_length: int
+    world_size: int | None
+    scan: dict[str, float] | None = None  # tokens scanned, seconds, tokens per second (--text / --tokens)
+    not_trained: list[int] = field(default_factory=list)  # targets no step in the range saw
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "global_batch_size": self.global_batch_size,
+            "sequence_length": self.sequence_length,
+            "world_size": self.world_size,
+            "targets": [asdict(t) for t in self.targets],
+            "hits": [asdict(h) for h in self.hits],
+            "scan": self.scan,
+        }
+
+
+# -- finding the targets --------------------------------------------------------------------------------------
+
+
+def find_documents(
+    source: InstanceSource,
+    ids: Sequence[str] = (),
+    source_glob: str | None = None,
+    doc_index: DocIndex | None = None,
+) -> list[Target]:
+    """The token spans of documents named by id, or of every document whose source file matches a glob.
+
+    Ids are looked up in each token file's metadata index (built once, cached); an id found nowhere is an error
+    that names it, since a typo would otherwise read as "never trained".
+    """
+    docs = doc_index or DocIndex()
+    wanted = {i.encode("utf-8") for i in ids}
+    found: set[bytes] = set()
+    out: list[Target] = []
+    for k, f in enumerate(source.files):  # a file a mix lists in two sources is two places to look
+        index = docs.index_for(f.path, f.metadata_path)
+        if index is None:
+            continue
+        rows: list[int] = []
+        if wanted:
+            blob = index.ids.tobytes() if len(index.ids) else b""
+            for wanted_id in wanted:
+                rows.extend(_rows_with_id(blob, index.id_offsets, wanted_id))
+        if source_glob is not None:
+            codes = [c for c, s in enumerate(index.sources) if fnmatch.fnmatch(s, source_glob)]
+            if codes:
+                rows.extend(np.flatnonzero(np.isin(index.src_codes, codes)).tolist())
+        for r in sorted(set(rows)):
+            doc_id, src, loc, start, end = index.doc(r)
+            found.add(doc_id.encode("utf-8"))
+            out.append(Target(doc_id, k, start, end, src, loc))
+    missing = sorted(i.decode("utf-8") for i in wanted - found)
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise DataError(f"document id {shown} not found in the metadata of the run's token files; check the id")
+    if source_glob is not None and not out:
+        raise DataError(f"no document of the run's token files comes from a source file matching {source_glob!r}")
+    return out
+
+
+def _rows_with_id(blob: bytes, offsets: np.ndarray, doc_id: bytes) -> Iterator[int]:
+    """Rows whose id is exactly `doc_id`: substring matches that start and end on id boundaries."""
+    ends = np.append(offsets[1:], len(blob))
+    at = blob.find(doc_id)
+    while at >= 0:
+        row = int(np.searchsorted(offsets, at, side="right")) - 1
+        if int(offsets[row]) == at and int(ends[row]) == at + len(doc_id):
+            yield row
+        at = blob.find(doc_id, at + 1)
+
+
+def find_tokens(
+    source: InstanceSource, sequence: Sequence[int], *, name: str, processes: int = 1, progress: bool | None = None
+) -> tuple[list[Target], dict[str, float]]:
+    """Every place the token files hold `sequence` exactly, by a vectorised scan of memory-mapped files (in
+    chunks that overlap by len(sequence) - 1 tokens, spread over `processes`); and the scan's rate."""
+    if not sequence:
+        raise DataError("nothing to search for: the text encodes to no tokens")
+    for f in source.files:
+        if is_remote(f.path):
+            raise DataError(f"{f.path}: searching token sequences reads whole files; copy the token files here first")
+    seq = np.asarray(sequence, dtype=np.int64)
+    paths = list(dict.fromkeys(f.path for f in source.files))
+    file_of = {f.path: f for f in source.files}
+    tasks = [
+        (p, file_of[p].dtype, lo, min(lo + SCAN_CHUNK, file_of[p].num_tokens), seq)
+        for p in paths
+        for lo in range(0, file_of[p].num_tokens, SCAN_CHUNK)
+    ]
+    total = sum(file_of[p].num_tokens for p in paths)
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    found: dict[str, list[int]] = {p: [] for p in paths}
+    with tqdm(
+        total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
+    ) as bar:
+        if processes <= 1 or len(tasks) <= 1:
+            results: Iterator[tuple[str, int, list[int]]] = map(_scan_chunk, tasks)
+            for path, n, hits in results:
+                found[path].extend(hits)
+                bar.update(n)
+        else:
+            import multiprocessing as mp
+
+            with mp.get_context("spawn").Pool(processes) as pool:
+                for path, n, hits in pool.imap_unordered(_scan_chunk, tasks):
+                    found[path].extend(hits)
+                    bar.update(n)
+    seconds = time.perf_counter() - t0
+    targets = [Target(name, k, at, at + len(seq)) for k, f in enumerate(source.files) for at in sorted(found[f.path])]
+    return targets, {"tokens": float(total), "seconds": seconds, "tokens_per_second": total / max(seconds, 1e-9)}
+
+
+def _scan_chunk(task: tuple[str, str, int, int, np.ndarray]) -> tuple[str, int, list[int]]:
+    """Start offsets of `seq` that begin in tokens [lo, hi) of one token file."""
+    from olmo_data.manifest import DTYPES
+
+    path, dtype, lo, hi, seq = task
+    tokens = np.memmap(path, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<"), mode="r")
+    window = np.asarray(tokens[lo : min(hi + len(seq) - 1, len(tokens))])
+    candidates = np.flatnonzero(window[: max(0, min(hi - lo, len(window) - len(seq) + 1))] == seq[0])
+    for i in range(1, len(seq)):
+        candidates = candidates[window[candidates + i] == seq[i]]
+    return path, hi - lo, (candidates + lo).tolist()
+
+
+# -- from targets to steps ------------------------------------------------------------------------------------
+
+
+def run_steps(cfg: dict[str, Any], source: InstanceSource) -> int:
+    """How many steps the config's run trains (its max_duration)."""
+    from olmo_data.stats import duration_steps
+
+    gbs = int(cfg["global_train_batch_size"])
+    if cfg.get("max_duration") is None:
+        raise DataError("the config has no max_duration; give the steps to look at with --steps A..B")
+    return duration_steps(
+        cfg["max_duration"],
+        global_batch_size=gbs,
+        sequence_length=source.sequence_length,
+        batches_per_epoch=batches_per_epoch(len(source), gbs),
+    )
+
+
+def trace(
+    config: str | dict[str, Any],
+    targets: Sequence[Target],
+    *,
+    source: InstanceSource,
+    steps: tuple[int, int] | None = None,
+    world_size: int | None = None,
+    order: str | None = None,
+) -> TraceReport:
+    """Every (step, position) of the run whose instance holds a token of a target, within `steps` (1-based,
+    inclusive; default the whole run)."""
+    cfg = read_train_config(config) if isinstance(config, str) else config
+    gbs, L, n = int(cfg["global_train_batch_size"]), source.sequence_length, len(source)
+    per_epoch = batches_per_epoch(n, gbs)
+    if per_epoch == 0:
+        raise DataError(f"the data has {n} instances, fewer than one global batch of {gbs}")
+    first, last = steps if steps is not None else (1, run_steps(cfg, source))
+    if first < 1 or last < first:
+        raise DataError(f"--steps {first}..{last}: expected 1 <= A <= B")
+    if world_size is not None and (world_size < 1 or gbs % world_size):
+        raise DataError(f"--world-size {world_size} must divide the global batch size {gbs}")
+    # target -> the dataset indices of the instances holding its tokens
+    instance_target: list[tuple[int, int, int]] = []  # (dataset index, target, base instance)
+    for t, target in enumerate(targets):
+        count = int(source.file_offsets[target.file_index + 1] - source.file_offsets[target.file_index])
+        j_lo, j_hi = target.start // L, min((target.end - 1) // L, count - 1)
+        for j in range(j_lo, j_hi + 1):
+            base = int(source.file_offsets[target.file_index]) + j
+            for index in source.dataset_indices_of(base):
+                instance_target.append((index, t, base))
+    wanted = np.array(sorted({i for i, _, _ in instance_target}), dtype=np.int64)
+    by_instance: dict[int, list[tuple[int, int]]] = {}
+    for index, t, base in instance_target:
+        by_instance.setdefault(index, []).append((t, base))
+    hits: list[Hit] = []
+    seed = int(cfg["seed"])
+    location = order or order_location(cfg)
+    for epoch in range((first - 1) // per_epoch, (last - 1) // per_epoch + 1):
+        lo_batch = max(first - 1 - epoch * per_epoch, 0)
+        hi_batch = min(last - epoch * per_epoch, per_epoch)
+        if hi_batch <= lo_batch or not len(wanted):
+            continue
+        perm = _epoch_order(location, source, seed, epoch)
+        segment = np.asarray(perm[lo_batch * gbs : hi_batch * gbs])
+        for p in (np.flatnonzero(np.isin(segment, wanted)) + lo_batch * gbs).tolist():
+            index = int(perm[p])
+            for t, base in by_instance[index]:
+                hits.append(_hit(source, targets, t, base, index, epoch, per_epoch, p, gbs, world_size))
+    hits.sort(key=lambda h: (h.step, h.position, h.target))
+    trained = {h.target for h in hits}
+    return TraceReport(
+        targets=list(targets),
+        hits=hits,
+        first_step=first,
+        last_step=last,
+        global_batch_size=gbs,
+        sequence_length=L,
+        world_size=world_size,
+        not_trained=[t for t in range(len(targets)) if t not in trained],
+    )
+
+
+def _epoch_order(location: str, source: InstanceSource, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's order file where it exists (checked against the data, as the trainer checks it), else the
+    same permutation rebuilt in memory: PCG64(seed + epoch), what the trainer would write."""
+    path = order_path_for_epoch(location, epoch)
+    if is_remote(path) or os.path.exists(path):
+        return load_order(path, source.fingerprint(), seed=seed, epoch=epoch)
+    return build_order(len(source), seed, epoch)
+
+
+def _hit(
+    source: InstanceSource,
+    targets: Sequence[Target],
+    t: int,
+    base: int,
+    index: int,
+    epoch: int,
+    per_epoch: int,
+    p: int,
+    gbs: int,
+    world_size: int | None,
+) -> Hit:
+    target, L = targets[t], source.sequence_length
+    first_token = (base - int(source.file_offsets[target.file_index])) * L
+    lo, hi = max(target.start, first_token), min(target.end, first_token + L)
+    position = p % gbs
+    supervised = None
+    if source.files[target.file_index].label_mask_path:
+        _, masks = source.get_batch(np.array([index]))
+        if masks is not None:
+            supervised = int(np.asarray(masks[0][lo - first_token : hi - first_token]).sum())
+    return Hit(
+        target=t,
+        step=epoch * per_epoch + p // gbs + 1,
+        epoch=epoch,
+        batch_in_epoch=p // gbs,
+        position=position,
+        rank=position % world_size if world_size else None,
+        instance=index,
+        path=source.files[target.file_index].path,
+        instance_start=lo - first_token,
+        instance_end=hi - first_token,
+        target_start=lo - target.start,
+        target_end=hi - target.start,
+        supervised=supervised,
+    )
+
+
+def open_run(config: str) -> tuple[dict[str, Any], InstanceSource]:
+    cfg = read_train_config(config)
+    return cfg, open_from_config(cfg)
+
+
+def format_trace(report: TraceReport, *, max_targets: int = 20) -> str:
+    """Grouped by step: each step that trained a target, with where in the batch and which tokens."""
+    lines: list[str] = []
+    n = len(report.targets)
+    steps = sorted({h.step for h in report.hits})
+    lines.append(
+        f"{_count(n, 'target')} traced through steps {report.first_step}..{report.last_step} "
+        f"({report.global_batch_size} instances of {report.sequence_length} tokens per step): "
+        f"{_count(len(report.hits), 'place')} in {_count(len(steps), 'step')}"
+    )
+    if report.scan:
+        s = report.scan
+        lines.append(
+            f"searched {s['tokens']:,.0f} tokens in {s['seconds']:.2f} s "
+            f"({s['tokens_per_second'] / 1e6:,.0f}M tokens/s)"
+        )
+    if report.scan and not report.targets:
+        lines.append(
+            "no token file holds this token sequence. In running text a passage may be tokenized differently: a "
+            "leading space or newline changes the first token; try the passage with its leading space, or give "
+            "the ids inspect-batch shows with --tokens"
+        )
+    for t, target in enumerate(report.targets[:max_targets]):
+        where = f"{target.src}:{target.loc}, " if target.src else ""
+        lines.append(
+            f"  [{t}] {target.name!r} ({where}{target.end - target.start:,} tokens at [{target.start}, {target.end}) "
+            f"of token file {target.file_index})"
+        )
+    if n > max_targets:
+        lines.append(f"  ... and {n - max_targets} more (--json lists them all)")
+    current = None
+    for h in report.hits:
+        if h.step != current:
+            current = h.step
+            lines.append(f"step {h.step} (epoch {h.epoch}, batch {h.batch_in_epoch})")
+        rank = f", rank {h.rank}" if h.rank is not None else ""
+        sup = f", {h.supervised} supervised" if h.supervised is not None else ""
+        lines.append(
+            f"  position {h.position}{rank}: instance {h.instance} tokens [{h.instance_start}, {h.instance_end}) = "
+            f"[{h.target}] tokens [{h.target_start}, {h.target_end}){sup}"
+        )
+    if report.not_trained:
+        names = ", ".join(f"[{t}]" for t in report.not_trained[:10])
+        lines.append(
+            f"not trained in steps {report.first_step}..{report.last_step}: {names}"
+            + (f" and {len(report.not_trained) - 10} more" if len(report.not_trained) > 10 else "")
+            + " (in a file's tail that no instance holds, down-sampled away by a mix, or only in other steps)"
+        )
+    return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
