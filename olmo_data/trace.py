@@ -172,7 +172,7 @@ def find_tokens(
     with tqdm(
         total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
     ) as bar:
-        if processes <= 1 or len(tasks) <= 1:
+        if processes <= 1 or total < 4 * SCAN_CHUNK:  # small data: starting processes costs more than it saves
             results: Iterator[tuple[str, int, list[int]]] = map(_scan_chunk, tasks)
             for path, n, hits in results:
                 found[path].extend(hits)
@@ -180,7 +180,8 @@ def find_tokens(
         else:
             import multiprocessing as mp
 
-            with mp.get_context("spawn").Pool(processes) as pool:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            with ctx.Pool(min(processes, len(tasks))) as pool:
                 for path, n, hits in pool.imap_unordered(_scan_chunk, tasks):
                     found[path].extend(hits)
                     bar.update(n)
@@ -348,7 +349,7 @@ def format_trace(report: TraceReport, *, max_targets: int = 20) -> str:
         s = report.scan
         lines.append(
             f"searched {s['tokens']:,.0f} tokens in {s['seconds']:.2f} s "
-            f"({s['tokens_per_second'] / 1e6:,.0f}M tokens/s)"
+            f"({s['tokens_per_second'] / 1e6:,.1f}M tokens/s)"
         )
     if report.scan and not report.targets:
         lines.append(
