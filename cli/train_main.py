@@ -1,4 +1,5 @@
-"""Entry point of `olmo-train`: the model side (unshard, export to and import from Hugging Face, generate).
+"""Entry point of `olmo-train`: the model side (unshard, export to and import from Hugging Face, import from OLMo,
+generate).
 
 Training itself stays `torchrun -m olmo_train CONFIG`; these commands work on the checkpoints it writes, in one
 plain process. Subcommands are imported lazily so that `--help` starts fast and torch is loaded only when needed.
@@ -17,6 +18,7 @@ TRAIN_COMMANDS: dict[str, str] = {
     "unshard": "cli.unshard:unshard",
     "export-hf": "cli.export_hf:export_hf",
     "import-hf": "cli.import_hf:import_hf",
+    "import-olmo": "cli.import_olmo:import_olmo",
     "generate": "cli.generate:generate",
     "verify": "cli.verify:verify",
 }
@@ -31,7 +33,8 @@ class TrainGroup(LazyGroup):
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def main(verbose: bool) -> None:
     """Move models in and out of training: unshard checkpoints, export to and import from Hugging Face
-    `transformers`, generate text, and verify that a checkpoint is intact and safe to load.
+    `transformers`, import OLMo's own checkpoints, generate text, and verify that a checkpoint is intact and safe
+    to load.
 
     Train with `torchrun -m olmo_train CONFIG`; its checkpoints (stepN/, stepN-unsharded/) are what these
     commands read.

@@ -1,7 +1,9 @@
-"""A finished checkpoint read as a file, outside training: its config, its tensors, its tokenizer.
+"""A finished checkpoint read as a file, outside training: its config, its tensors, its tokenizer; and the
+checkpoint an import writes.
 
 `unshard`, `export-hf` and `generate` all start from a checkpoint directory that a trainer wrote (sharded
-`stepN/` or unsharded `stepN-unsharded/`) or that `import-hf` made, and need the same three things from it. They
+`stepN/` or unsharded `stepN-unsharded/`) or that `import-hf` or `import-olmo` made, and need the same three
+things from it. They
 run in one plain process: no process group and no knowledge of the world size that saved it, so a checkpoint
 written by 64 GPUs is read on a laptop. Sharded tensors are assembled by `torch.distributed.checkpoint` from its
 own metadata, reading only the keys asked for (the model without the optimizer, say), so memory stays near one
@@ -15,7 +17,8 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from olmo_train import checkpoint_integrity as integrity
 from olmo_train import checkpoint_safety as safety
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE, check_files
 from olmo_train.checkpoint_safety import DCP_METADATA
-from olmo_train.config import TrainConfig, load_config
+from olmo_train.config import ModelConfig, TrainConfig, load_config, save_config
 
 MODEL_FILE = "model.pt"
 OPTIM_FILE = "optim.pt"
@@ -166,6 +169,46 @@ def atomic_directory(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_imported(
+    dest: Path,
+    model: ModelConfig,
+    state: dict[str, torch.Tensor],
+    add_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write an imported model as the unsharded checkpoint fine-tuning starts from, and return its path:
+    model.pt (fp32, the trainer's master weights), a config.yaml that is a whole training config but for its data
+    (load_path set to the checkpoint itself, reset_trainer_state), checksums.json, and trainer_state.json at step 0,
+    written last: it marks the checkpoint complete. `add_files` puts anything else (the tokenizer) into the
+    directory being filled. All of it under a `.tmp-` name, renamed at the end."""
+    from olmo_data.io import json_bytes
+    from olmo_train.checkpoint import TrainerState
+    from olmo_train.checkpoint_integrity import Recorder
+
+    state = {k: v.to(torch.float32) for k, v in state.items()}
+    if model.weight_tying:
+        state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
+    cfg = TrainConfig(
+        run_name=dest.name,
+        save_folder=f"runs/{dest.name}-finetune",
+        load_path=str(dest.resolve()),
+        reset_trainer_state=True,
+        model=model,
+    )
+    with atomic_directory(dest) as tmp:
+        log.info("writing %s", MODEL_FILE)
+        written = Recorder(tmp)
+        written.torch_save(state, MODEL_FILE)
+        save_config(cfg, tmp / CONFIG)
+        written.add_file(CONFIG)
+        if add_files is not None:
+            add_files(tmp)
+            for extra in sorted(p.name for p in tmp.iterdir() if p.name not in written.files):
+                written.add_file(extra)
+        trainer_state = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model.max_sequence_length)
+        written.finish(TRAINER_STATE, json_bytes(asdict(trainer_state)))
+    return dest
 
 
 def verify_checkpoint(spec: str, *, strict: bool = False) -> str:

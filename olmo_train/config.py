@@ -28,8 +28,9 @@ class ConfigError(DataError):
 
 @dataclass
 class ModelConfig:
-    """An OLMo-2-style decoder. Defaults are OLMo-2's choices (reordered norm, QK-norm, no biases, no
-    tying)."""
+    """An OLMo-2-style decoder. Defaults are OLMo-2's choices (RMSNorm, reordered norm, QK-norm, no biases, no
+    tying). OLMo-1 is `layer_norm_type: layer_norm`, `layer_norm_with_affine: false`, `layer_norm_eps: 1e-5`,
+    `attention_layer_norm: false`, `norm_after: false`."""
 
     d_model: int = 768
     n_heads: int = 12
@@ -41,6 +42,8 @@ class ModelConfig:
     max_sequence_length: int = 1024
     rope_theta: float = 500_000.0
     layer_norm_eps: float = 1e-6
+    layer_norm_type: str = "rms"  # rms | layer_norm (OLMo-1's, without bias)
+    layer_norm_with_affine: bool = True  # learned scales in the block and final norms (QK-norm always has them)
     attention_layer_norm: bool = True  # QK-norm
     norm_after: bool = True  # OLMo-2's reordered norm; false gives the classic pre-norm block
     weight_tying: bool = False
@@ -138,6 +141,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer.name": ("adamw",),
     "scheduler.name": ("constant", "constant_with_warmup", "linear_with_warmup", "cosine_with_warmup"),
     "scheduler.units": ("steps", "tokens"),
+    "model.layer_norm_type": ("rms", "layer_norm"),
     "data.dtype": ("uint16", "uint32"),
     "wandb.mode": ("online", "offline"),
 }

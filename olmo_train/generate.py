@@ -250,32 +250,34 @@ def load_model(
     """The model of a checkpoint, in eval mode, and the tokenizer its data was made with (None when it cannot
     be found; a warning says why).
 
-    `checkpoint` is a sharded or unsharded checkpoint directory of ours, one made by `olmo-train import-hf`, a
-    `transformers` model directory (config.json + safetensors), or the URL of a checkpoint of ours.
+    `checkpoint` is a sharded or unsharded checkpoint directory of ours, one made by `olmo-train import-hf` or
+    `import-olmo`, a `transformers` model directory (config.json + safetensors), OLMo's own unsharded checkpoint
+    (model.pt + config.yaml; its tokenizer is loaded when the path its config names is here), or the URL of a
+    checkpoint of ours or of OLMo's.
     """
     from olmo_data.io import is_remote
     from olmo_train import checkpoint_files as files
+    from olmo_train import olmo_native
 
     spec = str(checkpoint)
-    if is_remote(spec):
-        from olmo_train.checkpoint import localize
-        from olmo_train.distributed import Dist
-
-        path = localize(spec, Dist(0, 1, 0, torch.device("cpu")))
+    if not is_remote(spec) and not Path(spec).expanduser().is_dir():
+        raise DataError(f"{spec}: no such checkpoint or model directory")
+    if olmo_native.is_olmo_checkpoint(spec):
+        model_cfg, state, olmo_config = olmo_native.read_olmo_checkpoint(spec)
+        named = (olmo_config.get("tokenizer") or {}).get("identifier")
+        tokenizer = _load_tokenizer(Path(str(named)), None) if named else None
     else:
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            raise DataError(f"{spec}: no such checkpoint or model directory")
-    if (path / "config.json").is_file() and not (path / files.TRAINER_STATE).is_file():
-        from olmo_train.hf import read_hf_dir
+        path = _localize(spec) if is_remote(spec) else Path(spec).expanduser()
+        if (path / "config.json").is_file() and not (path / files.TRAINER_STATE).is_file():
+            from olmo_train.hf import read_hf_dir
 
-        model_cfg, state = read_hf_dir(str(path))
-        tokenizer = _load_tokenizer(path / files.TOKENIZER_FILE, None)
-    else:
-        cfg = files.read_config(path)
-        model_cfg, state = cfg.model, files.read_model_state(path)
-        own = path / files.TOKENIZER_FILE
-        tokenizer = _load_tokenizer(own, None) if own.is_file() else _recorded(cfg)
+            model_cfg, state = read_hf_dir(str(path))
+            tokenizer = _load_tokenizer(path / files.TOKENIZER_FILE, None)
+        else:
+            cfg = files.read_config(path)
+            model_cfg, state = cfg.model, files.read_model_state(path)
+            own = path / files.TOKENIZER_FILE
+            tokenizer = _load_tokenizer(own, None) if own.is_file() else _recorded(cfg)
     model = Transformer(model_cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -285,6 +287,13 @@ def load_model(
         )
     model.to(device=device, dtype=dtype).eval()
     return model, tokenizer
+
+
+def _localize(url: str) -> Path:
+    from olmo_train.checkpoint import localize
+    from olmo_train.distributed import Dist
+
+    return localize(url, Dist(0, 1, 0, torch.device("cpu")))
 
 
 def _recorded(cfg: Any) -> Any:

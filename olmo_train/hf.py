@@ -1,10 +1,12 @@
 """Our model in Hugging Face `transformers` terms and back: parameter names, config fields, safetensors files.
 
-Each supported `model_type` is one table of (our name, their name) patterns, `{i}` standing for the layer; export
-and import both read the same table, so a name can never be mapped one way and forgotten the other. Every
-transformers config field is written explicitly, because their defaults are traps (Olmo2Config's are OLMo-1's:
-rope_theta 10000, eps 1e-5, pad 1), and an import refuses any field that would make their model compute something
-ours does not (biases, another activation, scaled RoPE) instead of loading it and producing gibberish.
+Each supported `model_type` is one table of (our name, their name) patterns, `{i}` standing for the layer, plus
+the few tensors another format fuses (OLMo's own `att_proj` is q|k|v); export and import both read the same
+table, so a name can never be mapped one way and forgotten the other. OLMo's native checkpoints are one more such
+table (`olmo_native.py`), read by the same two functions. Every transformers config field is written
+explicitly, because their defaults are traps (Olmo2Config's are OLMo-1's: rope_theta 10000, eps 1e-5, pad 1),
+and an import refuses any field that would make their model compute something ours does not (biases, another
+activation, scaled RoPE, clipped q/k/v) instead of loading it and producing gibberish.
 
 The files themselves are read and written by `hf_files.py`, the conversions of whole checkpoints are
 `hf_convert.py` (export_hf, import_hf), the block-by-block comparison `hf_check.py`. None of this needs
@@ -13,6 +15,7 @@ The files themselves are read and written by `hf_files.py`, the conversions of w
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -29,6 +32,29 @@ from olmo_train.model import Transformer, mlp_hidden_size
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Fused:
+    """One of their tensors that is several of ours stacked by rows (dim 0), in this order. The rows of each part
+    come from our model's shapes, so one entry serves every size and GQA setting."""
+
+    theirs: str
+    ours: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TensorTable:
+    """Every tensor name of one format against ours. An entry that matches nothing in a given model (a norm
+    without weights, the output head of a tied model) is simply unused, so one table serves every variant."""
+
+    renames: tuple[tuple[str, str], ...]  # (our name, their name)
+    fused: tuple[Fused, ...] = ()
+    ignored: tuple[str, ...] = ()  # their tensors that are derived buffers, skipped when reading
+
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        """(our name, their name) for each of our tensors; a fused part is named by the tensor it is part of."""
+        return self.renames + tuple((ours, f.theirs) for f in self.fused for ours in f.ours)
+
+
 # (our name, their name); `{i}` is the layer. The tensors every llama-like model type has:
 _COMMON: tuple[tuple[str, str], ...] = (
     ("embeddings.weight", "model.embed_tokens.weight"),
@@ -39,26 +65,40 @@ _COMMON: tuple[tuple[str, str], ...] = (
     ("blocks.{i}.mlp.w_gate.weight", "model.layers.{i}.mlp.gate_proj.weight"),
     ("blocks.{i}.mlp.w_up.weight", "model.layers.{i}.mlp.up_proj.weight"),
     ("blocks.{i}.mlp.w_down.weight", "model.layers.{i}.mlp.down_proj.weight"),
-    ("norm.weight", "model.norm.weight"),
     ("lm_head.weight", "lm_head.weight"),
 )
+_FINAL_NORM = ("norm.weight", "model.norm.weight")
+
+
+@dataclass(frozen=True)
+class Block:
+    """What a block computes, in our config's keys: the four choices that decide which architecture it is."""
+
+    layer_norm_type: str
+    layer_norm_with_affine: bool
+    norm_after: bool
+    attention_layer_norm: bool
+
+    @classmethod
+    def of(cls, model: ModelConfig) -> Block:
+        return cls(*(getattr(model, f.name) for f in dataclasses.fields(cls)))
+
+    def describe(self) -> str:
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return ", ".join(f"model.{k}={str(v).lower()}" for k, v in values)
 
 
 @dataclass(frozen=True)
 class ModelType:
-    """One transformers architecture our model can be: which block it is, and its name table.
-
-    A type with fused tensors (OLMo's own `att_proj` = q|k|v) would add a list of (ours..., theirs) splits here;
-    the plain renames below stay as they are.
-    """
+    """One transformers architecture our model can be: which block it is, and its name table."""
 
     name: str
     architecture: str
-    norm_after: bool
-    attention_layer_norm: bool
-    names: tuple[tuple[str, str], ...]
+    block: Block
+    tensors: TensorTable
     fixed: tuple[tuple[str, Any], ...] = ()  # config fields this type has that must take these values
-    ignored: tuple[str, ...] = ()  # their tensors that are derived buffers, skipped on import
+    # the config key of the norms' epsilon, or the value their code fixes (OlmoLayerNorm: 1e-5, no config key)
+    norm_eps: str | float = "rms_norm_eps"
 
 
 MODEL_TYPES: dict[str, ModelType] = {
@@ -66,29 +106,42 @@ MODEL_TYPES: dict[str, ModelType] = {
     "olmo2": ModelType(
         name="olmo2",
         architecture="Olmo2ForCausalLM",
-        norm_after=True,
-        attention_layer_norm=True,
-        names=(
-            *_COMMON,
-            ("blocks.{i}.attention.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
-            ("blocks.{i}.attention.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
-            ("blocks.{i}.attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
-            ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
+        block=Block("rms", layer_norm_with_affine=True, norm_after=True, attention_layer_norm=True),
+        tensors=TensorTable(
+            (
+                *_COMMON,
+                _FINAL_NORM,
+                ("blocks.{i}.attention.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
+                ("blocks.{i}.attention.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
+                ("blocks.{i}.attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+                ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
+            )
         ),
     ),
     # Llama: pre-norm; its `post_attention_layernorm` is the norm *before* the MLP (after attention)
     "llama": ModelType(
         name="llama",
         architecture="LlamaForCausalLM",
-        norm_after=False,
-        attention_layer_norm=False,
-        names=(
-            *_COMMON,
-            ("blocks.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
-            ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+        block=Block("rms", layer_norm_with_affine=True, norm_after=False, attention_layer_norm=False),
+        tensors=TensorTable(
+            (
+                *_COMMON,
+                _FINAL_NORM,
+                ("blocks.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+                ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+            ),
+            ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq",),  # older llama checkpoints carry the table
         ),
         fixed=(("mlp_bias", False),),
-        ignored=("model.layers.{i}.self_attn.rotary_emb.inv_freq",),  # older llama checkpoints carry the RoPE table
+    ),
+    # OLMo-1: pre-norm with LayerNorms that have no weights at all (so no norm tensors), no QK-norm
+    "olmo": ModelType(
+        name="olmo",
+        architecture="OlmoForCausalLM",
+        block=Block("layer_norm", layer_norm_with_affine=False, norm_after=False, attention_layer_norm=False),
+        tensors=TensorTable(_COMMON),
+        fixed=(("clip_qkv", None),),  # OLMo-7B-0424/0724 clip q, k and v at 8; our attention does not clip
+        norm_eps=1e-5,
     ),
 }
 
@@ -127,7 +180,6 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
     ),
     ConfigField("max_position_embeddings", "max_sequence_length", int),
     ConfigField("rope_theta", "rope_theta", float, read=_rope_theta),
-    ConfigField("rms_norm_eps", "layer_norm_eps", float),
     ConfigField("tie_word_embeddings", "weight_tying", bool, read=lambda hf: hf.get("tie_word_embeddings", False)),
     ConfigField("initializer_range", "init_std", float, read=lambda hf: hf.get("initializer_range", 0.02)),
 )
@@ -137,15 +189,18 @@ FIXED_FIELDS: tuple[tuple[str, Any], ...] = (("hidden_act", "silu"), ("attention
 
 def model_type_for(model: ModelConfig) -> ModelType:
     """The transformers type whose block is ours, or a refusal naming the config keys that decide it."""
+    block = Block.of(model)
     for mt in MODEL_TYPES.values():
-        if (mt.norm_after, mt.attention_layer_norm) == (model.norm_after, model.attention_layer_norm):
-            return mt
-    raise DataError(
-        f"model.norm_after={str(model.norm_after).lower()} with "
-        f"model.attention_layer_norm={str(model.attention_layer_norm).lower()} has no transformers equivalent: "
-        "olmo2 is model.norm_after=true with model.attention_layer_norm=true, llama is model.norm_after=false with "
-        "model.attention_layer_norm=false"
-    )
+        if mt.block != block:
+            continue
+        if isinstance(mt.norm_eps, float) and model.layer_norm_eps != mt.norm_eps:
+            raise DataError(
+                f"model.layer_norm_eps={model.layer_norm_eps:g} has no transformers equivalent: {mt.name}'s norms "
+                f"have their epsilon fixed at {mt.norm_eps:g}"
+            )
+        return mt
+    types = "; ".join(f"{mt.name} is {mt.block.describe()}" for mt in MODEL_TYPES.values())
+    raise DataError(f"{block.describe()} has no transformers equivalent: {types}")
 
 
 def hf_config(
@@ -161,6 +216,8 @@ def hf_config(
     out: dict[str, Any] = {"model_type": mt.name, "architectures": [mt.architecture]}
     for f in CONFIG_FIELDS:
         out[f.theirs] = f.kind(f.export(model) if f.export else getattr(model, f.ours))
+    if isinstance(mt.norm_eps, str):
+        out[mt.norm_eps] = float(model.layer_norm_eps)
     out["head_dim"] = model.d_model // model.n_heads
     out["rope_parameters"] = {"rope_type": "default", "rope_theta": out["rope_theta"]}
     out.update(FIXED_FIELDS)
@@ -175,8 +232,8 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
         raise DataError(
-            f"{source}: model_type {model_type!r} is not supported; import takes {' or '.join(MODEL_TYPES)} "
-            "(OLMo-2 and Llama-style decoders)"
+            f"{source}: model_type {model_type!r} is not supported; import takes {', '.join(MODEL_TYPES)} "
+            "(OLMo-2, Llama-style and OLMo-1 decoders)"
         )
     mt = MODEL_TYPES[model_type]
     for key, value in FIXED_FIELDS + mt.fixed:
@@ -190,7 +247,12 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
     if float(hf.get("attention_dropout") or 0.0) != 0.0:
         log.warning("%s: attention_dropout %s is dropped: our model has no dropout", source, hf["attention_dropout"])
     values: dict[str, Any] = {}
-    for f in CONFIG_FIELDS:
+    fields = CONFIG_FIELDS
+    if isinstance(mt.norm_eps, str):
+        fields += (ConfigField(mt.norm_eps, "layer_norm_eps", float),)
+    else:
+        values["layer_norm_eps"] = mt.norm_eps
+    for f in fields:
         raw = f.read(hf) if f.read else hf.get(f.theirs)
         if raw is None or isinstance(raw, bool) != (f.kind is bool):
             raise DataError(f"{source}: {f.theirs} is {raw!r}; expected a {f.kind.__name__}")
@@ -207,7 +269,7 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
             f"{source}: num_attention_heads {heads} must be a multiple of num_key_value_heads {kv_heads}, and the head "
             f"size {head_dim} even"
         )
-    return ModelConfig(**values, norm_after=mt.norm_after, attention_layer_norm=mt.attention_layer_norm)
+    return ModelConfig(**values, **dataclasses.asdict(mt.block))
 
 
 # ---- tensors ------------------------------------------------------------------------------------------------
@@ -243,7 +305,7 @@ def _check_state(
     """Refuse a state that is not exactly the tensors `model` has, naming them as `name` does; return our
     names in the model's own order."""
     expected = expected_shapes(model)
-    missing = [name(k) for k in expected if k not in state]
+    missing = list(dict.fromkeys(name(k) for k in expected if k not in state))  # a fused tensor is named once
     if missing:
         raise DataError(f"{source}: missing {len(missing)} tensors the config implies, e.g. {missing[:4]}")
     unexpected = sorted(name(k) for k in state if k not in expected)
@@ -257,43 +319,102 @@ def _check_state(
     return list(expected)
 
 
+def _fused_parts(table: TensorTable) -> Callable[[str], tuple[str, ...] | None]:
+    """Their name -> our names of its parts, in order (None for a tensor that is not fused)."""
+    compiled = [(_compile(f.theirs), f.ours) for f in table.fused]
+
+    def parts(key: str) -> tuple[str, ...] | None:
+        for pattern, ours in compiled:
+            m = pattern.fullmatch(key)
+            if m:
+                return tuple(p.format(i=m.group("i")) if "i" in pattern.groupindex else p for p in ours)
+        return None
+
+    return parts
+
+
+def to_their_state(
+    table: TensorTable, state: dict[str, torch.Tensor], model: ModelConfig, fmt: str, source: str
+) -> dict[str, torch.Tensor]:
+    """Our state dict under the table's names, fused tensors concatenated. A tied output head is left out:
+    transformers and OLMo both use the embedding for it (and safetensors cannot hold one tensor twice)."""
+    their_name = _renamer(table.pairs())
+    parts = _fused_parts(table)
+    unknown = [k for k in state if their_name(k) is None]
+    if unknown:
+        raise DataError(f"{source}: tensors that a {fmt} model has no place for: {unknown[:4]}")
+    out: dict[str, torch.Tensor] = {}
+    for key in _check_state(state, model, str, source):
+        name = their_name(key) or key
+        if (model.weight_tying and key == "lm_head.weight") or name in out:  # a fused one is made at its first part
+            continue
+        fused = parts(name)
+        out[name] = torch.cat([state[p] for p in fused]) if fused else state[key]
+    return out
+
+
+def to_our_state(
+    table: TensorTable, theirs: dict[str, torch.Tensor], model: ModelConfig, fmt: str, source: str
+) -> dict[str, torch.Tensor]:
+    """Their tensors under our names for `model`, fused ones split by the rows our parts have (each part a copy
+    of its own, so that saving one does not save the whole fused tensor). A tied head (absent, or present and
+    unused) is the embedding tensor itself, under both our names, as `state_dict()` has it. `theirs` is emptied as
+    it is read, so that memory stays near one model."""
+    our_name = _renamer(tuple((t, o) for o, t in table.renames))
+    their_name = _renamer(table.pairs())
+    parts = _fused_parts(table)
+    ignored = [_compile(p) for p in table.ignored]
+    shapes = expected_shapes(model)
+    state: dict[str, torch.Tensor] = {}
+    for key in list(theirs):
+        tensor = theirs.pop(key)
+        fused = parts(key)
+        if fused is not None:
+            state.update(_split(key, tensor, fused, shapes, source))
+            continue
+        ours = our_name(key)
+        if ours is None:
+            if any(p.fullmatch(key) for p in ignored):
+                continue
+            raise DataError(f"{source}: tensor {key} has no place in our {fmt} model (an unsupported variant?)")
+        state[ours] = tensor
+    if model.weight_tying and "embeddings.weight" in state:
+        state["lm_head.weight"] = state["embeddings.weight"]
+    keys = _check_state(state, model, lambda k: their_name(k) or k, source)
+    return {k: state[k] for k in keys}
+
+
+def _split(
+    key: str, tensor: torch.Tensor, parts: tuple[str, ...], shapes: dict[str, torch.Size], source: str
+) -> dict[str, torch.Tensor]:
+    if any(p not in shapes for p in parts):  # e.g. a layer past n_layers
+        raise DataError(f"{source}: tensors the config does not account for, e.g. {[key]}")
+    rows = [shapes[p][0] for p in parts]
+    want = [sum(rows), *shapes[parts[0]][1:]]
+    if list(tensor.shape) != want:
+        raise DataError(
+            f"{source}: {key} has shape {list(tensor.shape)}, the config implies {want} "
+            f"({' + '.join(map(str, rows))} rows for {', '.join(parts)})"
+        )
+    return {p: t.clone() for p, t in zip(parts, tensor.split(rows), strict=True)}
+
+
 def to_hf_state(
     state: dict[str, torch.Tensor], model: ModelConfig, source: str = "the model state"
 ) -> dict[str, torch.Tensor]:
-    """Our state dict under transformers' names. A tied output head is left out: transformers ties it to the
-    embedding on load, and safetensors cannot hold one tensor under two names."""
+    """Our state dict under transformers' names (the tied output head left out: transformers ties it on load)."""
     mt = model_type_for(model)
-    rename = _renamer(mt.names)
-    unknown = [k for k in state if rename(k) is None]
-    if unknown:
-        raise DataError(f"{source}: tensors that a {mt.name} model has no place for: {unknown[:4]}")
-    keys = _check_state(state, model, str, source)
-    return {rename(k) or k: state[k] for k in keys if not (model.weight_tying and k == "lm_head.weight")}
+    return to_their_state(mt.tensors, state, model, mt.name, source)
 
 
 def from_hf_state(
     hf_state: dict[str, torch.Tensor], hf_cfg: dict[str, Any], source: str = "the model"
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Our ModelConfig and state dict for a transformers model. A tied head (absent from the files, or present
-    and ignored by transformers) is the embedding tensor itself, under both our names, as `state_dict()` has it.
-    `vocab_size` is the config's (the embedding rows): `read_hf_dir` narrows it to the tokenizer's."""
+    """Our ModelConfig and state dict for a transformers model. `vocab_size` is the config's (the embedding rows):
+    `read_hf_dir` narrows it to the tokenizer's."""
     model = model_config_from_hf(hf_cfg, f"{source}/{CONFIG_JSON}")
     mt = MODEL_TYPES[hf_cfg["model_type"]]
-    rename = _renamer(tuple((theirs, ours) for ours, theirs in mt.names))
-    back = _renamer(mt.names)
-    ignored = [_compile(p) for p in mt.ignored]
-    state: dict[str, torch.Tensor] = {}
-    for key, tensor in hf_state.items():
-        ours = rename(key)
-        if ours is None:
-            if any(p.fullmatch(key) for p in ignored):
-                continue
-            raise DataError(f"{source}: tensor {key} has no place in our {mt.name} model (an unsupported variant?)")
-        state[ours] = tensor
-    if model.weight_tying and "embeddings.weight" in state:
-        state["lm_head.weight"] = state["embeddings.weight"]
-    keys = _check_state(state, model, lambda k: back(k) or k, source)
-    return model, {k: state[k] for k in keys}
+    return model, to_our_state(mt.tensors, dict(hf_state), model, mt.name, source)
 
 
 # ---- files --------------------------------------------------------------------------------------------------
@@ -324,5 +445,5 @@ def read_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
 def expected_hf_names(model: ModelConfig) -> set[str]:
     """The tensor names an export of `model` writes, from the table (for checking an export without
     transformers)."""
-    rename = _renamer(model_type_for(model).names)
+    rename = _renamer(model_type_for(model).tensors.pairs())
     return {rename(k) or k for k in expected_shapes(model) if not (model.weight_tying and k == "lm_head.weight")}

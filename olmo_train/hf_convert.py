@@ -16,19 +16,15 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from olmo_data.errors import DataError
-from olmo_data.io import json_bytes
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 from olmo_train import checkpoint_files as files
-from olmo_train.checkpoint import CONFIG, TRAINER_STATE, TrainerState
-from olmo_train.checkpoint_integrity import Recorder
-from olmo_train.config import ModelConfig, TrainConfig, save_config
+from olmo_train.config import ModelConfig, TrainConfig
 from olmo_train.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
 from olmo_train.hf_files import (
     CONFIG_JSON,
@@ -105,7 +101,7 @@ def export_hf(
         write_safetensors(hf_state, tmp, max_shard_bytes)
         del hf_state  # the reload below must not hold a second copy
         if tok is not None:
-            _write_tokenizer(tok, ids, model, tmp)
+            write_tokenizer(tok, ids, model, tmp)
         _verify_export(tmp, model, reference)
     log.info("exported %s to %s in %.1f s", source, dest, time.perf_counter() - t0)
     return dest
@@ -132,14 +128,14 @@ def _export_tokenizer(
     own = source / files.TOKENIZER_FILE
     if recorded is None and own.is_file():
         where = f"the checkpoint's {files.TOKENIZER_FILE}"
-        tok = _load(str(own))
+        tok = load_hf_tokenizer(str(own))
         recorded = {"name": own.name, "path": str(own), "sha256": tok.sha256}
         recorded.update(_special_ids(source / "tokenizer_config.json", tok))
     if recorded is None and given is None:
         log.warning("no tokenizer: the run's data has no manifest naming one; pass --tokenizer to include one")
         return None, dict.fromkeys(SPECIAL)
     if given is not None:
-        tok = _load(given)
+        tok = load_hf_tokenizer(given)
         if recorded and tok.sha256 != recorded["sha256"]:
             if not force:
                 raise DataError(
@@ -155,7 +151,7 @@ def _export_tokenizer(
                 f"{where} records tokenizer {recorded.get('name')!r} at {path or '(no path)'}, which is not here; "
                 f"pass --tokenizer with that tokenizer.json (sha256 {recorded['sha256']})"
             )
-        tok = _load(path)
+        tok = load_hf_tokenizer(path)
         if tok.sha256 != recorded["sha256"]:
             if not force:
                 raise DataError(
@@ -184,13 +180,14 @@ def _special_ids(path: Path, tok: Tokenizer) -> dict[str, Any]:
     return out
 
 
-def _load(spec: str) -> Tokenizer:
+def load_hf_tokenizer(spec: str) -> Tokenizer:
+    """A tokenizer that transformers can ship: a tokenizer.json (local, or a hub id where a network exists)."""
     if spec.endswith(".tiktoken"):
         raise DataError(f"{spec}: transformers needs a tokenizer.json, not a .tiktoken ranks file")
     return load_tokenizer(spec, "hf")
 
 
-def _write_tokenizer(tok: Tokenizer, ids: dict[str, Any], model: ModelConfig, directory: Path) -> None:
+def write_tokenizer(tok: Tokenizer, ids: dict[str, Any], model: ModelConfig, directory: Path) -> None:
     """tokenizer.json as the data was made with it, and the tokenizer_config.json that makes
     `AutoTokenizer.from_pretrained` load it as a fast tokenizer with its special tokens."""
     if os.path.isfile(tok.path):
@@ -241,7 +238,7 @@ def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, tor
 def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     """Make an unsharded checkpoint of ours (model.pt, trainer_state.json, config.yaml, tokenizer files) from a
     transformers model directory or hub id; return its path. `check` compares ours with transformers' model of
-    the source, block by block."""
+    the source, block by block, before anything is written."""
     dest = Path(destination).expanduser()
     files.refuse_existing(dest)
     if check:
@@ -249,35 +246,19 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     source = local_model_dir(model)
     t0 = time.perf_counter()
     model_cfg, state = read_hf_dir(str(source))
-    state = {k: v.to(torch.float32) for k, v in state.items()}  # fp32 master weights, as the trainer keeps them
-    if model_cfg.weight_tying:
-        state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
-    final = dest.resolve()
-    cfg = TrainConfig(
-        run_name=dest.name,
-        save_folder=f"runs/{dest.name}-finetune",
-        load_path=str(final),
-        reset_trainer_state=True,
-        model=model_cfg,
-    )
-    with files.atomic_directory(dest) as tmp:
-        log.info("writing %s", files.MODEL_FILE)
-        written = Recorder(tmp)  # checksums.json, as the trainer's checkpoints have
-        written.torch_save(state, files.MODEL_FILE)
-        save_config(cfg, tmp / CONFIG)
-        written.add_file(CONFIG)
-        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-        for name in copied:
-            written.copy(source / name, name)
-        if "tokenizer.json" not in copied:
-            log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
-        if check:
-            from olmo_train.hf_check import compare_with_transformers
+    if check:
+        from olmo_train.hf_check import compare_with_transformers
 
-            diff = compare_with_transformers(source, model_cfg, state)
-            log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
-        state_obj = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model_cfg.max_sequence_length)
-        # checksums.json, then trainer_state.json: the last file, it marks the checkpoint complete
-        written.finish(TRAINER_STATE, json_bytes(asdict(state_obj)))
+        diff = compare_with_transformers(source, model_cfg, state)
+        log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
+    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if "tokenizer.json" not in copied:
+        log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
+
+    def add_tokenizer(tmp: Path) -> None:
+        for name in copied:
+            shutil.copyfile(source / name, tmp / name)
+
+    files.write_imported(dest, model_cfg, state, add_tokenizer)
     log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

@@ -3,8 +3,9 @@
 RMSNorm, rotary position embeddings, SwiGLU MLP, QK-norm, no biases, optional grouped-query attention and
 weight tying. `norm_after=True` is OLMo-2's reordered norm (the sublayer's output is normalised before it
 joins the residual stream, which keeps the residual stream's scale in check at scale); `norm_after=False` is
-the classic pre-norm block. Attention is torch's SDPA, or flash-attn when it is installed and the model runs
-on a GPU in bf16.
+the classic pre-norm block. OLMo-1 is the pre-norm block with LayerNorm instead of RMSNorm, without learned
+scales and without QK-norm (`layer_norm_type: layer_norm`, `layer_norm_with_affine: false`). Attention is
+torch's SDPA, or flash-attn when it is installed and the model runs on a GPU in bf16.
 
 For generation (`olmo_train/generate.py`) the forward also takes explicit positions, an attention mask and a
 key/value cache; training passes none of them. Rotary tables are extended on demand, so a model runs on sequences
@@ -21,12 +22,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from olmo_train.config import ModelConfig
+from olmo_train.config import CHOICES, ModelConfig
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - depends on the machine
     flash_attn_func = None
+
+
+NORM_TYPES = CHOICES["model.layer_norm_type"]
 
 
 def mlp_hidden_size(cfg: ModelConfig) -> int:
@@ -35,15 +39,35 @@ def mlp_hidden_size(cfg: ModelConfig) -> int:
     return 128 * math.ceil(8 * cfg.d_model / 3 / 128)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
+class Norm(nn.Module):
+    """RMSNorm (OLMo-2, Llama) or LayerNorm without bias (OLMo-1), with a learned scale or none.
+
+    Without the scale the module has no parameter at all, so such a model's state dict has no norm weights, as
+    OLMo-1's checkpoints and transformers' `OlmoLayerNorm` have none.
+    """
+
+    def __init__(self, size: int, eps: float, kind: str = "rms", affine: bool = True) -> None:
         super().__init__()
+        if kind not in NORM_TYPES:
+            raise ValueError(f"norm type {kind!r}: expected one of {NORM_TYPES}")
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size))
+        self.rms = kind == "rms"
+        self.weight: nn.Parameter | None = nn.Parameter(torch.ones(size)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32 for stability under bf16 autocast, then return to the input's dtype
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        # normalise in fp32 for stability under bf16 autocast, then return to the input's dtype (transformers does
+        # so for both kinds; OLMo under autocast too, as torch runs layer_norm in fp32 there)
+        weight = self.weight.float() if self.weight is not None else None
+        if self.rms:
+            return F.rms_norm(x.float(), (x.shape[-1],), weight, self.eps).to(x.dtype)
+        return F.layer_norm(x.float(), (x.shape[-1],), weight, None, self.eps).to(x.dtype)
+
+
+def build_norm(cfg: ModelConfig, size: int, affine: bool | None = None) -> Norm:
+    """The config's norm for `size` features; `affine` defaults to `layer_norm_with_affine` (QK-norm passes
+    True: OLMo keeps its scale whatever layer_norm_with_affine says)."""
+    with_scale = cfg.layer_norm_with_affine if affine is None else affine
+    return Norm(size, cfg.layer_norm_eps, cfg.layer_norm_type, with_scale)
 
 
 def rotary_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +105,8 @@ class Attention(nn.Module):
         self.w_v = nn.Linear(cfg.d_model, kv_dim, bias=False)
         self.w_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         # OLMo-2's QK-norm normalises the whole projection (all heads together), before splitting into heads
-        self.q_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
-        self.k_norm = RMSNorm(kv_dim, cfg.layer_norm_eps) if cfg.attention_layer_norm else None
+        self.q_norm = build_norm(cfg, cfg.d_model, affine=True) if cfg.attention_layer_norm else None
+        self.k_norm = build_norm(cfg, kv_dim, affine=True) if cfg.attention_layer_norm else None
 
     def forward(
         self,
@@ -138,9 +162,9 @@ class Block(nn.Module):
         super().__init__()
         self.norm_after = cfg.norm_after
         self.attention = Attention(cfg)
-        self.attention_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.attention_norm = build_norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.mlp_norm = build_norm(cfg, cfg.d_model)
 
     def forward(
         self,
@@ -164,7 +188,7 @@ class Transformer(nn.Module):
         embedding_size = cfg.embedding_size or cfg.vocab_size
         self.embeddings = nn.Embedding(embedding_size, cfg.d_model)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
-        self.norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps)
+        self.norm = build_norm(cfg, cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, embedding_size, bias=False)
         if cfg.weight_tying:
             self.lm_head.weight = self.embeddings.weight
@@ -181,7 +205,7 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.trunc_normal_(module.weight, std=std, a=-3 * std, b=3 * std)
-            elif isinstance(module, RMSNorm):
+            elif isinstance(module, Norm) and module.weight is not None:
                 nn.init.ones_(module.weight)
 
     def forward(

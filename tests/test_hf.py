@@ -277,7 +277,7 @@ def test_bad_checkpoints_are_refused(exported: dict[str, tuple[Path, Path]], tok
     dest.rmdir()
 
     odd = save_checkpoint(tmp_path / "odd", model_config(attention_layer_norm=False), [tokens], sharded=False)
-    match = r"model\.norm_after=true with model\.attention_layer_norm=false has no transformers equivalent"
+    match = r"model\.norm_after=true, model\.attention_layer_norm=false has no transformers equivalent"
     refused(lambda: export_hf(odd, dest), match, tmp_path, dest)
 
     small = save_checkpoint(tmp_path / "small", model_config(vocab_size=1024), [tokens], sharded=False)
@@ -319,7 +319,7 @@ def test_bad_transformers_models_are_refused(exported: dict[str, tuple[Path, Pat
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
     cases = {
-        str(gpt2): r"model_type 'gpt2' is not supported; import takes olmo2 or llama",
+        str(gpt2): r"model_type 'gpt2' is not supported; import takes olmo2, llama, olmo",
         variant("gelu", hidden_act="gelu"): r"hidden_act is 'gelu'; only 'silu' is supported",
         variant("bias", attention_bias=True): r"attention_bias is True; only False is supported",
         variant("mlp-bias", mlp_bias=True): r"mlp_bias is True; only False is supported",

@@ -1,0 +1,409 @@
+"""OLMo's own checkpoints (the `allenai/OLMo` trainer's unsharded `stepN-unsharded/`: model.pt + config.yaml) as
+models of ours: `olmo-train import-olmo`, and `load_model` on such a directory.
+
+OLMo's layout is one more name table (`OLMO_TENSORS`, read by hf.py's two table functions): its attention input
+is one fused `att_proj` (q, k, v rows, in that order) and its MLP input one fused `ff_proj` whose first half is
+the "up" projection and second half the gate (its SwiGLU does `x, gate = x.chunk(2); silu(gate) * x`). Its config
+keys mostly have our names, with two traps: OLMo's `mlp_hidden_size` (or `mlp_ratio * d_model`) is the fused
+width, twice our SwiGLU hidden size; and a key the file leaves out takes OLMo's default, which is GPT-2's
+(biases on, RoPE off, LayerNorm), not ours. Options our model does not compute (ALiBi, biases, clipped q/k/v, the
+llama block, MoE) are refused by their config key rather than imported as a model that computes something else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from olmo_data.errors import DataError
+from olmo_data.io import is_remote
+from olmo_train.checkpoint import CONFIG, TRAINER_STATE
+from olmo_train.config import ModelConfig
+from olmo_train.hf import ConfigField, Fused, TensorTable, to_our_state, to_their_state
+from olmo_train.model import mlp_hidden_size
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.pt"
+
+OLMO_TENSORS = TensorTable(
+    (
+        ("embeddings.weight", "transformer.wte.weight"),
+        ("blocks.{i}.attention.w_out.weight", "transformer.blocks.{i}.attn_out.weight"),
+        ("blocks.{i}.mlp.w_down.weight", "transformer.blocks.{i}.ff_out.weight"),
+        # pre-norm: the norm before each sublayer; norm_after (OLMo-2): the norm of its output, under the same name
+        ("blocks.{i}.attention_norm.weight", "transformer.blocks.{i}.attn_norm.weight"),
+        ("blocks.{i}.mlp_norm.weight", "transformer.blocks.{i}.ff_norm.weight"),
+        ("blocks.{i}.attention.q_norm.weight", "transformer.blocks.{i}.q_norm.weight"),
+        ("blocks.{i}.attention.k_norm.weight", "transformer.blocks.{i}.k_norm.weight"),
+        ("norm.weight", "transformer.ln_f.weight"),
+        ("lm_head.weight", "transformer.ff_out.weight"),  # absent when weight_tying
+    ),
+    fused=(
+        Fused(
+            "transformer.blocks.{i}.att_proj.weight",
+            ("blocks.{i}.attention.w_q.weight", "blocks.{i}.attention.w_k.weight", "blocks.{i}.attention.w_v.weight"),
+        ),
+        Fused("transformer.blocks.{i}.ff_proj.weight", ("blocks.{i}.mlp.w_up.weight", "blocks.{i}.mlp.w_gate.weight")),
+    ),
+)
+
+# OLMo's ModelConfig defaults (olmo/config.py) for the keys read here: what OLMo builds when config.yaml leaves
+# a key out. They are GPT-2's, not ours.
+OLMO_DEFAULTS: dict[str, Any] = {
+    "d_model": 768,
+    "n_heads": 12,
+    "n_kv_heads": None,
+    "multi_query_attention": None,
+    "n_layers": 12,
+    "mlp_ratio": 4,
+    "mlp_hidden_size": None,
+    "vocab_size": 50257,
+    "embedding_size": 50304,
+    "max_sequence_length": 1024,
+    "rope_theta": 10_000,
+    "layer_norm_type": "default",
+    "layer_norm_with_affine": True,
+    "layer_norm_eps": 1e-5,
+    "attention_layer_norm": False,
+    "attention_layer_norm_with_affine": True,
+    "norm_after": False,
+    "weight_tying": True,
+    "init_std": 0.02,
+    "block_type": "sequential",
+    "block_group_size": 1,
+    "activation_type": "swiglu",
+    "alibi": False,
+    "rope": False,
+    "include_bias": True,
+    "bias_for_layer_norm": None,
+    "clip_qkv": None,
+    "scale_logits": False,
+    "embedding_layer_norm": False,
+}
+
+# OLMo's LayerNorm kinds: "low_precision" is the same LayerNorm run in the autocast dtype (identical in fp32)
+_NORM_TYPES = {"default": "layer_norm", "low_precision": "layer_norm", "rms": "rms"}
+
+
+def _kv_heads(olmo: dict[str, Any]) -> Any:
+    """OLMo's effective_n_kv_heads: n_kv_heads, else 1 with the older multi_query_attention flag, else n_heads."""
+    n, mqa = olmo["n_kv_heads"], olmo["multi_query_attention"]
+    if n is None:
+        return 1 if mqa else olmo["n_heads"]
+    if mqa is not None and n != (1 if mqa else olmo["n_heads"]):
+        raise DataError(
+            f"model.n_kv_heads is {n} with model.multi_query_attention {json.dumps(mqa)}; OLMo itself refuses both"
+        )
+    return n
+
+
+def _mlp_hidden(olmo: dict[str, Any]) -> Any:
+    """Our SwiGLU hidden size: half of OLMo's fused ff_proj width (up and gate side by side), which is
+    mlp_hidden_size, else mlp_ratio * d_model."""
+    fused = olmo["mlp_hidden_size"]
+    if fused is None:
+        fused = _as_kind(olmo["mlp_ratio"], int, "model.mlp_ratio") * _as_kind(olmo["d_model"], int, "model.d_model")
+    if not isinstance(fused, int) or isinstance(fused, bool) or fused % 2:
+        raise DataError(f"model.mlp_hidden_size (ff_proj's width) is {fused!r}; expected an even int (up + gate)")
+    return fused // 2
+
+
+def _norm_type(olmo: dict[str, Any]) -> Any:
+    kind = olmo["layer_norm_type"]
+    if kind not in _NORM_TYPES:
+        raise DataError(f"model.layer_norm_type is {json.dumps(kind)}; OLMo's kinds are {', '.join(_NORM_TYPES)}")
+    return _NORM_TYPES[kind]
+
+
+# OLMo's keys and our fields (same names; `read` and `export` where the meaning differs)
+FIELDS: tuple[ConfigField, ...] = (
+    ConfigField("d_model", "d_model", int),
+    ConfigField("n_heads", "n_heads", int),
+    ConfigField("n_kv_heads", "n_kv_heads", int, export=lambda m: m.n_kv_heads or m.n_heads, read=_kv_heads),
+    ConfigField("n_layers", "n_layers", int),
+    ConfigField("mlp_hidden_size", "mlp_hidden_size", int, export=lambda m: 2 * mlp_hidden_size(m), read=_mlp_hidden),
+    ConfigField("vocab_size", "vocab_size", int),
+    ConfigField(
+        "embedding_size",
+        "embedding_size",
+        int,
+        export=lambda m: m.embedding_size or m.vocab_size,
+        read=lambda o: o["embedding_size"] or o["vocab_size"],
+    ),
+    ConfigField("max_sequence_length", "max_sequence_length", int),
+    ConfigField("rope_theta", "rope_theta", float),
+    ConfigField(
+        "layer_norm_type",
+        "layer_norm_type",
+        str,
+        export=lambda m: "rms" if m.layer_norm_type == "rms" else "default",
+        read=_norm_type,
+    ),
+    ConfigField("layer_norm_with_affine", "layer_norm_with_affine", bool),
+    ConfigField("layer_norm_eps", "layer_norm_eps", float),
+    ConfigField("attention_layer_norm", "attention_layer_norm", bool),
+    ConfigField("norm_after", "norm_after", bool),
+    ConfigField("weight_tying", "weight_tying", bool),
+    ConfigField("init_std", "init_std", float),
+)
+
+# OLMo options our model does not have: the values under which they change nothing, and what else would be needed
+REQUIRED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("block_type", ("sequential",), "the llama and MoE blocks are other architectures"),
+    ("activation_type", ("swiglu",), "our MLP is SwiGLU"),
+    ("alibi", (False,), "positions are RoPE only"),
+    ("rope", (True,), "positions are RoPE only"),
+    ("include_bias", (False,), "our linear layers have no biases"),
+    ("bias_for_layer_norm", (None, False), "our norms have no biases"),
+    ("clip_qkv", (None,), "our attention does not clip q, k and v"),
+    ("scale_logits", (False,), "our logits are not scaled"),
+    ("embedding_layer_norm", (False,), "our embeddings are not normalised"),
+)
+
+# OLMo's keys that change nothing a converted model computes: dropout (ours has none), initialisation, kernels,
+# precision, special token ids (the tokenizer's business)
+IGNORED = frozenset(
+    {
+        "attention_dropout",
+        "residual_dropout",
+        "embedding_dropout",
+        "flash_attention",
+        "init_device",
+        "init_fn",
+        "init_cutoff_factor",
+        "scale_emb_init",
+        "emb_init_std",
+        "precision",
+        "rope_full_precision",
+        "alibi_bias_max",
+        "eos_token_id",
+        "pad_token_id",
+    }
+)
+
+
+def _yaml(value: Any) -> str:
+    return json.dumps(value) if value is None or isinstance(value, (bool, str)) else str(value)
+
+
+def model_config_from_olmo(section: dict[str, Any], source: str = CONFIG) -> ModelConfig:
+    """Our ModelConfig for the `model:` section of an OLMo config.yaml, refusing by key any option that would make
+    OLMo's model compute something ours does not."""
+    olmo = {**OLMO_DEFAULTS, **section}
+    for key, allowed, why in REQUIRED:
+        if not any(type(olmo[key]) is type(a) and olmo[key] == a for a in allowed):
+            given = "" if key in section else " (OLMo's default: the key is absent)"
+            raise DataError(
+                f"{source}: model.{key} is {_yaml(olmo[key])}{given}; only {' or '.join(map(_yaml, allowed))} can be "
+                f"imported ({why})"
+            )
+    unknown = sorted(k for k, v in section.items() if k not in OLMO_DEFAULTS and k not in IGNORED and v)
+    if unknown:
+        key = unknown[0]
+        raise DataError(
+            f"{source}: model.{key} is {_yaml(section[key])}, an OLMo option this import does not know; it cannot "
+            "tell what the model computes with it"
+        )
+    if olmo["attention_layer_norm"] and not olmo["attention_layer_norm_with_affine"]:
+        raise DataError(
+            f"{source}: model.attention_layer_norm_with_affine is false; only true can be imported (our QK-norm "
+            "has a learned scale)"
+        )
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        try:
+            raw = f.read(olmo) if f.read else olmo[f.theirs]
+        except DataError as e:
+            raise DataError(f"{source}: {e}") from e
+        values[f.ours] = _as_kind(raw, f.kind, f"{source}: model.{f.theirs}")
+    if values["embedding_size"] == values["vocab_size"]:
+        values["embedding_size"] = None
+    if olmo["layer_norm_type"] == "low_precision":
+        log.info("%s: model.layer_norm_type low_precision is imported as layer_norm (normalised in fp32)", source)
+    model = ModelConfig(**values)
+    _check_shape(model, source)
+    return model
+
+
+def _as_kind(value: Any, kind: type, where: str) -> Any:
+    """`value` as an int, float, bool or str, or a refusal; a float may be a string, as PyYAML reads `1e-6`."""
+    if kind is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    raise DataError(f"{where} is {_yaml(value)}; expected a {kind.__name__}")
+
+
+def _check_shape(model: ModelConfig, source: str) -> None:
+    heads, kv_heads = model.n_heads, model.n_kv_heads or model.n_heads
+    if model.d_model % heads or (model.d_model // heads) % 2:
+        raise DataError(f"{source}: model.d_model {model.d_model} must be n_heads {heads} heads of an even size")
+    if heads % kv_heads:
+        raise DataError(f"{source}: model.n_heads {heads} is not a multiple of the {kv_heads} key/value heads")
+    if model.embedding_size is not None and model.embedding_size < model.vocab_size:
+        raise DataError(f"{source}: model.embedding_size {model.embedding_size} < model.vocab_size {model.vocab_size}")
+
+
+def olmo_model_section(model: ModelConfig) -> dict[str, Any]:
+    """The `model:` section of an OLMo config.yaml for our model (every key this import reads, explicit)."""
+    out = dict(OLMO_DEFAULTS)
+    out.update({key: allowed[0] for key, allowed, _ in REQUIRED})
+    for f in FIELDS:
+        out[f.theirs] = f.export(model) if f.export else getattr(model, f.ours)
+    return out
+
+
+# ---- files --------------------------------------------------------------------------------------------------
+
+
+def _fetch(spec: str, name: str) -> Path:
+    """`name` of the checkpoint at `spec`: the file itself when local, else a download through cached-path."""
+    if not is_remote(spec):
+        return Path(spec).expanduser() / name
+    from cached_path import cached_path
+
+    url = f"{spec.rstrip('/')}/{name}"
+    try:
+        return Path(cached_path(url))
+    except Exception as e:
+        raise DataError(f"{url}: cannot fetch it ({type(e).__name__}: {e})") from e
+
+
+def _exists(spec: str, name: str) -> bool:
+    try:
+        return _fetch(spec, name).is_file()
+    except DataError:
+        return False
+
+
+def is_olmo_checkpoint(spec: str) -> bool:
+    """An OLMo trainer's unsharded checkpoint: config.yaml and model.pt, without the trainer_state.json every
+    checkpoint of ours has (remote: asked of the server, the small files only)."""
+    if is_remote(spec):
+        return not _exists(spec, TRAINER_STATE) and _exists(spec, CONFIG)
+    return _exists(spec, CONFIG) and _exists(spec, MODEL_FILE) and not _exists(spec, TRAINER_STATE)
+
+
+def read_olmo_config(spec: str) -> tuple[ModelConfig, dict[str, Any]]:
+    """Our ModelConfig for an OLMo checkpoint, and its whole config.yaml (the tokenizer, special ids)."""
+    path = _fetch(spec, CONFIG)
+    where = f"{spec.rstrip('/')}/{CONFIG}"
+    if not is_remote(spec):
+        directory = Path(spec).expanduser()
+        if not directory.is_dir():
+            raise DataError(f"{spec}: no such checkpoint directory")
+        if (directory / TRAINER_STATE).exists():
+            raise DataError(
+                f"{spec}: a checkpoint of this project ({TRAINER_STATE}), not OLMo's; use it as it is (--load_path, "
+                "generate, export-hf)"
+            )
+        if not path.is_file():
+            raise DataError(f"{spec}: no {CONFIG}; OLMo's checkpoint directories hold their run's config there")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DataError(f"{where}: not valid YAML ({e})") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise DataError(f"{where}: no `model:` section; not the config.yaml of an OLMo checkpoint")
+    return model_config_from_olmo(config["model"], where), config
+
+
+def read_olmo_checkpoint(spec: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Our ModelConfig and state dict for OLMo's unsharded checkpoint at `spec` (a directory or URL), and its
+    config.yaml. The config is read and checked before the weights are fetched."""
+    model, config = read_olmo_config(spec)
+    return model, read_olmo_weights(spec, model, config), config
+
+
+def read_olmo_weights(spec: str, model: ModelConfig, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model.pt of OLMo's checkpoint at `spec` under our names, checked against `model`."""
+    if not _exists(spec, MODEL_FILE):
+        raise DataError(
+            f"{spec}: no {MODEL_FILE}; only OLMo's unsharded checkpoints (stepN-unsharded) are read: unshard a "
+            "sharded one with OLMo's scripts/unshard.py first"
+        )
+    weights = _fetch(spec, MODEL_FILE)
+    where = f"{spec.rstrip('/')}/{MODEL_FILE}"
+    log.info("reading %s", where)
+    try:  # weights_only: plain tensors, nothing else unpickled; mmap: read as the tensors are used
+        olmo_state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:
+        raise DataError(f"{where}: cannot be read as a state dict of tensors ({type(e).__name__}: {e})") from e
+    if not isinstance(olmo_state, dict) or not all(isinstance(v, torch.Tensor) for v in olmo_state.values()):
+        raise DataError(f"{where}: expected a dict of tensors (an OLMo model state dict)")
+    group = config["model"].get("block_group_size") or 1
+    olmo_state = {_plain_name(k, group): v for k, v in olmo_state.items()}
+    return to_our_state(OLMO_TENSORS, olmo_state, model, "OLMo", where)
+
+
+_BLOCK_GROUP = re.compile(r"transformer\.block_groups\.(\d+)\.(\d+)\.")
+
+
+def _plain_name(key: str, group_size: int) -> str:
+    """OLMo's own loader accepts two other spellings of its names: an FSDP wrapper's prefix, and blocks grouped by
+    `block_group_size` (`block_groups.G.J` is block G * size + J)."""
+    key = key.replace("_fsdp_wrapped_module.", "")
+    m = _BLOCK_GROUP.match(key)
+    if m:
+        key = f"transformer.blocks.{int(m[1]) * group_size + int(m[2])}.{key[m.end() :]}"
+    return key
+
+
+def to_olmo_state(state: dict[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict under OLMo's names, fused tensors concatenated (the tied head left out, as OLMo has it)."""
+    return to_their_state(OLMO_TENSORS, state, model, "OLMo", "the model state")
+
+
+def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = None) -> Path:
+    """Make an unsharded checkpoint of ours (model.pt, config.yaml, trainer_state.json, and the tokenizer when one
+    is given) from OLMo's unsharded checkpoint directory or URL; return its path.
+
+    OLMo's checkpoints carry no tokenizer (their config names one, `tokenizer.identifier`); `tokenizer` is that
+    tokenizer.json, shipped with the eos and pad ids OLMo's config states, so that `generate` and `export-hf`
+    work on the result."""
+    from olmo_train import checkpoint_files as files
+    from olmo_train.hf_convert import load_hf_tokenizer, write_tokenizer
+
+    dest = Path(destination).expanduser()
+    files.refuse_existing(dest)
+    t0 = time.perf_counter()
+    model, config = read_olmo_config(checkpoint)  # refused before the (large) weights are fetched
+    tok = load_hf_tokenizer(tokenizer) if tokenizer is not None else None
+    rows = model.embedding_size or model.vocab_size
+    if tok is not None and tok.vocab_size > rows:
+        raise DataError(
+            f"{tokenizer}: {tok.vocab_size} tokens, but the model's embedding has {rows} rows; ids past {rows - 1} "
+            "would have no embedding: give the tokenizer the model was trained with"
+        )
+    if tok is None:
+        named = (config.get("tokenizer") or {}).get("identifier")
+        log.warning(
+            "%s: OLMo's checkpoints carry no tokenizer (its config names %s); pass it as --tokenizer for generate and "
+            "export-hf to use",
+            checkpoint,
+            named or "none",
+        )
+    state = read_olmo_weights(checkpoint, model, config)
+
+    def add_tokenizer(tmp: Path) -> None:
+        if tok is not None:  # with the special ids OLMo's config states (OLMo uses no BOS)
+            special = {"bos": None, **{s: config["model"].get(f"{s}_token_id") for s in ("eos", "pad")}}
+            ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
+            write_tokenizer(tok, ids, model, tmp)
+
+    files.write_imported(dest, model, state, add_tokenizer)
+    log.info("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
+    return dest
