@@ -50,6 +50,7 @@ class ModelConfig:
     init_std: float = 0.02
     flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
     activation_checkpointing: bool = False
+    loss_chunk_tokens: int | None = None  # tokens per chunk of the output head + loss; None: 128 MiB of fp32 logits
 
 
 @dataclass
@@ -313,6 +314,8 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         raise ConfigError("config: no training data; set data.paths (token files or directories) or data.mix")
     if cfg.data.paths and cfg.data.mix:
         raise ConfigError("config: set either data.paths or data.mix, not both")
+    if cfg.model.loss_chunk_tokens is not None and cfg.model.loss_chunk_tokens < 1:
+        raise ConfigError(f"config key 'model.loss_chunk_tokens': must be positive, got {cfg.model.loss_chunk_tokens}")
     if cfg.data.label_mask_paths is not None and len(cfg.data.label_mask_paths) != len(cfg.data.paths):
         raise ConfigError(
             f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "

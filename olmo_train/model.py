@@ -23,6 +23,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from olmo_train.config import CHOICES, ModelConfig
+from olmo_train.loss import token_loss_sum
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -215,8 +216,11 @@ class Transformer(nn.Module):
         mask: torch.Tensor | None = None,
         cache: list[LayerCache] | None = None,
         last_only: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, embedding_size) logits.
+        """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
+        (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
+        (`olmo_train.loss`): training passes them.
 
         Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
@@ -234,6 +238,8 @@ class Transformer(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
+        if labels is not None:
+            return token_loss_sum(self.norm(x[:, :-1]), self.lm_head.weight, labels, self.cfg.loss_chunk_tokens)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # type: ignore[no-any-return]

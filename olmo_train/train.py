@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from olmo_data.errors import DataError
@@ -86,11 +85,9 @@ def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
 
 
 def token_loss_sum(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of the cross-entropy of every supervised target token (labels -100 are skipped)."""
-    logits = model(input_ids)[:, :-1]
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
-    )
+    """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
+    model's forward (where FSDP has the output head gathered) a chunk of tokens at a time."""
+    return model(input_ids, labels=labels)  # type: ignore[no-any-return]
 
 
 def train_step(
