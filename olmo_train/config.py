@@ -51,6 +51,9 @@ class ModelConfig:
     flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
     activation_checkpointing: bool = False
     loss_chunk_tokens: int | None = None  # tokens per chunk of the output head + loss; None: 128 MiB of fp32 logits
+    document_masking: bool = False  # attend only within each document of a packed instance (olmo_train/documents)
+    document_positions: bool = False  # with document_masking: rotary positions restart at each document
+    eos_token_id: int | None = None  # ends a document, for document_masking; None: the data manifests' eos_token_id
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from olmo_train.config import CHOICES, ModelConfig
+from olmo_train.documents import document_mask, document_positions
 from olmo_train.loss import token_loss_sum
 
 try:  # optional: only on GPU machines that have it
@@ -217,6 +218,7 @@ class Transformer(nn.Module):
         cache: list[LayerCache] | None = None,
         last_only: bool = False,
         labels: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
         (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
@@ -224,9 +226,15 @@ class Transformer(nn.Module):
 
         Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
-        only (the output head is the largest matmul at a 100K vocabulary).
+        only (the output head is the largest matmul at a 100K vocabulary). Training with `model.document_masking`
+        passes `doc_ids` (B, T), each token's document within its row (`olmo_train.documents`): attention then
+        stays within documents, and with `model.document_positions` positions restart at each.
         """
         T = input_ids.shape[1]
+        if doc_ids is not None:
+            mask = document_mask(doc_ids)
+            if self.cfg.document_positions:
+                positions = document_positions(doc_ids)
         self._extend_rotary(T if positions is None else int(positions.max()) + 1)
         if positions is None:
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
@@ -235,7 +243,7 @@ class Transformer(nn.Module):
         x = self.embeddings(input_ids)
         for i, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:  # recompute activations in backward
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
         if labels is not None:

@@ -26,6 +26,7 @@ from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import TrainConfig, load_config, save_config
 from olmo_train.data import Batch, TrainData, eval_batches, labels_for
+from olmo_train.documents import boundary_token, doc_ids_from_eos
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -84,10 +85,15 @@ def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
     return parallelize(model, cfg, d), model
 
 
-def token_loss_sum(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def token_loss_sum(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
-    model's forward (where FSDP has the output head gathered) a chunk of tokens at a time."""
-    return model(input_ids, labels=labels)  # type: ignore[no-any-return]
+    model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with
+    model.document_masking, attention stays within the documents that EOS tokens delimit."""
+    doc_ids = None
+    if cfg.model.document_masking:
+        assert cfg.model.eos_token_id is not None  # resolved from the data at start (documents.boundary_token)
+        doc_ids = doc_ids_from_eos(input_ids, cfg.model.eos_token_id)
+    return model(input_ids, labels=labels, doc_ids=doc_ids)  # type: ignore[no-any-return]
 
 
 def train_step(
@@ -109,7 +115,7 @@ def train_step(
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     for i, start in enumerate(starts):
         with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
-            ce = token_loss_sum(model, input_ids[start : start + mbs], labels[start : start + mbs])
+            ce = token_loss_sum(model, input_ids[start : start + mbs], labels[start : start + mbs], cfg)
             (ce * scale).backward()
         loss_sum += ce.detach().double()
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
@@ -133,7 +139,7 @@ def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, cache: dict[str, Any])
         for input_ids, mask in cache[ev.label]:
             labels = labels_for(input_ids, mask).to(d.device)
             with autocast(cfg, d.device):
-                total += float(token_loss_sum(model, input_ids.to(d.device), labels))
+                total += float(token_loss_sum(model, input_ids.to(d.device), labels, cfg))
             count += float((labels != -100).sum())
         total, count = all_reduce_sum([total, count], d.device)
         out[f"eval/{ev.label}/loss"] = total / max(count, 1.0)
@@ -243,6 +249,9 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     seed_everything(cfg.seed)
     try:
         data = TrainData(cfg, d)
+        if cfg.model.document_masking:  # recorded in the saved config.yaml, so the run's boundaries are on file
+            files = [f.path for f in data.source.files]
+            cfg.model.eos_token_id = boundary_token(cfg.model.eos_token_id, files)
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
