@@ -165,3 +165,22 @@ def test_bad_requests_are_named(tokens: Path, tmp_path: Path) -> None:
         trace(cfg, some, source=source, world_size=3)
     with pytest.raises(Exception, match=r"--steps 5..2"):
         trace(cfg, some, source=source, steps=(5, 2))
+
+
+def test_sft_data_says_which_traced_tokens_were_supervised(demo_tokenizer: str, tmp_path: Path) -> None:
+    from olmo_data.chat import ChatOptions, prepare_chat
+    from olmo_data.demo import make_demo_chat
+
+    chat = make_demo_chat(tmp_path / "chat.jsonl", max_files=40)
+    prepare_chat([chat], tmp_path / "sft", ChatOptions(tokenizer=demo_tokenizer, seq_len=64, pack=True))
+    cfg = config(tmp_path, {"paths": [str(tmp_path / "sft")]}, global_train_batch_size=4, max_duration="1ep")
+    cfg["model"]["max_sequence_length"] = 64
+    source = open_from_config(cfg)
+    targets = find_documents(source, source_glob="*")
+    report = trace(cfg, targets, source=source)
+    assert report.hits and all(h.supervised is not None for h in report.hits)
+    for h in report.hits[:20]:  # the count is the label mask's over the traced span of the instance
+        _, masks = source.get_batch([h.instance])
+        assert masks is not None
+        assert h.supervised == int(masks[0][h.instance_start : h.instance_end].sum())
+    assert 0 < sum(h.supervised or 0 for h in report.hits) < sum(h.instance_end - h.instance_start for h in report.hits)
