@@ -8,6 +8,10 @@ Layout of the destination (see also olmo_data/manifest.py):
 
 Each input file is tokenized on its own into its own parts, in file order. That makes the output a function of the
 inputs and options only, byte-identical whatever `processes` is, and lets a rerun skip finished inputs.
+
+The same independence spreads one destination over machines (`Shard`, `--shard I/N`, a Slurm array): each machine
+tokenizes every N-th input into the shared destination, the last to finish writes the manifest (or `merge_shards`
+does, after all of them), and the directory ends byte-identical to a one-machine run.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import os
 import queue
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -77,6 +81,58 @@ class InputResult:
     bad_examples: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One machine's share of a tokenize run spread over `count` machines: input files index, index + count, ...
+
+    Every count-th file rather than a contiguous block, so that sorted inputs of growing size (dated dumps) spread
+    evenly. Shards share the destination: each input's parts and progress record carry its own index, so they never
+    collide, and a re-run of one shard redoes only its own unfinished inputs.
+    """
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise DataError(f"shard {self}: N must be at least 1")
+        if not 0 <= self.index < self.count:
+            raise DataError(f"shard {self}: I must be below N, from 0 to {self.count - 1}")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """`I/N`, as `--shard` takes it."""
+        index, slash, count = text.strip().partition("/")
+        if not (slash and index.isdigit() and count.isdigit()):
+            raise DataError(f"shard {text!r}: expected I/N, this machine's index (from 0) of N machines, e.g. 0/3")
+        return cls(int(index), int(count))
+
+    @classmethod
+    def from_slurm_array(cls, environ: Mapping[str, str]) -> Shard | None:
+        """This Slurm array task's shard (None outside an array task): task SLURM_ARRAY_TASK_ID of
+        SLURM_ARRAY_TASK_COUNT, counted from the array's first index, so `--array=0-2` and `--array=1-3` both
+        give shards 0/3, 1/3, 2/3. Indexes must be consecutive: `--array=0-8:4` would leave inputs to no task."""
+        if "SLURM_ARRAY_TASK_ID" not in environ or "SLURM_ARRAY_TASK_COUNT" not in environ:
+            return None
+        values = {k: environ.get(f"SLURM_ARRAY_TASK_{k}", "") for k in ("ID", "COUNT", "MIN", "STEP")}
+        values["MIN"] = values["MIN"] or "0"
+        values["STEP"] = values["STEP"] or "1"
+        if not all(v.isdigit() for v in values.values()):
+            raise DataError(f"Slurm array variables {values} are not numbers; pass --shard I/N")
+        if values["STEP"] != "1":
+            raise DataError(
+                f"SLURM_ARRAY_TASK_STEP is {values['STEP']}: shards need consecutive array indexes "
+                "(sbatch --array=0-N); or pass --shard I/N"
+            )
+        return cls(int(values["ID"]) - int(values["MIN"]), int(values["COUNT"]))
+
+    def takes(self, input_index: int) -> bool:
+        return input_index % self.count == self.index
+
+
 @dataclass
 class TokenizeSummary:
     destination: str
@@ -91,6 +147,8 @@ class TokenizeSummary:
     dtype: str
     backend: str
     bad_examples: list[str] = field(default_factory=list)
+    shard: str | None = None  # "I/N" when this call tokenized one shard; the counts above are that shard's
+    inputs_pending: int = 0  # inputs of other shards not done yet: no manifest until they are
 
     @property
     def tokens_per_second(self) -> float:
@@ -98,11 +156,25 @@ class TokenizeSummary:
 
     def line(self) -> str:
         reused = f", {self.inputs_reused} of {self.inputs} inputs already done" if self.inputs_reused else ""
-        return (
+        line = (
             f"tokenized {self.documents:,} documents into {self.tokens:,} tokens ({self.dtype}, {self.files} files, "
             f"{self.backend} backend); skipped {self.skipped_empty:,} empty and {self.skipped_bad:,} bad documents; "
             f"{self.seconds:.1f} s, {self.tokens_per_second / 1e6:.2f} M tokens/s{reused}"
         )
+        if self.shard is None:
+            return line
+        if self.inputs_pending:
+            after = (
+                f"{_count(self.inputs_pending, 'input')} of other shards still to do; the last shard to finish "
+                "(or --merge) writes manifest.json"
+            )
+        else:
+            after = "all shards done: manifest.json written"
+        return f"shard {self.shard} ({_count(self.inputs, 'input')}): {line}; {after}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -342,99 +414,178 @@ def tokenize(
     *,
     processes: int = 1,
     progress: bool | None = None,
+    shard: Shard | None = None,
 ) -> TokenizeSummary:
     """Tokenize every document of the input files into `destination`; see the module docstring for the layout.
 
     A rerun into the same destination with the same inputs and options reuses the inputs already done. Different
     inputs or options are refused, so one directory never mixes two runs. On bad input, this call's own outputs
     are removed (earlier complete inputs are kept for a rerun) and `DataError` names the file and line.
+
+    With `shard`, only that shard's inputs are tokenized, while other shards may write into the same destination
+    at the same time; the manifest is written by the shard that finds every input done when it ends.
     """
     start = time.perf_counter()
     if processes < 1:
         raise DataError(f"--processes must be at least 1, got {processes}")
-    paths = expand_patterns(documents)
-    inputs: list[dict[str, Any]] = [{"path": p, "size": file_size(p)} for p in paths]
-    tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
-    resolved = _resolve(options, tok)
-    dest = Path(destination)
-    created_dest = not dest.exists()
-    dest.mkdir(parents=True, exist_ok=True)
-    progress_dir = dest / PROGRESS_DIR
-    record = resolved.run_record(inputs)
-    _check_destination(dest, record)
+    run = _Run.open(documents, destination, options, must_exist=False)
+    dest, progress_dir, inputs = run.dest, run.dest / PROGRESS_DIR, run.inputs
     progress_dir.mkdir(exist_ok=True)
-    remove_stale_temporaries(dest)
-    write_json_atomic(progress_dir / "run.json", record)
+    if shard is None:  # alone in the destination: whatever a killed run left is stale
+        remove_stale_temporaries(dest)
+    write_json_atomic(progress_dir / "run.json", run.record)  # every shard writes the same bytes
 
-    results: dict[int, InputResult] = {}
+    mine = [i for i in range(len(inputs)) if shard is None or shard.takes(i)]
+    done = _completed(dest, inputs)
+    results = {i: done[i] for i in mine if i in done}
     todo: list[tuple[int, str, int, str]] = []
-    for i, inp in enumerate(inputs):
-        done = _load_done(progress_dir, i, inp)
-        if done is not None and all((dest / p["path"]).exists() for p in done.parts):
-            results[i] = done
-        else:
-            _remove_parts_of(dest, i)
-            todo.append((i, str(inp["path"]), int(inp["size"]), str(dest)))
+    for i in mine:
+        if i not in results:
+            _remove_parts_of(dest, i)  # parts (and temporaries) of an unfinished earlier try
+            todo.append((i, str(inputs[i]["path"]), int(inputs[i]["size"]), str(dest)))
     reused = len(results)
     written_now: list[int] = []
     try:
-        sizes = [int(inp["size"]) for inp in inputs]
-        total, reused_bytes = sum(sizes), sum(sizes[i] for i in results)
-        for result in _run_tasks(todo, resolved, tok, processes, progress, len(inputs), reused, total, reused_bytes):
+        sizes = [int(inputs[i]["size"]) for i in mine]
+        total, reused_bytes = sum(sizes), sum(int(inputs[i]["size"]) for i in results)
+        tasks = _run_tasks(todo, run.resolved, run.tok, processes, progress, len(mine), reused, total, reused_bytes)
+        for result in tasks:
             write_json_atomic(progress_dir / f"{result.index:05d}.json", asdict(result))
             results[result.index] = result
             written_now.append(result.index)
     except BaseException as e:
         if isinstance(e, DataError):  # bad input: leave nothing of this call behind
+            for task in todo:  # finished now, or cut off mid-write when the pool ended: temporaries too
+                _remove_parts_of(dest, task[0])
             for i in written_now:
-                _remove_parts_of(dest, i)
                 (progress_dir / f"{i:05d}.json").unlink(missing_ok=True)
-            if created_dest:
+            # (a shard keeps the directory and its run record: other shards may be writing there)
+            if shard is None and run.created:
                 shutil.rmtree(dest, ignore_errors=True)
-            elif not any(progress_dir.glob("[0-9]*.json")):  # nothing finished: a fixed rerun starts afresh
+            elif shard is None and not any(progress_dir.glob("[0-9]*.json")):  # a fixed rerun starts afresh
                 shutil.rmtree(progress_dir, ignore_errors=True)
         raise
 
+    if shard is not None:  # the others' inputs too, as their records say now that this shard's are written
+        results = {**_completed(dest, inputs), **results}
+    pending = len(inputs) - len(results)
+    if not pending:
+        write_json_atomic(dest / MANIFEST_NAME, run.manifest([results[i] for i in range(len(inputs))]))
+    summary = run.summary([results[i] for i in mine], reused, start)
+    summary.shard, summary.inputs_pending = (None if shard is None else str(shard)), pending
+    return summary
+
+
+def merge_shards(
+    documents: Sequence[str], destination: str | os.PathLike[str], options: TokenizeOptions
+) -> TokenizeSummary:
+    """Write the manifest of a destination that shards (`tokenize(..., shard=...)`) filled, once all are done.
+
+    The last shard to finish does this by itself; this is the step to run after all of them (a job that depends on
+    the array, say) when that is not certain: a shard killed after its last input, or a file system whose listings
+    lag behind other machines' writes. Tokenizes nothing; refuses, naming them, while inputs are missing.
+    """
+    start = time.perf_counter()
+    run = _Run.open(documents, destination, options, must_exist=True)
+    dest, inputs = run.dest, run.inputs
+    results = _completed(dest, inputs)
+    missing = [i for i in range(len(inputs)) if i not in results]
+    if missing:
+        named = ", ".join(f"#{i} {inputs[i]['path']}" for i in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise DataError(
+            f"{dest}: {len(missing)} of {len(inputs)} inputs are not tokenized yet ({named}); rerun the shards "
+            f"that take them (input #i belongs to shard i mod N of --shard I/N), then --merge again"
+        )
+    remove_stale_temporaries(dest)  # every input is done: no shard is writing here
     ordered = [results[i] for i in range(len(inputs))]
-    files = [dict(part, input=r.index) for r in ordered for part in r.parts]
-    totals = {
-        "documents": sum(r.documents for r in ordered),
-        "tokens": sum(r.tokens for r in ordered),
-        "skipped_empty": sum(r.skipped_empty for r in ordered),
-        "skipped_bad": sum(r.skipped_bad for r in ordered),
+    write_json_atomic(dest / MANIFEST_NAME, run.manifest(ordered))
+    return run.summary(ordered, len(ordered), start)
+
+
+@dataclass
+class _Run:
+    """The inputs, tokenizer and options of one tokenize run into `dest`, checked against what `dest` holds."""
+
+    dest: Path
+    created: bool
+    inputs: list[dict[str, Any]]
+    tok: Tokenizer
+    resolved: _Resolved
+    record: dict[str, Any]
+
+    @classmethod
+    def open(
+        cls, documents: Sequence[str], destination: str | os.PathLike[str], options: TokenizeOptions, must_exist: bool
+    ) -> _Run:
+        paths = expand_patterns(documents)
+        inputs: list[dict[str, Any]] = [{"path": p, "size": file_size(p)} for p in paths]
+        tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
+        resolved = _resolve(options, tok)
+        dest = Path(destination)
+        record = resolved.run_record(inputs)
+        if must_exist and not (dest / PROGRESS_DIR / "run.json").is_file():
+            raise DataError(f"{dest}: no tokenize run recorded there; run the shards (--shard I/N) first")
+        created = not dest.exists()
+        dest.mkdir(parents=True, exist_ok=True)
+        _check_destination(dest, record)
+        return cls(dest, created, inputs, tok, resolved, record)
+
+    def manifest(self, ordered: list[InputResult]) -> dict[str, Any]:
+        """What the directory holds, from every input's result in input order: the same bytes however many
+        processes or shards produced them."""
+        return {
+            "format": "olmo-data.tokens",
+            "version": MANIFEST_VERSION,
+            "tool_version": __version__,
+            "dtype": self.resolved.dtype,
+            "tokenizer": self.resolved.tokenizer_identity,
+            "eos_token_id": self.resolved.eos,
+            "bos_token_id": self.resolved.bos,
+            "pad_token_id": self.tok.pad_token_id,
+            "options": _recorded_options(self.resolved.options),
+            "inputs": self.inputs,
+            "files": [dict(part, input=r.index) for r in ordered for part in r.parts],
+            "totals": _totals(ordered),
+        }
+
+    def summary(self, results: list[InputResult], reused: int, start: float) -> TokenizeSummary:
+        """What this call did (`results`: the inputs it was given, `reused` of them done before it)."""
+        return TokenizeSummary(
+            destination=str(self.dest),
+            files=sum(len(r.parts) for r in results),
+            inputs=len(results),
+            inputs_reused=reused,
+            seconds=time.perf_counter() - start,
+            dtype=self.resolved.dtype,
+            backend=self.tok.backend,
+            bad_examples=[m for r in results for m in r.bad_examples][:5],
+            **_totals(results),
+        )
+
+
+class _Totals(TypedDict):
+    documents: int
+    tokens: int
+    skipped_empty: int
+    skipped_bad: int
+
+
+def _totals(results: list[InputResult]) -> _Totals:
+    return {
+        "documents": sum(r.documents for r in results),
+        "tokens": sum(r.tokens for r in results),
+        "skipped_empty": sum(r.skipped_empty for r in results),
+        "skipped_bad": sum(r.skipped_bad for r in results),
     }
-    manifest = {
-        "format": "olmo-data.tokens",
-        "version": MANIFEST_VERSION,
-        "tool_version": __version__,
-        "dtype": resolved.dtype,
-        "tokenizer": resolved.tokenizer_identity,
-        "eos_token_id": resolved.eos,
-        "bos_token_id": resolved.bos,
-        "pad_token_id": tok.pad_token_id,
-        "options": _recorded_options(options),
-        "inputs": inputs,
-        "files": files,
-        "totals": totals,
-    }
-    write_json_atomic(dest / MANIFEST_NAME, manifest)
-    return TokenizeSummary(
-        destination=str(dest),
-        files=len(files),
-        inputs=len(inputs),
-        inputs_reused=reused,
-        seconds=time.perf_counter() - start,
-        dtype=resolved.dtype,
-        backend=tok.backend,
-        bad_examples=[m for r in ordered for m in r.bad_examples][:5],
-        **totals,
-    )
 
 
 def _check_destination(dest: Path, record: dict[str, Any]) -> None:
     """Refuse a destination that holds output of a different run, saying what differs (inputs, options or
     tokenizer, and which)."""
     run_file = dest / PROGRESS_DIR / "run.json"
+    # listed before looking for the run record: a shard starting beside others may see their parts appear, but
+    # those come only after the record, which is then found
+    leftovers = [p.name for p in dest.iterdir() if p.name.startswith("part-") or p.name == MANIFEST_NAME]
     if run_file.exists():
         try:
             previous = json.loads(run_file.read_text())
@@ -447,7 +598,6 @@ def _check_destination(dest: Path, record: dict[str, Any]) -> None:
                 "use an empty destination, or delete this one to start over"
             )
         return
-    leftovers = [p.name for p in dest.iterdir() if p.name.startswith("part-") or p.name == MANIFEST_NAME]
     if leftovers:
         raise DataError(
             f"{dest}: already holds token files ({leftovers[0]}, ...) that this tool did not record; "
@@ -483,6 +633,17 @@ def _what_differs(previous: dict[str, Any], record: dict[str, Any]) -> str:
     return "; ".join(found) or "other inputs, options or tokenizer"
 
 
+def _completed(dest: Path, inputs: list[dict[str, Any]]) -> dict[int, InputResult]:
+    """The inputs done (by this process, an earlier run or another shard): a progress record for the same file
+    and size, and all the parts it names."""
+    done = {}
+    for i, inp in enumerate(inputs):
+        result = _load_done(dest / PROGRESS_DIR, i, inp)
+        if result is not None and all((dest / p["path"]).exists() for p in result.parts):
+            done[i] = result
+    return done
+
+
 def _load_done(progress_dir: Path, index: int, inp: dict[str, Any]) -> InputResult | None:
     record = progress_dir / f"{index:05d}.json"
     if not record.exists():
@@ -494,8 +655,10 @@ def _load_done(progress_dir: Path, index: int, inp: dict[str, Any]) -> InputResu
 
 
 def _remove_parts_of(dest: Path, index: int) -> None:
-    for p in dest.glob(f"part-{index:05d}-*"):
-        p.unlink(missing_ok=True)
+    """One input's parts, and the temporaries of a killed try at it (only its own: shards may be writing theirs)."""
+    for pattern in (f"part-{index:05d}-*", f".tmp-part-{index:05d}-*"):
+        for p in dest.glob(pattern):
+            p.unlink(missing_ok=True)
 
 
 def _run_tasks(

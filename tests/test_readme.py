@@ -1,8 +1,8 @@
 """Every README code block runs as written, in order, the way a newcomer would paste them after the set-up commands.
 
 The shell and Python blocks are taken from README.md and run one after another in a fresh working directory
-(holding the repository's `configs/` and `notebooks/`), so a renamed option, a missing step or an undefined name in a snippet
-fails here. A block that cannot run on a CPU-only machine without a network says so just above its fence:
+(holding the repository's `configs/` and `notebooks/`), so a renamed option, a missing step or an undefined name
+in a snippet fails here. A block that cannot run on a CPU-only machine without a network says so just above its fence:
 `<!-- readme-test: skip: REASON -->`; the reason is part of the README, so the reader knows it too.
 """
 
