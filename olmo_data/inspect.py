@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instances import InstanceSource, open_from_config
-from olmo_data.io import default_cache_dir, is_remote, open_file, read_yaml
+from olmo_data.io import default_cache_dir, is_remote, local_copy, open_file, read_yaml
 from olmo_data.manifest import read_manifest
 from olmo_data.order import (
     BatchPosition,
@@ -40,6 +41,7 @@ from olmo_data.order import (
     read_order_range,
     step_position,
 )
+from olmo_data.remote import remote_reader
 
 DOCINDEX_VERSION = 2
 INDEX_JSON = "index.json"
@@ -162,14 +164,39 @@ class DocIndex:
     def __init__(self, cache_dir: str | None = None) -> None:
         self.root = Path(cache_dir or default_cache_dir()) / "docindex"
         self._files: dict[str, _FileIndex | None] = {}
+        self._sizes: dict[str, int] = {}  # remote metadata files' sizes (part of their index's key)
         self._lock = threading.Lock()
         self.built = 0  # how many indexes this object had to build (tests check that lookups reuse them)
 
+    def prepare(self, files: Iterable[tuple[str, str | None]]) -> None:
+        """Get ready to look up these (token file, metadata) pairs, doing at once what one lookup after another
+        would do in turn: ask for the sizes of the remote metadata files (each index's key needs one: a HEAD
+        request), and build the indexes not built yet (each a download and a parse). A batch touches up to
+        hundreds of files; in turn, each would cost network round trips."""
+        with self._lock:
+            todo = {m for t, m in files if m and t not in self._files}
+            urls = sorted({m for m in todo if is_remote(m)} - set(self._sizes))
+        if urls:
+            sizes = remote_reader().sizes(urls)
+            with self._lock:
+                self._sizes.update(zip(urls, sizes, strict=True))
+        with self._lock:
+            missing = {m: d for m in sorted(todo) if not ((d := self.root / self._key(m)) / INDEX_JSON).exists()}
+        if len(missing) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(build_doc_index, missing, missing.values()))
+            with self._lock:
+                self.built += len(missing)
+
     def _key(self, metadata: str) -> str:
         if is_remote(metadata):
-            from olmo_data.io import file_size
+            if metadata not in self._sizes:
+                from olmo_data.io import file_size
 
-            stamp = f"{metadata}|{file_size(metadata)}"
+                self._sizes[metadata] = file_size(metadata)
+            stamp = f"{metadata}|{self._sizes[metadata]}"
         else:
             st = os.stat(metadata)
             stamp = f"{os.path.abspath(metadata)}|{st.st_size}|{st.st_mtime_ns}"
@@ -219,8 +246,8 @@ def build_doc_index(metadata: str, directory: Path) -> None:
 
     names = ["start", "end", "id", "src", "loc"]
     types = {"start": pa.int64(), "end": pa.int64(), "id": pa.string(), "src": pa.string(), "loc": pa.int64()}
-    try:
-        with open_file(metadata, "rb") as f:  # decompressed by extension
+    try:  # a remote file is downloaded first, in retried ranged chunks: a reset midway costs one chunk
+        with local_copy(metadata, directory.parent) as local, open_file(local, "rb") as f:  # gunzipped by name
             table = pacsv.read_csv(
                 f,
                 read_options=pacsv.ReadOptions(column_names=names),
@@ -390,6 +417,7 @@ def inspect_batch(
     positions = rank_positions(gbs, rank, world_size) if rank is not None and world_size is not None else np.arange(gbs)
     locations = source.locate_many(indices[positions])
     docs = doc_index or DocIndex()
+    docs.prepare((loc.path, source.files[loc.file_index].metadata_path) for loc in locations)
     decoder = _load_decoder(tokenizer, source) if decode else None
     L = source.sequence_length
     for p, loc in zip(positions.tolist(), locations, strict=True):

@@ -5,7 +5,8 @@ drops the leftover tokens at the end of each file; instances are numbered file a
 paths are given. We follow that rule exactly, so an OLMo config and its published `global_indices.npy` name
 the same instances here. Instance `i` is found by a binary search over the cumulative instance counts, and its
 tokens are one positioned read (`os.pread`, local files) or one ranged read (http(s)://, s3://, gs://), so a lookup
-costs the same whatever the dataset size.
+costs the same whatever the dataset size. A batch's remote ranges are handed to `olmo_data.remote` together, which
+fetches them concurrently, merged where they neighbour, with retries.
 
 A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per source, the token
 files and the selected instance ids within them; the mixed dataset's instances are those selections, source
@@ -17,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from olmo_data.errors import DataError
-from olmo_data.io import file_size, is_remote, open_file, s3_client
+from olmo_data.io import file_size, is_remote
 from olmo_data.manifest import DTYPES, agreed_dtype, read_manifest
+from olmo_data.remote import remote_reader
 
 LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
 
@@ -58,77 +58,6 @@ class InstanceLocation:
     path: str
     token_offset: int
     source: str | None  # the mixture source name, None without a mix
-
-
-class RangeReader:
-    """Ranged reads of remote files with connection reuse and a small LRU cache of the ranges read.
-
-    Why: inspecting a batch reads a few hundred instances of a few KB each, scattered over files of many GB;
-    one HTTP range request per instance over a kept-alive session answers that quickly, whereas smart-open's
-    streaming readers would re-open a connection per seek. The cache makes repeated looks at the same batch
-    free.
-    """
-
-    def __init__(self, capacity: int = 512) -> None:
-        self.capacity = capacity
-        self._cache: OrderedDict[tuple[str, int, int], bytes] = OrderedDict()
-        self._lock = threading.Lock()
-        self._session: Any = None
-        self._s3: Any = None
-        self.requests = 0  # how many ranges went over the network (tests check the cache with it)
-
-    def read(self, path: str, start: int, length: int) -> bytes:
-        key = (path, start, length)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
-        data = self._fetch(path, start, length)
-        if len(data) != length:
-            raise DataError(f"{path}: asked for bytes {start}..{start + length} but got {len(data)} bytes")
-        with self._lock:
-            self.requests += 1
-            self._cache[key] = data
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
-        return data
-
-    def _fetch(self, path: str, start: int, length: int) -> bytes:
-        if length == 0:
-            return b""
-        end = start + length - 1  # HTTP and S3 ranges are inclusive
-        try:
-            if path.startswith(("http://", "https://")):
-                if self._session is None:
-                    import requests
-
-                    self._session = requests.Session()
-                r = self._session.get(path, headers={"Range": f"bytes={start}-{end}"}, timeout=60)
-                r.raise_for_status()
-                if r.status_code != 206:  # a server that ignores Range sends the whole file: take our slice
-                    return bytes(r.content[start : end + 1])
-                return bytes(r.content)
-            if path.startswith("s3://"):
-                if self._s3 is None:
-                    self._s3 = s3_client()
-                bucket, key = path[5:].split("/", 1)
-                obj = self._s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")
-                return bytes(obj["Body"].read())
-            with open_file(path, "rb", compression="disable") as f:  # gs:// and the rest: smart-open seeks
-                f.seek(start)
-                return bytes(f.read(length))
-        except DataError:
-            raise
-        except Exception as e:
-            raise DataError(f"{path}: ranged read of bytes {start}..{end} failed ({type(e).__name__}: {e})") from e
-
-
-_READER = RangeReader()
-
-
-def remote_reader() -> RangeReader:
-    """The process-wide reader for remote files (one connection pool, one cache)."""
-    return _READER
 
 
 @dataclass
@@ -353,61 +282,79 @@ class InstanceSource:
 
     # -- reading ---------------------------------------------------------------------------------------------
 
-    def read_tokens(
-        self, path: str, dtype: Any, offset: int, length: int, fds: dict[str, int] | None = None
-    ) -> np.ndarray:
-        """`length` items of `dtype` at item `offset` of a local or remote headerless little-endian array.
-
-        Local files are read with `os.pread`, not a memory map: a page fault on a map makes the kernel read
-        ahead (up to megabytes) around every instance, which for scattered instances costs far more than the
-        instance itself (measured: 2048 cold 8 KB reads took 8 s through np.memmap, 0.03 s with pread).
-        `fds` caches open descriptors across the reads of one batch.
-        """
-        dt = np.dtype(dtype).newbyteorder("<")
-        nbytes = length * dt.itemsize
-        if is_remote(path):
-            return np.frombuffer(remote_reader().read(path, offset * dt.itemsize, nbytes), dtype=dt)
-        own = fds is None
-        fds = {} if fds is None else fds
-        try:
-            fd = fds.get(path)
-            if fd is None:
-                fd = fds[path] = os.open(path, os.O_RDONLY)
-            raw = os.pread(fd, nbytes, offset * dt.itemsize)
-        except OSError as e:
-            raise DataError(f"{path}: cannot read tokens {offset}..{offset + length} ({e})") from e
-        finally:
-            if own:
-                for d in fds.values():
-                    os.close(d)
-        if len(raw) != nbytes:
-            raise DataError(
-                f"{path}: the file ended before token {offset + length}; it shrank after the dataset was opened"
-            )
-        return np.frombuffer(raw, dtype=dt)
+    def read_tokens(self, path: str, dtype: Any, offset: int, length: int) -> np.ndarray:
+        """`length` items of `dtype` at item `offset` of a local or remote headerless little-endian array."""
+        return read_arrays([(path, dtype, offset, length)])[0]
 
     def get_batch(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray | None]:
         """Token ids (int64, shape (n, sequence_length)) of the given instances, in the given order, and their
         label masks (bool, same shape; True = train on the token) when any file has one, else None.
+
+        All the batch's reads (tokens and masks) are made in one `read_arrays` call, so remote ones overlap.
         """
         locs = self.locate_many(indices)
         L = self.sequence_length
+        files = [self.files[loc.file_index] for loc in locs]
+        reads: list[tuple[str, Any, int, int]] = [
+            (f.path, DTYPES[f.dtype], loc.token_offset, L) for f, loc in zip(files, locs, strict=True)
+        ]
+        mask_rows = [row for row, f in enumerate(files) if f.label_mask_path]
+        reads += [(files[r].label_mask_path or "", LABEL_MASK_DTYPE, locs[r].token_offset, L) for r in mask_rows]
+        arrays = read_arrays(reads)
         tokens = np.empty((len(locs), L), dtype=np.int64)
+        for row in range(len(locs)):
+            tokens[row] = arrays[row]
         masks = np.ones((len(locs), L), dtype=bool) if self.has_label_masks else None
-        fds: dict[str, int] = {}
-        try:
-            for row, loc in enumerate(locs):
-                f = self.files[loc.file_index]
-                tokens[row] = self.read_tokens(f.path, DTYPES[f.dtype], loc.token_offset, L, fds)
-                if masks is not None and f.label_mask_path:
-                    masks[row] = self.read_tokens(f.label_mask_path, LABEL_MASK_DTYPE, loc.token_offset, L, fds)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
+        if masks is not None:
+            for row, mask in zip(mask_rows, arrays[len(locs) :], strict=True):
+                masks[row] = mask
         return tokens, masks
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.get_batch([index])[0][0]
+
+
+def read_arrays(reads: Sequence[tuple[str, Any, int, int]]) -> list[np.ndarray]:
+    """For each (path, dtype, item offset, items), that slice of a headerless little-endian array file.
+
+    Local files are read with `os.pread`, not a memory map: a page fault on a map makes the kernel read ahead (up
+    to megabytes) around every instance, which for scattered instances costs far more than the instance itself
+    (measured: 2048 cold 8 KB reads took 8 s through np.memmap, 0.03 s with pread). Remote ones go to
+    `olmo_data.remote` in one call, which makes them concurrently, merged where they neighbour, with retries.
+    """
+    out: list[np.ndarray | None] = [None] * len(reads)
+    remote: list[int] = []
+    fds: dict[str, int] = {}
+    try:
+        for i, (path, dtype, offset, length) in enumerate(reads):
+            if is_remote(path):
+                remote.append(i)
+                continue
+            dt = np.dtype(dtype).newbyteorder("<")
+            try:
+                fd = fds.get(path)
+                if fd is None:
+                    fd = fds[path] = os.open(path, os.O_RDONLY)
+                raw = os.pread(fd, length * dt.itemsize, offset * dt.itemsize)
+            except OSError as e:
+                raise DataError(f"{path}: cannot read tokens {offset}..{offset + length} ({e})") from e
+            if len(raw) != length * dt.itemsize:
+                raise DataError(
+                    f"{path}: the file ended before token {offset + length}; it shrank after the dataset was opened"
+                )
+            out[i] = np.frombuffer(raw, dtype=dt)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    if remote:
+        dtypes = [np.dtype(reads[i][1]).newbyteorder("<") for i in remote]
+        ranges = [
+            (reads[i][0], reads[i][2] * d.itemsize, reads[i][3] * d.itemsize)
+            for i, d in zip(remote, dtypes, strict=True)
+        ]
+        for i, d, raw in zip(remote, dtypes, remote_reader().read_many(ranges), strict=True):
+            out[i] = np.frombuffer(raw, dtype=d)
+    return out  # type: ignore[return-value]
 
 
 def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None, metadata: str | None = None) -> TokenFile:
@@ -473,7 +420,7 @@ def _files_for(
     def size(e: _Entry) -> TokenFile:
         return _token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
 
-    if sum(is_remote(e.path) and e.tokens is None for e in expanded) > 1:  # one HEAD request each: overlap them
+    if sum(is_remote(e.path) and (e.tokens is None or bool(e.label_mask)) for e in expanded) > 1:  # HEADs: overlap
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=16) as pool:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from olmo_data.errors import DataError
+from olmo_data.remote import remote_reader
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 
@@ -87,17 +88,41 @@ def file_size(path: str) -> int:
 
 
 def _remote_size(path: str) -> int:
-    if path.startswith("s3://"):
-        bucket, key = path[5:].split("/", 1)
-        return int(s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"])
-    if path.startswith(("http://", "https://")):
-        import requests
-
-        r = requests.head(path, allow_redirects=True, timeout=60)
-        r.raise_for_status()
-        return int(r.headers.get("Content-Length", -1))
+    if path.startswith(("s3://", "http://", "https://")):  # pooled and retried: a 503 must not end a run
+        return remote_reader().size(path)
     with open_file(path, "rb", compression="disable") as f:
         return int(f.seek(0, os.SEEK_END))
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole small file (a manifest, a side file), local or remote; remote reads are retried like every
+    ranged read (`olmo_data.remote`), and a body of the wrong length is never returned."""
+    if not is_remote(path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise DataError(f"{path}: file not found") from e
+    return remote_reader().read_all(path)
+
+
+@contextlib.contextmanager
+def local_copy(path: str, directory: str | os.PathLike[str]) -> Iterator[str]:
+    """A local path holding `path`'s bytes: `path` itself when local, else a download into `directory` (ranged,
+    concurrent and retried, by `olmo_data.remote`) that is removed afterwards. The copy keeps the file's name
+    ending, so `open_file` still decompresses it by extension."""
+    if not is_remote(path):
+        yield path
+        return
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-download.", suffix="-" + path.rsplit("/", 1)[-1], dir=directory)
+    os.close(fd)
+    try:
+        remote_reader().download(path, tmp)
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def s3_client() -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote, open_file
+from olmo_data.io import is_remote, read_bytes
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -44,14 +44,12 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
     if not is_remote(path) and not os.path.exists(path):
         return None
     try:
-        with open_file(path, "rt", compression="disable") as f:
-            manifest = json.load(f)
+        manifest = json.loads(read_bytes(path))
     except DataError as e:
         if is_remote(path) and is_not_found_error(e):
             return None
         if is_remote(path):  # a network or permission failure is not "no manifest": that would guess the dtype
-            cause = e.__cause__
-            detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(e)
+            detail = str(e).removeprefix(f"{path}: ")
             raise DataError(
                 f"{path}: cannot read the token directory's manifest ({detail}); it decides the dtype of the "
                 "token files, so check the network and credentials and retry"

@@ -33,7 +33,8 @@ import numpy as np
 
 from olmo_data import __version__
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, file_size, is_remote, open_file, write_json_atomic
+from olmo_data.io import atomic_path, file_size, is_remote, read_bytes, write_json_atomic
+from olmo_data.remote import remote_reader
 
 if TYPE_CHECKING:
     from olmo_data.instances import InstanceSource
@@ -112,8 +113,7 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
         return None
     try:
         if is_remote(path):
-            with open_file(path, "rt", compression="disable") as f:
-                info = json.load(f)
+            info = json.loads(read_bytes(path))
         else:  # the trainer asks every step: parse a local side file once per version of it
             st = os.stat(path)
             info = _read_local_json(path, st.st_mtime_ns, st.st_size)
@@ -332,8 +332,6 @@ def read_order_range(
             "of the order"
         )
     if is_remote(path):
-        from olmo_data.instances import remote_reader
-
         raw = remote_reader().read(path, start * dtype.itemsize, (stop - start) * dtype.itemsize)
         return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).copy()
     with open(path, "rb") as f:  # a positioned read: no read-ahead around a slice of a large order

@@ -86,6 +86,8 @@ class DataConfig:
     mix: str | None = None
     dtype: str | None = None
     order_path: str | None = None  # default: save_folder/train_data/global_indices.npy
+    prefetch_batches: int = 4  # this rank's next batches read in the background (hides remote latency and retries)
+    remote_concurrency: int | None = None  # ranged reads in flight; None: $OLMO_DATA_REMOTE_CONCURRENCY, else 64
 
 
 @dataclass
@@ -319,6 +321,10 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         raise ConfigError("config: set either data.paths or data.mix, not both")
     if cfg.model.loss_chunk_tokens is not None and cfg.model.loss_chunk_tokens < 1:
         raise ConfigError(f"config key 'model.loss_chunk_tokens': must be positive, got {cfg.model.loss_chunk_tokens}")
+    if cfg.data.prefetch_batches < 0:
+        raise ConfigError(f"config key 'data.prefetch_batches': must be 0 or more, got {cfg.data.prefetch_batches}")
+    if cfg.data.remote_concurrency is not None and cfg.data.remote_concurrency < 1:
+        raise ConfigError(f"config key 'data.remote_concurrency': must be positive, got {cfg.data.remote_concurrency}")
     if cfg.data.label_mask_paths is not None and len(cfg.data.label_mask_paths) != len(cfg.data.paths):
         raise ConfigError(
             f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "

@@ -4,14 +4,17 @@ batch.
 Everything about which instances a step trains (the order files, epochs, the rank split) is
 `olmo_data.order`'s, the same code `olmo-data build-order` and `inspect-batch` run, so the trainer cannot
 drift from the tools. Rank 0 reads the whole global batch (the others only their rows) to log the batch
-fingerprint `inspect-batch` prints. The next step's batch is read on a background thread while the current
-step computes.
+fingerprint `inspect-batch` prints. The next `data.prefetch_batches` batches are read on background threads while
+the current step computes, so that remote latency and retried requests stay off the step's path; they are
+consumed strictly in step order, so what a step trains never depends on which read finished first.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +24,7 @@ import torch
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instances import InstanceSource, open_dataset
+from olmo_data.io import is_remote
 from olmo_data.manifest import MANIFEST_NAME, read_manifest
 from olmo_data.order import (
     batches_per_epoch,
@@ -45,6 +49,7 @@ class Batch:
     input_ids: torch.Tensor  # (local batch, L) int64
     label_mask: torch.Tensor | None  # (local batch, L) bool; True = the token is a training target
     fingerprint: str | None  # of the global batch; rank 0 only
+    wait_s: float = 0.0  # how long the step waited for it (near 0 when the read-ahead keeps up)
 
 
 def open_train_source(cfg: TrainConfig) -> InstanceSource:
@@ -88,6 +93,10 @@ class TrainData:
                 f"config key 'global_train_batch_size': {self.gbs} is not divisible by the world size "
                 f"{d.world_size}; every rank must get the same number of instances"
             )
+        if cfg.data.remote_concurrency is not None:
+            from olmo_data.remote import configure
+
+            configure(concurrency=cfg.data.remote_concurrency)
         self.source = open_train_source(cfg)
         check_vocabulary(self.source, cfg)
         self.num_instances = len(self.source)
@@ -101,8 +110,10 @@ class TrainData:
         self.fingerprint = self.source.fingerprint()
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
         self._epochs_ready: set[int] = set()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="olmo-train-data")
-        self._pending: tuple[int, Future[Batch]] | None = None
+        self.prefetch = cfg.data.prefetch_batches
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="olmo-train-data")
+        self._pending: deque[tuple[int, Future[Batch]]] = deque()  # steps after the current one, in order
+        self.remote = any(is_remote(p) for f in self.source.files for p in (f.path, f.label_mask_path) if p)
 
     def total_steps(self) -> int:
         """max_duration in steps: steps as given, tokens rounded up to whole steps, epochs of full batches."""
@@ -131,18 +142,31 @@ class TrainData:
         self._epochs_ready.add(epoch)
 
     def batch(self, step: int) -> Batch:
-        """This rank's part of step `step`'s global batch; prefetches the next step's."""
+        """This rank's part of step `step`'s global batch; reads the next `prefetch_batches` ones ahead."""
         self.ensure_epoch(self.epoch_of(step))
-        if self._pending is not None and self._pending[0] == step:
-            result = self._pending[1].result()
-        else:
-            result = self._read(step)
-        nxt = step + 1
-        if self.epoch_of(nxt) in self._epochs_ready:
-            self._pending = (nxt, self._pool.submit(self._read, nxt))
-        else:
-            self._pending = None
-        return result
+        while self._pending and self._pending[0][0] < step:  # not this run's path (a jump on resume)
+            self._pending.popleft()[1].cancel()
+        if self._pending and self._pending[0][0] != step:
+            self._drop_pending()
+        current = self._pending.popleft()[1] if self._pending else None
+        nxt = self._pending[-1][0] + 1 if self._pending else step + 1
+        while nxt <= step + self.prefetch and self.epoch_of(nxt) in self._epochs_ready:  # the order must exist
+            self._pending.append((nxt, self._pool.submit(self._read, nxt)))
+            nxt += 1
+        t0 = time.perf_counter()
+        batch = current.result() if current is not None else self._read(step)
+        batch.wait_s = time.perf_counter() - t0
+        return batch
+
+    def remote_retries(self) -> int:
+        """Failed remote reads that were retried so far in this process (a metric: a flaky network shows)."""
+        from olmo_data.remote import remote_reader
+
+        return remote_reader().retries
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            self._pending.popleft()[1].cancel()
 
     def _read(self, step: int) -> Batch:
         indices = global_batch_indices(
@@ -166,6 +190,7 @@ class TrainData:
         )
 
     def close(self) -> None:
+        self._drop_pending()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -327,6 +327,9 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
                 "optim/grad_norm": result.grad_norm,
                 "throughput/tokens_per_second": tokens_per_step / dt,
             }
+            record["data/wait_s"] = batch.wait_s  # the step's wait for its batch: is the read-ahead keeping up?
+            if data.remote:  # retried remote reads so far (this rank's, rank 0 reading the whole batch)
+                record["data/remote_retries"] = data.remote_retries()
             if peak:
                 record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
             if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:

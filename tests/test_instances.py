@@ -3,10 +3,8 @@ reads."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,9 @@ import numpy as np
 import pytest
 
 from olmo_data.errors import DataError
-from olmo_data.instances import RangeReader, open_dataset, open_from_config
+from olmo_data.instances import open_dataset, open_from_config
+from olmo_data.remote import RemoteOptions, RemoteReader
+from tests.flaky_server import FlakyServer
 
 
 def write_tokens(path: Path, tokens: np.ndarray, dtype: str = "uint16") -> str:
@@ -141,94 +141,46 @@ def test_open_from_config(tmp_path: Path) -> None:
 # -- remote reads --------------------------------------------------------------------------------------------
 
 
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """A loopback file server that honours Range requests and keeps connections alive (HTTP/1.1)."""
-
-    protocol_version = "HTTP/1.1"
-    connections: set[tuple[str, int]] = set()
-    range_requests = 0
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._serve(body=False)
-
-    def do_GET(self) -> None:
-        self._serve(body=True)
-
-    def _serve(self, body: bool) -> None:
-        type(self).connections.add(self.client_address)
-        path = self.translate_path(self.path)
-        if not os.path.isfile(path):
-            self.send_error(404)
-            return
-        data = Path(path).read_bytes()
-        rng = self.headers.get("Range")
-        status, start, end = 200, 0, len(data) - 1
-        if rng:
-            lo, hi = rng.removeprefix("bytes=").split("-")
-            status, start, end = 206, int(lo), min(int(hi), len(data) - 1)
-            type(self).range_requests += 1
-        self.send_response(status)
-        self.send_header("Content-Length", str(end - start + 1))
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        self.end_headers()
-        if body:
-            self.wfile.write(data[start : end + 1])
-
-
 @pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[tuple[Path, str, type[_RangeHandler]]]:
-    """(served directory, base URL, handler class that counts connections and range requests)."""
+def http_server(tmp_path: Path) -> Iterator[tuple[Path, str, FlakyServer]]:
+    """(served directory, base URL, the server, which counts connections and range requests)."""
     root = tmp_path / "www"
     root.mkdir()
-    handler = type("H", (_RangeHandler,), {"connections": set(), "range_requests": 0})
-
-    def make(*args: object, **kw: object) -> http.server.SimpleHTTPRequestHandler:
-        return handler(*args, directory=str(root), **kw)  # type: ignore[arg-type]
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    with FlakyServer(root) as server:
+        yield root, server.url, server
 
 
 def test_http_dataset_reads_ranges_with_cache(
-    http_server: tuple[Path, str, type[_RangeHandler]], monkeypatch: pytest.MonkeyPatch
+    http_server: tuple[Path, str, FlakyServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root, url, handler = http_server
+    root, url, server = http_server
     rng = np.random.default_rng(1)
     arrays = [rng.integers(0, 2**31, size=n) for n in (1000, 555)]
     for i, a in enumerate(arrays):
         write_tokens(root / f"part-{i}.npy", a, "uint32")
     write_manifest(root, ["part-0.npy", "part-1.npy"], "uint32", [1000, 555])
-    reader = RangeReader(capacity=8)
-    monkeypatch.setattr("olmo_data.instances._READER", reader)
+    reader = RemoteReader(RemoteOptions(cache_entries=8, coalesce_gap=0))  # no merging: one request per instance
+    monkeypatch.setattr("olmo_data.remote._READER", reader)
     ds = open_dataset([url + "/"], sequence_length=50)
     ref = olmo_reference_instances(arrays, 50)
     assert len(ds) == len(ref) == 20 + 11
     picks = np.array([30, 0, 19, 20, 7])
     np.testing.assert_array_equal(ds.get_batch(picks)[0], ref[picks])
-    assert reader.requests == 5 and handler.range_requests == 5
+    assert reader.requests == 5 and server.range_requests == 5
     ds.get_batch([30, 0])  # served from the cache
-    assert reader.requests == 5 and handler.range_requests == 5
+    assert reader.requests == 5 and server.range_requests == 5
     assert ds.locate(20) == (f"{url}/part-1.npy", 0)
 
 
-def test_http_connection_reuse(http_server: tuple[Path, str, type[_RangeHandler]]) -> None:
-    root, url, handler = http_server
+def test_http_connection_reuse(http_server: tuple[Path, str, FlakyServer]) -> None:
+    root, url, server = http_server
     write_tokens(root / "t.npy", np.arange(4000), "uint16")
-    reader = RangeReader()
+    reader = RemoteReader()
     got = [np.frombuffer(reader.read(f"{url}/t.npy", 2 * k * 100, 200), dtype="<u2") for k in range(10)]
     for k, g in enumerate(got):
         np.testing.assert_array_equal(g, np.arange(k * 100, k * 100 + 100))
-    assert handler.range_requests == 10
-    assert len(handler.connections) == 1  # one kept-alive connection served every range
+    assert server.range_requests == 10
+    assert len(server.connections) == 1  # one kept-alive connection served every range
     with pytest.raises(DataError, match=r"missing.npy: ranged read of bytes 0..9 failed"):
         reader.read(f"{url}/missing.npy", 0, 10)
 
@@ -249,7 +201,7 @@ def test_s3_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         s3.create_bucket(Bucket="data")
         arr = np.arange(50_000, 50_000 + 1000, dtype=np.uint16)
         s3.put_object(Bucket="data", Key="tok/a.npy", Body=arr.tobytes())
-        monkeypatch.setattr("olmo_data.instances._READER", RangeReader())
+        monkeypatch.setattr("olmo_data.remote._READER", RemoteReader())
         ds = open_dataset(["s3://data/tok/a.npy"], sequence_length=64, dtype="uint16")
         assert len(ds) == 1000 // 64
         np.testing.assert_array_equal(ds.get_batch([3, 14])[0], [arr[192:256], arr[896:960]])
@@ -258,14 +210,13 @@ def test_s3_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_http_token_files_listed_one_by_one(
-    http_server: tuple[Path, str, type[_RangeHandler]], monkeypatch: pytest.MonkeyPatch
+    http_server: tuple[Path, str, FlakyServer], fresh_reader: RemoteReader
 ) -> None:
     """OLMo configs list token-file URLs without a manifest: sizes come from HEAD requests, dtype from data.dtype."""
     root, url, _ = http_server
     arrays = [np.arange(k * 1000, k * 1000 + 100 + 7 * k) for k in range(5)]
     for k, a in enumerate(arrays):
         write_tokens(root / f"f{k}.npy", a, "uint16")
-    monkeypatch.setattr("olmo_data.instances._READER", RangeReader())
     ds = open_dataset([f"{url}/f{k}.npy" for k in range(5)], sequence_length=16, dtype="uint16")
     ref = olmo_reference_instances(arrays, 16)
     assert len(ds) == len(ref)
