@@ -157,7 +157,8 @@ class TokenizeSummary:
     def line(self) -> str:
         reused = f", {self.inputs_reused} of {self.inputs} inputs already done" if self.inputs_reused else ""
         line = (
-            f"tokenized {self.documents:,} documents into {self.tokens:,} tokens ({self.dtype}, {self.files} files, "
+            f"tokenized {self.documents:,} documents into {self.tokens:,} tokens ({self.dtype}, {self.files} "
+            f"file{'' if self.files == 1 else 's'}, "
             f"{self.backend} backend); skipped {self.skipped_empty:,} empty and {self.skipped_bad:,} bad documents; "
             f"{self.seconds:.1f} s, {self.tokens_per_second / 1e6:.2f} M tokens/s{reused}"
         )
