@@ -350,7 +350,7 @@ def main() -> None:
     if free < need:
         raise SystemExit(f"not enough disk space in {args.tmp}: {free / 1e9:.1f} GB free, ~{need / 1e9:.1f} GB needed")
     cli = Path(sys.executable).parent / "olmo-train"
-    olmo_train = [str(cli)] if cli.exists() else [sys.executable, "-c", "from cli.train_main import main; main()"]
+    olmo_train = [str(cli)] if cli.exists() else [sys.executable, "-c", "from olmo_cli.train_main import main; main()"]
 
     workdir = Path(tempfile.mkdtemp(prefix="olmo-conversions-", dir=args.tmp))
     try:

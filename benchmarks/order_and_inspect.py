@@ -157,7 +157,16 @@ def main() -> None:
             for step in steps[:3]:
                 t0 = time.perf_counter()
                 subprocess.run(
-                    [sys.executable, "-m", "cli.main", "inspect-batch", str(config_path), "--step", str(step), *extra],
+                    [
+                        sys.executable,
+                        "-m",
+                        "olmo_cli.main",
+                        "inspect-batch",
+                        str(config_path),
+                        "--step",
+                        str(step),
+                        *extra,
+                    ],
                     check=True,
                     stdout=subprocess.DEVNULL,
                     env=env,
@@ -166,7 +175,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             cli[label] = times
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import cli.main"], check=True, env=env, cwd=ROOT)
+        subprocess.run([sys.executable, "-c", "import olmo_cli.main"], check=True, env=env, cwd=ROOT)
         cli["interpreter_and_imports"] = [time.perf_counter() - t0]
         results["cli_s"] = cli
         results["load_average_after"] = os.getloadavg()

@@ -89,14 +89,14 @@ def cli_seconds(config: Path, steps: list[int], env: dict[str, str]) -> list[flo
     out = []
     for step in steps:
         t0 = time.perf_counter()
-        cmd = [sys.executable, "-m", "cli.main", "inspect-batch", str(config), "--step", str(step)]
+        cmd = [sys.executable, "-m", "olmo_cli.main", "inspect-batch", str(config), "--step", str(step)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
         out.append(time.perf_counter() - t0)
     return out
 
 
 def batch_fingerprint(config: Path, step: int, env: dict[str, str]) -> str:
-    cmd = [sys.executable, "-m", "cli.main", "inspect-batch", str(config), "--step", str(step)]
+    cmd = [sys.executable, "-m", "olmo_cli.main", "inspect-batch", str(config), "--step", str(step)]
     text = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT).stdout
     return next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("batch fingerprint"))
 

@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of ceiling and ours; the best of each counts")
     args = parser.parse_args()
     specs = args.tokenizer or [str(SHARED / n) for n in ("gpt2.json", "cl100k_base.json", "gpt-neox-20b.json")]
-    olmo_data_cli = [sys.executable, "-m", "cli.main"]
+    olmo_data_cli = [sys.executable, "-m", "olmo_cli.main"]
     with tempfile.TemporaryDirectory() as tmp_str:
         tmp = Path(tmp_str)
         files = build_corpus(tmp / "docs", args.mb, args.shards) if (tmp / "docs").mkdir() is None else []

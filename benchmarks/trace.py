@@ -91,7 +91,7 @@ def main() -> None:
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             subprocess.run(
-                [sys.executable, "-m", "cli.main", "trace", str(config), "--document", doc_id],
+                [sys.executable, "-m", "olmo_cli.main", "trace", str(config), "--document", doc_id],
                 check=True,
                 stdout=subprocess.DEVNULL,
                 env=env,

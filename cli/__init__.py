@@ -1,1 +1,9 @@
-"""The `olmo-data` command line: thin click commands over the `olmo_data` library."""
+"""The `olmo-data` and `olmo-train` command lines: thin click commands over the libraries.
+
+This folder installs as the package `olmo_cli`. Before anything else, it makes sure that the `olmo_data` Python
+would import is this project's (OLMo's distribution ships a package of that name).
+"""
+
+from olmo_cli.own_packages import exit_if_shadowed
+
+exit_if_shadowed()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("build-order", cls=Command)

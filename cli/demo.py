@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 from olmo_data.demo import make_demo_chat, make_demo_corpus, train_demo_tokenizer
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("export-hf", cls=Command)

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("generate", cls=Command)

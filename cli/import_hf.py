@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("import-hf", cls=Command)

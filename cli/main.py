@@ -15,15 +15,15 @@ import click
 from olmo_data import DataError, __version__
 
 COMMANDS: dict[str, str] = {
-    "sample": "cli.sample:sample",
-    "tokenize": "cli.tokenize:tokenize",
-    "demo-data": "cli.demo:demo_data",
-    "build-order": "cli.build_order:build_order",
-    "mix": "cli.mix:mix",
-    "inspect-batch": "cli.inspect_batch:inspect_batch",
-    "trace": "cli.trace:trace",
-    "stats": "cli.stats:stats",
-    "prepare-tulu": "cli.prepare_tulu:prepare_tulu",
+    "sample": "olmo_cli.sample:sample",
+    "tokenize": "olmo_cli.tokenize:tokenize",
+    "demo-data": "olmo_cli.demo:demo_data",
+    "build-order": "olmo_cli.build_order:build_order",
+    "mix": "olmo_cli.mix:mix",
+    "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
+    "trace": "olmo_cli.trace:trace",
+    "stats": "olmo_cli.stats:stats",
+    "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }
 
 

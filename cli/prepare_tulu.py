@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import Command, backend_option, progress_option
+from olmo_cli.options import Command, backend_option, progress_option
 from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.options import Command, document_options
+from olmo_cli.options import Command, document_options
 from olmo_data.sample import sample as run_sample
 
 

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("stats", cls=Command)

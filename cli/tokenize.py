@@ -6,7 +6,7 @@ import os
 
 import click
 
-from cli.options import Command, backend_option, document_options, progress_option
+from olmo_cli.options import Command, backend_option, document_options, progress_option
 from olmo_data.errors import DataError
 from olmo_data.tokenize import DEFAULT_MAX_TOKENS_PER_FILE, Shard, TokenizeOptions, merge_shards
 from olmo_data.tokenize import tokenize as run_tokenize

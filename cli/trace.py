@@ -6,7 +6,7 @@ import json
 
 import click
 
-from cli.options import Command, progress_option
+from olmo_cli.options import Command, progress_option
 
 
 @click.command("trace", cls=Command)

@@ -11,16 +11,16 @@ import logging
 
 import click
 
-from cli.main import LazyGroup
+from olmo_cli.main import LazyGroup
 from olmo_data import __version__
 
 TRAIN_COMMANDS: dict[str, str] = {
-    "unshard": "cli.unshard:unshard",
-    "export-hf": "cli.export_hf:export_hf",
-    "import-hf": "cli.import_hf:import_hf",
-    "import-olmo": "cli.import_olmo:import_olmo",
-    "generate": "cli.generate:generate",
-    "verify": "cli.verify:verify",
+    "unshard": "olmo_cli.unshard:unshard",
+    "export-hf": "olmo_cli.export_hf:export_hf",
+    "import-hf": "olmo_cli.import_hf:import_hf",
+    "import-olmo": "olmo_cli.import_olmo:import_olmo",
+    "generate": "olmo_cli.generate:generate",
+    "verify": "olmo_cli.verify:verify",
 }
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from cli.options import Command
+from olmo_cli.options import Command
 
 
 @click.command("verify", cls=Command)

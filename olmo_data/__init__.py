@@ -4,7 +4,8 @@ It imports and works without torch and without click, so that data jobs run on m
 """
 
 __version__ = "0.1.0"
-
 from olmo_data.errors import DataError
+
+TOOLKIT = "olmo-data"  # tells this package from others named olmo_data (cli/own_packages.py)
 
 __all__ = ["DataError", "__version__"]

@@ -28,7 +28,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 
-from cli.train_main import main as olmo_train_cli
+from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train import checkpoint_safety as safety

@@ -9,10 +9,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from cli.main import COMMANDS
-from cli.main import main as data_main
-from cli.train_main import TRAIN_COMMANDS
-from cli.train_main import main as train_main
+from olmo_cli.main import COMMANDS
+from olmo_cli.main import main as data_main
+from olmo_cli.train_main import TRAIN_COMMANDS
+from olmo_cli.train_main import main as train_main
 
 GROUPS = {"olmo-data": (data_main, COMMANDS), "olmo-train": (train_main, TRAIN_COMMANDS)}
 
@@ -63,7 +63,7 @@ def all_commands() -> list[tuple[str, str, click.Command]]:
 def test_every_command_speaks_one_language() -> None:
     """One class parses every command (aliases, --config, lists); a long option has the same short form wherever
     it appears; no visible option keeps an old spelling."""
-    from cli.options import ALIASES, Command
+    from olmo_cli.options import ALIASES, Command
 
     shorts: dict[str, dict[str, set[str]]] = {}
     for program, name, command in all_commands():

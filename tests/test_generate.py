@@ -222,7 +222,7 @@ def load_model_tokenizer_sha(path: str) -> str:
 def test_generate_command(trained: Path) -> None:
     from click.testing import CliRunner
 
-    from cli.train_main import main
+    from olmo_cli.train_main import main
 
     runner = CliRunner()
     args = ["generate", str(trained / "step12"), "--prompt", "import os", "--prompt", "def f(x):", "--max-steps", "8"]

@@ -21,7 +21,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from cli.train_main import main as olmo_train_cli
+from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer

@@ -18,7 +18,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from cli.train_main import main as olmo_train_cli
+from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data import chat
 from olmo_data.inspect import inspect_batch
 from olmo_data.tokenize import TokenizeOptions, tokenize

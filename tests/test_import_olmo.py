@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
 
-from cli.train_main import main as olmo_train_cli
+from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_train.checkpoint_files import write_imported
 from olmo_train.config import ModelConfig

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.errors import DataError
 from olmo_data.inspect import DocIndex, inspect_batch
 from olmo_data.instances import open_dataset

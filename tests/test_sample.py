@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.errors import DataError
 from olmo_data.sample import keep_by_hash, sample
 from tests.helpers import write_jsonl

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.errors import DataError
 from olmo_data.instances import open_dataset
 from olmo_data.mixture import build_mix, parse_spec

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.documents import read_documents
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize

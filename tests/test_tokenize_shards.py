@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.demo import make_demo_corpus
 from olmo_data.errors import DataError
 from olmo_data.tokenize import Shard, TokenizeOptions, merge_shards, tokenize
@@ -66,7 +66,7 @@ def test_shards_in_any_order_make_the_directory_of_one_run(
 def test_shards_at_once_from_slurm_array_variables(corpus: list[str], demo_tokenizer: str, tmp_path: Path) -> None:
     """Three processes at once, each told its shard only by Slurm's array variables (an array `--array=1-3`)."""
     dest = tmp_path / "sharded"
-    command = [sys.executable, "-m", "cli.main", "tokenize", "-d", *corpus, "-t", demo_tokenizer]
+    command = [sys.executable, "-m", "olmo_cli.main", "tokenize", "-d", *corpus, "-t", demo_tokenizer]
     command += ["--destination", str(dest), "--no-progress"]
     array = {"SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "3"}
     procs = [

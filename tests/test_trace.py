@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from cli.main import main
+from olmo_cli.main import main
 from olmo_data.inspect import DocIndex, inspect_batch
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.mixture import build_mix, parse_spec

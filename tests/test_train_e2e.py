@@ -107,7 +107,7 @@ def expected_fingerprints(config: Path) -> dict[int, str]:
 
 def cli_fingerprint(config: Path, step: int) -> str:
     """The fingerprint the `olmo-data inspect-batch` command prints (run as a user would)."""
-    cmd = [sys.executable, "-m", "cli.main", "inspect-batch", str(config), "--step", str(step), "--json"]
+    cmd = [sys.executable, "-m", "olmo_cli.main", "inspect-batch", str(config), "--step", str(step), "--json"]
     proc = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return str(json.loads(proc.stdout)["batch_fingerprint"])

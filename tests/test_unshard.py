@@ -16,7 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli.train_main import main as olmo_train_cli
+from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import OptimizerConfig, load_config
