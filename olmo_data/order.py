@@ -164,14 +164,17 @@ def _check_matches(
     order_path: str, info: dict[str, Any] | None, source: InstanceSource, seed: int | None, epoch: int | None
 ) -> None:
     n = len(source)
-    if info is None:
+    if info is None:  # OLMo's: no side file, so its length says what it was built for
         size = file_size(order_path)
-        if size % 4 or size // 4 > n:
+        length = size // 4
+        if size % 4 or length >= 2 * n:
             raise DataError(
-                f"{order_path}: {size} bytes is not an order of at most {n} uint32 instance numbers; it was "
-                "built "
-                "for other data. Delete it to rebuild, or fix data.paths"
+                f"{order_path}: {size} bytes is not an order of {n} uint32 instance numbers (truncated to whole "
+                "batches, or padded with its own first entries, as OLMo writes them); it was built for other "
+                "data. Delete it to rebuild, or fix data.paths"
             )
+        if length > n:
+            _check_padding(order_path, n, length)
         return
     fp = info.get("data_fingerprint")
     if fp is not None and fp != source.fingerprint():
@@ -208,12 +211,27 @@ def _check_matches(
             )
 
 
+def _check_padding(order_path: str, n: int, length: int) -> None:
+    """OLMo (`drop_last: false`, its default) pads an order to a multiple of the world size by repeating its
+    first entries: the tail past `n` must be the head. Anything else is an order of other data."""
+    extra = length - n
+    tail = read_order_range(order_path, n, length, num_instances=n)
+    head = read_order_range(order_path, 0, extra, num_instances=n)
+    if not np.array_equal(tail, head):
+        raise DataError(
+            f"{order_path}: {length} instance numbers for {n} instances, but its last {extra} are not its first "
+            f"{extra} (OLMo pads an order with its own head): it was built for other data. Delete it to rebuild, "
+            "or fix data.paths"
+        )
+
+
 def ensure_order(train_data_dir: str, source: InstanceSource, seed: int, epoch: int = 0) -> str:
     """The path of epoch `epoch`'s order for `source` in `train_data_dir`, building it if it does not exist.
 
     An existing order is reused only if its side file says it was built for the same data (fingerprint), seed
     and epoch; otherwise this raises DataError rather than train on an order that names other instances. An
-    order without a side file (OLMo's) is accepted when its length fits the data. Safe to call from many
+    order without a side file (OLMo's) is accepted when its length fits the data: at most the instance count
+    (OLMo's `drop_last: true`), or more, padded with its own first entries (its default). Safe to call from many
     processes at once: they write identical bytes to temporary names and rename.
     `train_data_dir` may also be an explicit epoch-0 order file path (`data.order_path`).
     """

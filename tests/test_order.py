@@ -162,7 +162,14 @@ def test_ensure_order_accepts_olmo_order_without_side_file(tmp_path: Path) -> No
     olmo_permutation(len(ds), 1, 0)[:64].astype(np.uint32).tofile(olmo_dir / "global_indices.npy")  # OLMo trims
     assert ensure_order(str(olmo_dir), ds, seed=1, epoch=0) == str(olmo_dir / "global_indices.npy")
     olmo_permutation(200, 1, 0).astype(np.uint32).tofile(olmo_dir / "global_indices.npy")
-    with pytest.raises(DataError, match=r"800 bytes is not an order of at most 65 uint32 instance numbers"):
+    with pytest.raises(DataError, match=r"800 bytes is not an order of 65 uint32 instance numbers"):
+        ensure_order(str(olmo_dir), ds, seed=1, epoch=0)
+    # OLMo's default (drop_last: false) pads to a multiple of the world size (8) with the order's own head
+    order = olmo_permutation(len(ds), 1, 0).astype(np.uint32)
+    np.concatenate([order, order[:7]]).tofile(olmo_dir / "global_indices.npy")
+    assert ensure_order(str(olmo_dir), ds, seed=1, epoch=0) == str(olmo_dir / "global_indices.npy")
+    np.concatenate([order, order[1:8]]).tofile(olmo_dir / "global_indices.npy")  # a tail that is not its head
+    with pytest.raises(DataError, match=r"72 instance numbers for 65 instances, but its last 7 are not its first 7"):
         ensure_order(str(olmo_dir), ds, seed=1, epoch=0)
 
 

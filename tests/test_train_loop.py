@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,33 @@ def test_data_vocabulary_larger_than_the_embedding_is_refused(
     assert not (tmp_path / "run" / "config.yaml").exists()
     model_cfg["embedding_size"] = 128  # room for every id: trains
     assert main([str(config(tmp_path, tokens, data={"paths": [str(directory)]}, model=model_cfg))]) == 0
+
+
+def test_trains_from_an_olmo_padded_order(tmp_path: Path, tokens: str) -> None:
+    """OLMo pads its order to a multiple of the world size (8) with its own head; the trainer takes it, and each
+    step trains the batch inspect-batch shows from that order."""
+    from olmo_data.inspect import inspect_batch
+    from olmo_data.instances import open_dataset
+    from olmo_data.order import build_order
+
+    n = len(open_dataset([tokens], sequence_length=SEQ))
+    assert n % 8
+    order = build_order(n, 6198, 0).astype(np.uint32)
+    padded = np.concatenate([order, order[: 8 - n % 8]])
+    padded.tofile(tmp_path / "olmo_order.npy")
+    cfg = config(
+        tmp_path,
+        tokens,
+        max_duration=3,
+        seed=6198,
+        data={"paths": [tokens], "order_path": str(tmp_path / "olmo_order.npy")},
+    )
+    assert main([str(cfg)]) == 0
+    for r in records(tmp_path):
+        report = inspect_batch(str(cfg), step=r["step"], order=str(tmp_path / "olmo_order.npy"))
+        assert r["train/batch_fingerprint"] == report.batch_fingerprint
+    bad = np.concatenate([order, order[1 : 9 - n % 8]])
+    bad.tofile(tmp_path / "olmo_order.npy")
+    shutil.rmtree(tmp_path / "run")
+    with pytest.raises(DataError, match="are not its first"):
+        train(load_config(str(cfg), []))
