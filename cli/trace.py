@@ -78,9 +78,9 @@ def trace(
                 raise DataError(f"--tokens {tokens!r}: expected token ids separated by commas") from e
             name = tokens
         else:
-            from olmo_data.inspect import _load_decoder
+            from olmo_data.inspect import data_tokenizer
 
-            sequence, name = _load_decoder(tokenizer, source).encode(str(text)), str(text)
+            sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
         targets, scan = find_tokens(source, sequence, name=name, processes=processes, progress=progress)
     else:
         targets = find_documents(source, ids, source_glob)

@@ -418,7 +418,7 @@ def inspect_batch(
     locations = source.locate_many(indices[positions])
     docs = doc_index or DocIndex()
     docs.prepare((loc.path, source.files[loc.file_index].metadata_path) for loc in locations)
-    decoder = _load_decoder(tokenizer, source) if decode else None
+    decoder = data_tokenizer(tokenizer, source) if decode else None
     L = source.sequence_length
     for p, loc in zip(positions.tolist(), locations, strict=True):
         ids = tokens[p]
@@ -466,15 +466,15 @@ def _recorded_tokenizer(source: InstanceSource) -> tuple[dict[str, Any], str] | 
     if len(found) > 1:
         names = "; ".join(f"{m}: {i.get('name')!r} sha256 {sha[:16]}..." for sha, (i, m) in found.items())
         raise DataError(
-            f"--decode: the token files were tokenized with different tokenizers ({names}); "
-            "inspect them one source at a time"
+            f"the token files were tokenized with different tokenizers ({names}); inspect them one source at a time"
         )
     return next(iter(found.values()), None)
 
 
-def _load_decoder(tokenizer: str | None, source: InstanceSource) -> Any:
-    """The tokenizer to decode `source` with, which must be the one the data was tokenized with: decoding with
-    another vocabulary prints plausible but wrong text. The manifest's sha256 is the judge."""
+def data_tokenizer(tokenizer: str | None, source: InstanceSource, purpose: str = "--decode") -> Any:
+    """The tokenizer `source` was tokenized with, to decode it (or, for `trace --text`, to encode a passage the
+    way the data was): another vocabulary prints plausible but wrong text, or finds nothing. The manifest's sha256
+    is the judge. `purpose` names the option that needs it in the errors."""
     from olmo_data.tokenizer import load_tokenizer
 
     def load(spec: str) -> Any:
@@ -494,26 +494,26 @@ def _load_decoder(tokenizer: str | None, source: InstanceSource) -> Any:
         return tok
     if not identity:
         raise DataError(
-            "--decode needs the tokenizer: the token files have no manifest naming one; pass --tokenizer PATH "
+            f"{purpose} needs the tokenizer: the token files have no manifest naming one; pass --tokenizer PATH "
             "(a tokenizer.json or .tiktoken file)"
         )
     name = identity.get("name")
     spec = identity.get("path") or (name if name and os.path.exists(str(name)) else None)
     if not spec:
         raise DataError(
-            f"--decode needs the tokenizer: {manifest} names {name!r} but records no path to it, and no file of "
+            f"{purpose} needs the tokenizer: {manifest} names {name!r} but records no path to it, and no file of "
             "that name is here; pass --tokenizer PATH (a tokenizer.json or .tiktoken file)"
         )
     try:
         tok = load(str(spec))
     except DataError as e:
         raise DataError(
-            f"--decode needs the tokenizer: {manifest} records {str(spec)!r}, which cannot be loaded here ({e}); "
+            f"{purpose} needs the tokenizer: {manifest} records {str(spec)!r}, which cannot be loaded here ({e}); "
             "pass --tokenizer PATH (a tokenizer.json or .tiktoken file)"
         ) from e
     if expected and tok.sha256 != expected:
         raise DataError(
-            f"--decode: the tokenizer at {spec} has sha256 {tok.sha256}, but {manifest} records sha256 {expected} "
+            f"{purpose}: the tokenizer at {spec} has sha256 {tok.sha256}, but {manifest} records sha256 {expected} "
             f"for {name!r}: it is not the tokenizer the data was tokenized with (changed since?); pass "
             "--tokenizer PATH with the original tokenizer"
         )

@@ -128,9 +128,9 @@ def test_a_passage_is_found_where_inspect_batch_shows_it(tokens: Path, tmp_path:
     assert (3, 5, 40, 52) in places
     assert got["scan"]["tokens"] > 0
     # the same as text, encoded with the tokenizer the manifest records
-    from olmo_data.inspect import _load_decoder
+    from olmo_data.inspect import data_tokenizer
 
-    tok = _load_decoder(None, open_from_config(cfg))
+    tok = data_tokenizer(None, open_from_config(cfg))
     start = next(
         s
         for s in range(30, 60)
