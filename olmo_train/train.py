@@ -26,7 +26,6 @@ from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import TrainConfig, load_config, save_config
 from olmo_train.data import Batch, TrainData, eval_batches, labels_for
-from olmo_train.documents import boundary_token, doc_ids_from_eos
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -38,6 +37,7 @@ from olmo_train.distributed import (
     shutdown,
     tell_launcher,
 )
+from olmo_train.documents import boundary_token, doc_ids_from_eos
 from olmo_train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.model import Transformer
 from olmo_train.optim import build_optimizer, learning_rate, set_learning_rate
