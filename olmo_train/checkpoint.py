@@ -49,6 +49,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import is_remote, json_bytes
 from olmo_train import checkpoint_integrity as integrity
 from olmo_train import checkpoint_safety as safety
+from olmo_train import lora
 from olmo_train.config import TrainConfig, save_config
 from olmo_train.distributed import Dist, all_gather_objects, barrier, broadcast_object, raise_together
 
@@ -232,7 +233,10 @@ def save_unsharded(
     optim_sd = get_optimizer_state_dict(model, optim, options=opts)
     records = integrity.Recorder(tmp)
     if d.is_main:
-        records.torch_save(model_sd, "model.pt")
+        plain, exact = lora.split_state(model_sd)  # ReLoRA: merged weights in model.pt, the unmerged beside them
+        records.torch_save(plain, "model.pt")
+        if exact:
+            records.torch_save(exact, lora.EXACT_FILE)
         records.torch_save(optim_sd, "optim.pt")
         records.torch_save(rng_state(), "rng/rank0.pt")
     return _finish(folder, name, tmp, state, "latest-unsharded", keep, d, records.files)
@@ -369,6 +373,7 @@ def check_files(path: Path, *, weights_only: bool = False, rank: int = 0, world_
     shards: list[str] = []
     if (path / "model.pt").is_file():
         reads = ["model.pt", *([] if weights_only or not (path / "optim.pt").is_file() else ["optim.pt"])]
+        reads += [lora.EXACT_FILE] if (path / lora.EXACT_FILE).is_file() else []
     else:
         metadata = path / safety.DCP_METADATA
         shards = safety.check_shard_files(metadata, safety.read_metadata(metadata))
@@ -392,9 +397,14 @@ def load_checkpoint(
             f"start a fresh run from its weights with --load_path={path} --reset_trainer_state"
         )
     raise_together(lambda: check_files(path, weights_only=optim is None, rank=d.rank, world_size=d.world_size))
-    if (path / "model.pt").is_file():
+    if optim is not None:
+        raise_together(lambda: lora.check_resume(path, model))
+    if optim is None and (lora.has_adapters(model) or lora.checkpoint_adapters(path)):
+        lora.load_merged_weights(path, model)  # weights only, into or out of ReLoRA: merged, adapters afresh
+    elif (path / "model.pt").is_file():
         opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, torch.load(path / "model.pt", map_location="cpu", weights_only=True), options=opts)
+        model_sd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+        set_model_state_dict(model, lora.with_exact_state(path, model_sd, model), options=opts)
         if optim is not None:
             optim_sd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
             set_optimizer_state_dict(model, optim, optim_sd, options=opts)

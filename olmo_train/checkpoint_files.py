@@ -76,7 +76,8 @@ def read_config(path: Path) -> TrainConfig:
 
 
 def read_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The model's full (unsharded) state dict, on CPU, keyed as `Transformer.state_dict()`.
+    """The model's full (unsharded) state dict, on CPU, keyed as `Transformer.state_dict()` (a ReLoRA checkpoint's
+    weights merged, without adapters).
 
     A tied output head appears under both names, sharing one tensor, as `state_dict()` gives it.
     """
@@ -90,7 +91,9 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
         if not isinstance(state, dict):
             raise DataError(f"{path / MODEL_FILE}: expected a dict of tensors, got {type(state).__name__}")
         return state
-    return read_sharded(path, "model")
+    from olmo_train.lora import merge_state
+
+    return merge_state(read_sharded(path, "model"))  # a ReLoRA run's adapters, merged into the plain weights
 
 
 def read_sharded(path: Path, key: str) -> dict[str, Any]:

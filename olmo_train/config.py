@@ -69,9 +69,11 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`."""
+    """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`. `cosine_restarts` is
+    ReLoRA's jagged cosine: its cycles are `relora.cycle_length` and `relora.restart_warmup_steps`."""
 
-    name: str = "cosine_with_warmup"  # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup
+    # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup | cosine_restarts (ReLoRA)
+    name: str = "cosine_with_warmup"
     units: str = "steps"  # steps | tokens
     t_warmup: int = 0
     t_max: int | None = None  # None: the run's length (max_duration)
@@ -109,6 +111,43 @@ class WandbConfig:
     tags: list[str] = field(default_factory=list)
 
 
+# the linears of a block that `relora.target` can name: a group name stands for all of its linears
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "attention": ("w_q", "w_k", "w_v", "w_out"),
+    "mlp": ("w_gate", "w_up", "w_down"),
+}
+
+
+@dataclass
+class ReLoRAConfig:
+    """ReLoRA (Lialin et al.): the block linears train through low-rank adapters that are merged into the frozen
+    weights every `merge_every` steps and restarted, so a sequence of low-rank updates adds up to a high-rank one.
+    Setting `rank` turns it on; the flags of the reference implementation are given in parentheses."""
+
+    rank: int | None = None  # (--lora_r) adapter rank; None: full-rank training
+    alpha: float = 32.0  # (--lora_alpha) the update is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input
+    target: list[str] = field(default_factory=lambda: ["attention", "mlp"])  # groups or w_q, w_k, ... w_down
+    merge_every: int | None = None  # (--relora) merge and restart the adapters after every N steps
+    cycle_length: int | None = None  # (--cycle_length) steps between restarts of cosine_restarts; None: merge_every
+    restart_warmup_steps: int | None = None  # steps of the linear re-warm-up after each restart (cosine_restarts)
+    optimizer_reset: str = "prune"  # at each merge, on the adapters' state: prune | random | zero | none
+    prune_fraction: float | None = None  # (--optimizer_magnitude_pruning) zeroed by prune/random; None: 0.9
+    continue_from: str | None = None  # a full-rank checkpoint or imported model: its weights only, a fresh run
+
+    def cycle(self) -> int | None:
+        """Steps between learning-rate restarts."""
+        return self.cycle_length if self.cycle_length is not None else self.merge_every
+
+    def fraction(self) -> float:
+        """The share of each adapter moment tensor a merge zeroes."""
+        if self.optimizer_reset == "zero":
+            return 1.0
+        if self.optimizer_reset == "none":
+            return 0.0
+        return 0.9 if self.prune_fraction is None else self.prune_fraction
+
+
 @dataclass
 class TrainConfig:
     run_name: str = "olmo-run"
@@ -139,17 +178,25 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    relora: ReLoRAConfig = field(default_factory=ReLoRAConfig)
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "distributed_strategy": ("fsdp", "ddp", "single"),
     "precision": ("amp_bf16", "fp32"),
     "optimizer.name": ("adamw",),
-    "scheduler.name": ("constant", "constant_with_warmup", "linear_with_warmup", "cosine_with_warmup"),
+    "scheduler.name": (
+        "constant",
+        "constant_with_warmup",
+        "linear_with_warmup",
+        "cosine_with_warmup",
+        "cosine_restarts",
+    ),
     "scheduler.units": ("steps", "tokens"),
     "model.layer_norm_type": ("rms", "layer_norm"),
     "data.dtype": ("uint16", "uint32"),
     "wandb.mode": ("online", "offline"),
+    "relora.optimizer_reset": ("prune", "random", "zero", "none"),
 }
 
 
@@ -299,6 +346,7 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"config key {dotted!r}: got {value!r}, expected one of {list(choices)}{hint}")
     parse_duration(cfg.max_duration)
+    _check_relora(cfg)
     for key in ("global_train_batch_size", "device_train_microbatch_size", "device_eval_batch_size"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"config key {key!r}: must be positive, got {getattr(cfg, key)}")
@@ -329,6 +377,104 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         raise ConfigError(
             f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "
             f"{len(cfg.data.paths)} data.paths; give one label mask per token file"
+        )
+
+
+def _check_relora(cfg: TrainConfig) -> None:
+    """ReLoRA settings that contradict each other or the run are refused here, before any process starts, with the
+    key and the reason (the reference implementation accepted them and trained something else than asked)."""
+    r, s = cfg.relora, cfg.scheduler
+    if r.rank is None:
+        # cycle_length and restart_warmup_steps also shape cosine_restarts for a full-rank run
+        off = ReLoRAConfig(cycle_length=r.cycle_length, restart_warmup_steps=r.restart_warmup_steps)
+        for f in dataclasses.fields(ReLoRAConfig):
+            if getattr(r, f.name) != getattr(off, f.name):
+                raise ConfigError(
+                    f"config key 'relora.{f.name}': set, but relora.rank is not; setting relora.rank turns ReLoRA on"
+                )
+    else:
+        if r.rank < 1:
+            raise ConfigError(f"config key 'relora.rank': must be positive, got {r.rank}")
+        if r.alpha <= 0:
+            raise ConfigError(f"config key 'relora.alpha': must be positive (the scale is alpha / rank), got {r.alpha}")
+        if not 0 <= r.dropout < 1:
+            raise ConfigError(f"config key 'relora.dropout': must be in [0, 1), got {r.dropout}")
+        linears = [name for names in LORA_TARGETS.values() for name in names]
+        for name in r.target:
+            if name not in LORA_TARGETS and name not in linears:
+                raise ConfigError(
+                    f"config key 'relora.target': unknown linear {name!r}; expected attention, mlp or some of "
+                    f"{', '.join(linears)}"
+                )
+        if not r.target:
+            raise ConfigError("config key 'relora.target': empty; name the linears to train through adapters")
+        if r.merge_every is None or r.merge_every < 1:
+            raise ConfigError(
+                f"config key 'relora.merge_every': {'required' if r.merge_every is None else 'must be positive'} "
+                "with relora.rank (steps between merges of the adapters into the weights)"
+            )
+        if r.continue_from and cfg.load_path:
+            raise ConfigError(
+                "config key 'relora.continue_from': load_path is set too; continue_from starts a fresh run from a "
+                "checkpoint's weights, load_path continues one: set one of them"
+            )
+    if r.prune_fraction is not None:
+        if r.optimizer_reset not in ("prune", "random"):
+            raise ConfigError(
+                f"config key 'relora.prune_fraction': only used by optimizer_reset prune or random; "
+                f"optimizer_reset {r.optimizer_reset!r} zeroes {'all' if r.optimizer_reset == 'zero' else 'none'} "
+                "of the state"
+            )
+        if not 0 <= r.prune_fraction <= 1:
+            raise ConfigError(f"config key 'relora.prune_fraction': must be in [0, 1], got {r.prune_fraction}")
+    if s.name == "cosine_restarts":
+        _check_restarts(cfg)
+
+
+def _check_restarts(cfg: TrainConfig) -> None:
+    r, s = cfg.relora, cfg.scheduler
+    cycle = r.cycle()
+    if cycle is None or cycle < 1:
+        raise ConfigError(
+            "config key 'relora.cycle_length': scheduler.name=cosine_restarts needs a positive cycle length "
+            "(relora.cycle_length, or relora.merge_every)"
+        )
+    if s.units != "steps":
+        raise ConfigError("config key 'scheduler.units': cosine_restarts counts its cycles in steps; set steps")
+    if r.restart_warmup_steps is None or r.restart_warmup_steps < 1:
+        raise ConfigError(
+            "config key 'relora.restart_warmup_steps': scheduler.name=cosine_restarts needs the steps of the "
+            "re-warm-up after each restart (1 or more)"
+        )
+    if r.restart_warmup_steps >= cycle:
+        raise ConfigError(
+            f"config key 'relora.restart_warmup_steps': {r.restart_warmup_steps} is not shorter than the cycle "
+            f"({cycle} steps): the learning rate would never get back to the cosine envelope"
+        )
+    if s.t_warmup > cycle:
+        raise ConfigError(
+            f"config key 'scheduler.t_warmup': {s.t_warmup} is longer than a cycle ({cycle} steps): the first restart "
+            "would come before the first warm-up ends"
+        )
+    if r.rank is not None and r.merge_every is not None and r.merge_every % cycle:
+        raise ConfigError(
+            f"config key 'relora.merge_every': {r.merge_every} is not a multiple of relora.cycle_length={cycle}: a "
+            "merge resets the adapters' optimizer state, so it must fall on a learning-rate restart"
+        )
+    steps, unit = parse_duration(cfg.max_duration)
+    if unit == "steps":
+        check_cycles_divide(cfg, int(steps))
+
+
+def check_cycles_divide(cfg: TrainConfig, total_steps: int) -> None:
+    """cosine_restarts' cycles must tile the run, so that no cycle (and with merge_every equal to the cycle, no
+    low-rank update) is cut short by the end of the run. Checked again at start when max_duration is in tokens or
+    epochs, once the run's steps are known."""
+    cycle = cfg.relora.cycle()
+    if cfg.scheduler.name == "cosine_restarts" and cycle and total_steps % cycle:
+        raise ConfigError(
+            f"config key 'relora.cycle_length': {cycle} steps does not divide the run ({total_steps} steps, "
+            f"max_duration={cfg.max_duration!r}); choose a cycle length that does, or change max_duration"
         )
 
 

@@ -6,12 +6,13 @@ resumed run gets exactly the learning rate the unstopped run had, with nothing e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
-from olmo_train.config import OptimizerConfig, SchedulerConfig
+from olmo_train.config import OptimizerConfig, ReLoRAConfig, SchedulerConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -41,8 +42,13 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optim
     )
 
 
-def learning_rate(cfg: SchedulerConfig, max_lr: float, progress: float, total: float) -> float:
-    """The learning rate after `progress` steps (or tokens, with units: tokens) of a run of length `total`."""
+def learning_rate(
+    cfg: SchedulerConfig, max_lr: float, progress: float, total: float, restarts: ReLoRAConfig | None = None
+) -> float:
+    """The learning rate after `progress` steps (or tokens, with units: tokens) of a run of length `total`.
+    `restarts` gives cosine_restarts its cycle length and re-warm-up."""
+    if cfg.name == "cosine_restarts":
+        return jagged_cosine(cfg, max_lr, progress, total, restarts or ReLoRAConfig())
     t_max = float(cfg.t_max if cfg.t_max is not None else total)
     warmup = float(cfg.t_warmup)
     if cfg.name == "constant":
@@ -56,6 +62,27 @@ def learning_rate(cfg: SchedulerConfig, max_lr: float, progress: float, total: f
     if cfg.name == "linear_with_warmup":
         return max_lr - (max_lr - min_lr) * frac
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * frac))  # cosine_with_warmup
+
+
+def jagged_cosine(cfg: SchedulerConfig, max_lr: float, progress: float, total: float, r: ReLoRAConfig) -> float:
+    """ReLoRA's schedule: one cosine envelope over the run (cosine_with_warmup's), cut at every multiple k*c of the
+    cycle length c: just after it the rate restarts from zero and rises linearly over the w re-warm-up steps to
+    the envelope's value at k*c + w:
+
+        lr(p) = env(k*c + w) * (p - k*c) / w   if k = ceil(p / c) - 1 >= 1 and p - k*c < w;   env(p) otherwise
+
+    Step p trains at lr(p) (step 1 is the first), so the step just after a restart trains at env(k*c + w) / w, the
+    step at the restart itself (the last of its cycle, after which the adapters merge) at the envelope, and no step
+    at zero. The restart ramp ends at the envelope and never jumps: the ramp is a line to the envelope's value
+    where it rejoins it, as in the reference implementation."""
+    cycle, warm = r.cycle(), r.restart_warmup_steps
+    if not cycle or not warm:
+        raise ValueError("cosine_restarts needs relora.cycle_length (or merge_every) and relora.restart_warmup_steps")
+    envelope = dataclasses.replace(cfg, name="cosine_with_warmup")
+    restart = (math.ceil(progress / cycle) - 1) * cycle  # the last multiple of the cycle before this step
+    if restart >= cycle and progress - restart < warm:
+        return learning_rate(envelope, max_lr, restart + warm, total) * (progress - restart) / warm
+    return learning_rate(envelope, max_lr, progress, total)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:

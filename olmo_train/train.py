@@ -24,6 +24,7 @@ from torch import nn
 
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
+from olmo_train import lora
 from olmo_train.config import TrainConfig, load_config, save_config
 from olmo_train.data import Batch, TrainData, eval_batches, labels_for
 from olmo_train.distributed import (
@@ -82,6 +83,7 @@ def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
     """The same initial weights on every rank (same seed, built on CPU), then sharded or replicated."""
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model)
+    lora.add_adapters(model, cfg)  # ReLoRA (relora.rank): the block linears train through adapters
     return parallelize(model, cfg, d), model
 
 
@@ -196,6 +198,8 @@ def resume(
         check_resumable(state, cfg, data, path)
         state = ckpt.load_checkpoint(path, model, optim, d)
     else:
+        if cfg.relora.continue_from:
+            lora.continue_from(cfg, model, d)
         return fresh
     if state.world_size != d.world_size:
         log.info("the checkpoint was written by %d ranks; continuing on %d", state.world_size, d.world_size)
@@ -262,6 +266,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
         save_config(cfg, save_folder / "config.yaml")
     total_steps = data.total_steps()
+    relora = lora.ReLoRA.start(cfg, model, optim, total_steps, d)  # None unless relora.rank is set
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps
     if state.step >= stop_step:  # a finished (or stopped at stop_at) run started again: say so, train nothing
         log.info(
@@ -307,7 +312,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
             batch = data.batch(step)
             progress = step if cfg.scheduler.units == "steps" else step * tokens_per_step
             total = total_steps if cfg.scheduler.units == "steps" else total_tokens
-            lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total)
+            lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total, cfg.relora)
             set_learning_rate(optim, lr)
             result = train_step(model, optim, batch, cfg, d, preemption.requested)
             state.step = step
@@ -327,6 +332,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
                 "optim/grad_norm": result.grad_norm,
                 "throughput/tokens_per_second": tokens_per_step / dt,
             }
+            if relora is not None:  # adapter norms; after every merge_every-th step, the merge (before any save)
+                record.update(relora.after_step(step))
             record["data/wait_s"] = batch.wait_s  # the step's wait for its batch: is the read-ahead keeping up?
             if data.remote:  # retried remote reads so far (this rank's, rank 0 reading the whole batch)
                 record["data/remote_retries"] = data.remote_retries()

@@ -34,6 +34,7 @@ from olmo_train.checkpoint_files import (
 )
 from olmo_train.checkpoint_integrity import Recorder
 from olmo_train.checkpoint_safety import DCP_METADATA, check_link, read_metadata
+from olmo_train.lora import EXACT_FILE, split_state
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
     with atomic_directory(dest) as tmp:
         (tmp / RNG_FILE.parent).mkdir()
         written = Recorder(tmp)
-        _write_part(source, "model", written, MODEL_FILE, metadata)
+        _write_part(source, "model", written, MODEL_FILE, metadata, exact=not model_only)
         if not model_only:
             _write_part(source, "optim", written, OPTIM_FILE, metadata)
         if (source / RNG_FILE).is_file():
@@ -82,7 +83,11 @@ def _config_or_none(path: Path) -> Path | None:
         return None
 
 
-def _write_part(source: Path, key: str, written: Recorder, name: str, metadata: Metadata) -> None:
+def _write_part(
+    source: Path, key: str, written: Recorder, name: str, metadata: Metadata, *, exact: bool = False
+) -> None:
+    """Write one part; the model of a ReLoRA run as the trainer writes it: merged weights, and (`exact`) the
+    unmerged adapted linears in relora.pt for a resume."""
     tensors = [
         m
         for k, m in metadata.state_dict_metadata.items()
@@ -93,6 +98,10 @@ def _write_part(source: Path, key: str, written: Recorder, name: str, metadata: 
     t0 = time.perf_counter()
     state = read_sharded(source, key)
     log.info("writing %s ...", name)
+    if key == "model":
+        state, adapted = split_state(state)
+        if adapted and exact:
+            written.torch_save(adapted, EXACT_FILE)
     written.torch_save(state, name)
     del state  # freed before the next part is read
     log.info("%s done in %.1f s", name, time.perf_counter() - t0)
