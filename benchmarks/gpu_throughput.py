@@ -40,6 +40,13 @@ def main() -> None:
     parser.add_argument("--strategy", default="fsdp", choices=["fsdp", "ddp", "single"])
     parser.add_argument("--compile", action="store_true", help="torch.compile each block")
     parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--fp8", choices=["tensorwise", "rowwise"], help="fp8 block linears (float8.*; torchao)")
+    parser.add_argument(
+        "--ac-policy", default="full", choices=["full", "selective"], help="with --activation-checkpointing"
+    )
+    parser.add_argument("--document-masking", action="store_true", help="attention within documents (EOS-delimited)")
+    parser.add_argument("--mean-doc-tokens", type=int, default=2000, help="synthetic tokens: mean document length")
+    parser.add_argument("--tokens", default=None, help="real token files or directories instead of synthetic ones")
     parser.add_argument("--folder", default=None, help="where to write tokens and the run (default: a temp dir)")
     parser.add_argument("overrides", nargs="*", help="more --key=value config overrides")
     args = parser.parse_args()
@@ -52,12 +59,21 @@ def main() -> None:
     tmp = Path(args.folder or tempfile.mkdtemp(prefix="olmo-gpu-bench-"))
     tokens = tmp / "tokens.npy"
     dtype = np.uint16 if probe.model.vocab_size <= 2**16 else np.uint32
-    if rank == 0 and not tokens.exists():
+    if rank == 0 and not tokens.exists() and args.tokens is None:
         n = (args.steps + 2) * gbs * L
-        np.random.default_rng(0).integers(0, probe.model.vocab_size, n).astype(dtype).tofile(tokens)
+        rng = np.random.default_rng(0)
+        ids = rng.integers(1, probe.model.vocab_size, n)
+        ids[rng.random(n) < 1 / args.mean_doc_tokens] = 0  # documents end at EOS id 0, geometric lengths
+        ids.astype(dtype).tofile(tokens)
+    data = (
+        [f"--data.paths=[{args.tokens}]"]
+        if args.tokens
+        else [f"--data.paths=[{tokens}]", f"--data.dtype={dtype.__name__}"]
+    )
+    if args.document_masking:
+        data += ["--model.document_masking=true"] + ([] if args.tokens else ["--model.eos_token_id=0"])
     overrides = [
-        f"--data.paths=[{tokens}]",
-        f"--data.dtype={np.dtype(dtype).name}",
+        *data,
         f"--model.max_sequence_length={L}",
         f"--global_train_batch_size={gbs}",
         f"--device_train_microbatch_size={mbs}",
@@ -65,10 +81,12 @@ def main() -> None:
         f"--distributed_strategy={args.strategy}",
         f"--compile={str(args.compile).lower()}",
         f"--model.activation_checkpointing={str(args.activation_checkpointing).lower()}",
+        f"--model.activation_checkpointing_policy={args.ac_policy}",
         f"--save_folder={tmp / 'run'}",
         "--save_interval=null",
         "--save_interval_unsharded=null",
         "--console_log_interval=5",
+        *(["--float8.enabled=true", f"--float8.recipe={args.fp8}"] if args.fp8 else []),
         *args.overrides,
     ]
     if world > 1:  # the other ranks must see the token file before the trainer opens it
@@ -86,7 +104,8 @@ def main() -> None:
     flash = model_module.flash_attn_func is not None and cfg.model.flash_attention
     print(
         f"{name} x{world} | {args.config} | {args.strategy} | batch {gbs}x{L} (micro {mbs}, accum {args.accum}) | "
-        f"compile {args.compile} | activation ckpt {args.activation_checkpointing} | flash-attn {flash}"
+        f"compile {args.compile} | activation ckpt {args.activation_checkpointing} | flash-attn {flash} | "
+        f"fp8 {args.fp8 or 'off'} | document masking {args.document_masking}"
     )
     print(f"tokens/s (all GPUs): {tps:,.0f} | per GPU: {tps / world:,.0f}", end="")
     if mfu:

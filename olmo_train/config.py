@@ -49,11 +49,13 @@ class ModelConfig:
     weight_tying: bool = False
     init_std: float = 0.02
     flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (olmo_train/recompute)
+    activation_checkpointing_policy: str = "full"  # full (keep block inputs only) | selective (keep matmuls, attention)
     loss_chunk_tokens: int | None = None  # tokens per chunk of the output head + loss; None: 128 MiB of fp32 logits
     document_masking: bool = False  # attend only within each document of a packed instance (olmo_train/documents)
     document_positions: bool = False  # with document_masking: rotary positions restart at each document
     eos_token_id: int | None = None  # ends a document, for document_masking; None: the data manifests' eos_token_id
+    document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/documents
 
 
 @dataclass
@@ -65,6 +67,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     decay_norm_and_bias: bool = False
     decay_embeddings: bool = False
+    fused: bool | None = None  # AdamW's fused kernel; None: fused on GPUs, the multi-tensor (foreach) path elsewhere
 
 
 @dataclass
@@ -149,6 +152,19 @@ class ReLoRAConfig:
 
 
 @dataclass
+class Float8Config:
+    """fp8 training of the block linears through torchao's float8 linear layers (the `gpu` extra, olmo_train/float8):
+    the matmuls run in fp8 with dynamic scales, the weights stay in full precision. The output head and linears whose
+    sizes are not multiples of 16 stay in high precision (bf16 on GPUs). Fast on GPUs with fp8 tensor cores
+    (H100-class); elsewhere torchao emulates the fp8 arithmetic, which is slower than bf16 and only useful for tests."""
+
+    enabled: bool = False
+    recipe: str = "tensorwise"  # tensorwise (one scale per tensor) | rowwise (a scale per row, more accurate)
+    fsdp_float8_all_gather: bool | None = None  # FSDP2 gathers weights in fp8; None: where possible (tensorwise)
+    emulate: bool | None = None  # emulate fp8 matmuls (CPU tests); None: when the GPU has none (capability < 8.9)
+
+
+@dataclass
 class TrainConfig:
     run_name: str = "olmo-run"
     seed: int = 6198
@@ -179,6 +195,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     relora: ReLoRAConfig = field(default_factory=ReLoRAConfig)
+    float8: Float8Config = field(default_factory=Float8Config)
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -194,9 +211,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "scheduler.units": ("steps", "tokens"),
     "model.layer_norm_type": ("rms", "layer_norm"),
+    "model.document_attention": ("auto", "mask", "flex"),
+    "model.activation_checkpointing_policy": ("full", "selective"),
     "data.dtype": ("uint16", "uint32"),
     "wandb.mode": ("online", "offline"),
     "relora.optimizer_reset": ("prune", "random", "zero", "none"),
+    "float8.recipe": ("tensorwise", "rowwise"),
 }
 
 
@@ -347,6 +367,7 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
             raise ConfigError(f"config key {dotted!r}: got {value!r}, expected one of {list(choices)}{hint}")
     parse_duration(cfg.max_duration)
     _check_relora(cfg)
+    _check_float8(cfg)
     for key in ("global_train_batch_size", "device_train_microbatch_size", "device_eval_batch_size"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"config key {key!r}: must be positive, got {getattr(cfg, key)}")
@@ -429,6 +450,33 @@ def _check_relora(cfg: TrainConfig) -> None:
             raise ConfigError(f"config key 'relora.prune_fraction': must be in [0, 1], got {r.prune_fraction}")
     if s.name == "cosine_restarts":
         _check_restarts(cfg)
+
+
+def _check_float8(cfg: TrainConfig) -> None:
+    """fp8 settings that torchao cannot honour are refused here, by key, rather than deep inside the conversion (the
+    device-dependent checks, torchao present, fp8 hardware, are made when the model is converted: olmo_train/float8)."""
+    f = cfg.float8
+    if not f.enabled:
+        for name in ("recipe", "fsdp_float8_all_gather", "emulate"):
+            if getattr(f, name) != getattr(Float8Config(), name):
+                raise ConfigError(f"config key 'float8.{name}': set, but float8.enabled is not; set float8.enabled")
+        return
+    if cfg.relora.rank is not None:
+        raise ConfigError(
+            "config key 'float8.enabled': not with relora.rank; ReLoRA's adapted linears are not converted to fp8 "
+            "(their frozen weight and adapters are other modules): turn one of them off"
+        )
+    if f.fsdp_float8_all_gather:
+        if f.recipe != "tensorwise":
+            raise ConfigError(
+                f"config key 'float8.fsdp_float8_all_gather': torchao gathers fp8 weights only with one scale per "
+                f"tensor (recipe tensorwise), not with float8.recipe={f.recipe!r}; unset it or set it false"
+            )
+        if cfg.distributed_strategy != "fsdp":
+            raise ConfigError(
+                f"config key 'float8.fsdp_float8_all_gather': an FSDP2 feature, but distributed_strategy is "
+                f"{cfg.distributed_strategy!r}; unset it or set distributed_strategy: fsdp"
+            )
 
 
 def _check_restarts(cfg: TrainConfig) -> None:

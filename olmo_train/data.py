@@ -38,6 +38,7 @@ from olmo_data.order import (
 from olmo_data.stats import duration_steps
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, barrier
+from olmo_train.documents import DocumentStarts, boundary_token
 
 log = logging.getLogger("olmo_train")
 
@@ -50,6 +51,7 @@ class Batch:
     label_mask: torch.Tensor | None  # (local batch, L) bool; True = the token is a training target
     fingerprint: str | None  # of the global batch; rank 0 only
     wait_s: float = 0.0  # how long the step waited for it (near 0 when the read-ahead keeps up)
+    doc_starts: torch.Tensor | None = None  # (local batch, L) bool, True where a document starts (document_masking)
 
 
 def open_train_source(cfg: TrainConfig) -> InstanceSource:
@@ -108,6 +110,7 @@ class TrainData:
                 "global_train_batch_size"
             )
         self.fingerprint = self.source.fingerprint()
+        self.documents = document_starts(self.source, cfg)
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
         self._epochs_ready: set[int] = set()
         self.prefetch = cfg.data.prefetch_batches
@@ -173,20 +176,23 @@ class TrainData:
             self.order_location, step, self.gbs, num_instances=self.num_instances, seed=self.cfg.seed
         ).astype(np.int64)
         fingerprint = None
+        local = rank_slice(indices, self.d.rank, self.d.world_size)
         if self.d.is_main:
             tokens, masks = self.source.get_batch(indices)
             fingerprint = batch_fingerprint(tokens)
             tokens = rank_slice(tokens, 0, self.d.world_size)
             masks = rank_slice(masks, 0, self.d.world_size) if masks is not None else None
         else:
-            tokens, masks = self.source.get_batch(rank_slice(indices, self.d.rank, self.d.world_size))
+            tokens, masks = self.source.get_batch(local)
         pos = step_position(step, self.gbs, self.num_instances)
+        starts = self.documents.rows(local, tokens) if self.documents is not None else None
         return Batch(
             step=step,
             epoch=pos.epoch,
             input_ids=torch.from_numpy(np.ascontiguousarray(tokens)),
             label_mask=torch.from_numpy(np.ascontiguousarray(masks)) if masks is not None else None,
             fingerprint=fingerprint,
+            doc_starts=torch.from_numpy(starts) if starts is not None else None,
         )
 
     def close(self) -> None:
@@ -203,7 +209,20 @@ def labels_for(input_ids: torch.Tensor, label_mask: torch.Tensor | None) -> torc
     return labels
 
 
-def eval_batches(ev: EvaluatorConfig, cfg: TrainConfig, d: Dist) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+def document_starts(source: InstanceSource, cfg: TrainConfig) -> DocumentStarts | None:
+    """With model.document_masking, where the source's documents start (None without it). The EOS token is
+    resolved here from the data's manifests when the config leaves it unset, and written back into the config, so
+    the run's saved config.yaml records the boundaries it trained with."""
+    if not cfg.model.document_masking:
+        return None
+    cfg.model.eos_token_id = boundary_token(cfg.model.eos_token_id, [f.path for f in source.files])
+    return DocumentStarts(source, cfg.model.eos_token_id)
+
+
+EvalBatch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # input_ids, label_mask, doc_starts
+
+
+def eval_batches(ev: EvaluatorConfig, cfg: TrainConfig, d: Dist) -> list[EvalBatch]:
     """This rank's share of a validation set: instances in file order, rank r taking r, r+W, ...; all ranks
     get the same number of batches (the tail that does not divide evenly is dropped), so collectives stay in
     step."""
@@ -218,9 +237,17 @@ def eval_batches(ev: EvaluatorConfig, cfg: TrainConfig, d: Dist) -> list[tuple[t
             f"evaluator {ev.label!r}: {len(source)} instances are fewer than one eval batch of {per_batch} "
             "(device_eval_batch_size x world size); add data or lower device_eval_batch_size"
         )
-    out = []
+    documents = document_starts(source, cfg)
+    out: list[EvalBatch] = []
     for b in range(n_batches):
         indices = np.arange(b * per_batch, (b + 1) * per_batch)[d.rank :: d.world_size]
         tokens, masks = source.get_batch(indices)
-        out.append((torch.from_numpy(tokens), torch.from_numpy(masks) if masks is not None else None))
+        starts = documents.rows(indices, tokens) if documents is not None else None
+        out.append(
+            (
+                torch.from_numpy(tokens),
+                torch.from_numpy(masks) if masks is not None else None,
+                torch.from_numpy(starts) if starts is not None else None,
+            )
+        )
     return out

@@ -10,14 +10,22 @@ Documents are numbered per instance: `doc_ids` (B, T) holds, for each token, its
 row (non-decreasing). The trainer derives them from the EOS token that ends each document (pretraining), or from
 the conversation spans `prepare-tulu` records (chat data, where an EOS also ends each assistant turn).
 
-Implementation: a boolean (B, 1, T, T) mask for `scaled_dot_product_attention`, correct on every device. It costs
-T x T bytes per row; on GPUs, variable-length flash attention over the same boundaries is the fast path (left for
-the GPU work of issue 15).
+Implementation (`model.document_attention`): a boolean (B, 1, T, T) mask for `scaled_dot_product_attention`,
+correct on every device but T x T bytes per row and no saving in compute; or FlexAttention with a block mask, which
+compiles to one fused kernel that skips the blocks outside every document (the default on GPUs).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from olmo_data.instances import InstanceSource, TokenFile
 
 
 def doc_ids_from_eos(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -39,6 +47,39 @@ def document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     same = doc_ids[:, :, None] == doc_ids[:, None, :]
     causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
     return (same & causal).unsqueeze(1)
+
+
+def attention_mask(doc_ids: torch.Tensor, flex: bool) -> torch.Tensor | BlockMask:
+    """What the blocks attend through: the boolean mask of `document_mask`, or with `flex` a FlexAttention block
+    mask of the same rule, which skips the blocks of (query, key) pairs that lie in different documents instead
+    of computing and discarding them, and holds no T x T tensor. Built once per forward, shared by all layers."""
+    if not flex:
+        return document_mask(doc_ids)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def same_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return (q >= k) & (doc_ids[b, q] == doc_ids[b, k])
+
+    B, T = doc_ids.shape
+    return create_block_mask(same_document_causal, B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
+
+
+def use_flex(choice: str, device: torch.device) -> bool:
+    """`model.document_attention`: flex, mask, or auto (FlexAttention on GPUs, where it is compiled into a fused
+    kernel; the boolean mask elsewhere, where FlexAttention would run unfused)."""
+    return choice == "flex" or (choice == "auto" and device.type == "cuda")
+
+
+def check_trainable(choice: str, device: torch.device) -> None:
+    """Refuse `model.document_attention: flex` for training off GPUs at start: torch's FlexAttention has no
+    backward pass on CPU, and the run would otherwise fail at its first step."""
+    if choice == "flex" and device.type != "cuda":
+        from olmo_train.config import ConfigError
+
+        raise ConfigError(
+            f"config key 'model.document_attention': flex cannot train on {device.type} (torch's FlexAttention has "
+            "no backward pass there); use auto, which picks flex on GPUs and mask elsewhere, or mask"
+        )
 
 
 def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -71,3 +112,72 @@ def boundary_token(eos_token_id: int | None, token_files: list[str]) -> int:
             f"and the token files' manifests {which}; set model.eos_token_id"
         )
     return next(iter(found))
+
+
+class DocumentStarts:
+    """Which tokens of a batch's rows start a document, as the trainer passes them to the model.
+
+    A chat directory (`prepare-tulu`) records each conversation's (start, end) token span in `doc_boundaries.npy`:
+    its instances are split there, and only there, because an EOS also ends every assistant turn inside a
+    conversation; the padding after an instance's last conversation is a document of its own. Any other token file
+    is split after each EOS (pretraining data: a document's EOS belongs to it, the next token starts a new one).
+    """
+
+    def __init__(self, source: InstanceSource, eos_token_id: int) -> None:
+        self.source = source
+        self.eos = eos_token_id
+        self._cuts = {k: cuts for k, f in enumerate(source.files) if (cuts := chat_cuts(f)) is not None}
+
+    def rows(self, indices: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """(B, L) bool, True where a document starts, for the instances `indices` whose tokens are `tokens`."""
+        starts = np.zeros(tokens.shape, dtype=bool)
+        starts[:, 1:] = tokens[:, :-1] == self.eos
+        if self._cuts:
+            L = tokens.shape[1]
+            for row, loc in enumerate(self.source.locate_many(indices)):
+                cuts = self._cuts.get(loc.file_index)
+                if cuts is not None:
+                    lo, hi = np.searchsorted(cuts, [loc.token_offset, loc.token_offset + L])
+                    starts[row] = False
+                    starts[row, cuts[lo:hi] - loc.token_offset] = True
+        starts[:, 0] = True
+        return starts
+
+
+def chat_cuts(file: TokenFile) -> np.ndarray | None:
+    """The sorted token offsets where a chat directory's conversations start or end (None for a file that is not
+    a chat directory's). A chat directory without its boundaries, or with boundaries that do not fit its tokens,
+    is refused by name: splitting its conversations at EOS would cut every reply from its prompt."""
+    from olmo_data.chat import FORMAT
+    from olmo_data.errors import DataError
+    from olmo_data.instances import read_arrays
+    from olmo_data.io import file_size
+    from olmo_data.manifest import read_manifest
+
+    directory = file.path.rpartition("/")[0] or "."
+    manifest = read_manifest(directory) or {}
+    if manifest.get("format") != FORMAT:
+        return None
+    name = manifest.get("doc_boundaries")
+    examples = sum(int(f.get("documents", 0)) for f in manifest.get("files", []))
+    if not name:
+        raise DataError(
+            f"{directory}: a prepare-tulu directory without doc_boundaries in its manifest, which "
+            "model.document_masking needs to keep conversations apart; prepare it again with this version"
+        )
+    path = f"{directory}/{name}"
+    try:
+        size = file_size(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the conversation boundaries model.document_masking needs ({e})") from e
+    if size != 16 * examples:
+        raise DataError(
+            f"{path}: {size} bytes, but {directory}/manifest.json counts {examples} conversations (16 bytes each); "
+            "the directory is damaged: prepare it again"
+        )
+    spans = read_arrays([(path, "<u8", 0, 2 * examples)])[0].reshape(-1, 2).astype(np.int64)
+    if len(spans) and (np.any(spans[:, 0] > spans[:, 1]) or spans.max() > file.num_tokens):
+        raise DataError(
+            f"{path}: spans outside the {file.num_tokens} tokens of {file.path}, or ending before they start"
+        )
+    return np.unique(spans)

@@ -15,16 +15,17 @@ longer than the `max_sequence_length` it was trained with, as `transformers` doe
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from olmo_train.config import CHOICES, ModelConfig
-from olmo_train.documents import document_mask, document_positions
+from olmo_train.documents import attention_mask, document_positions, use_flex
 from olmo_train.loss import token_loss_sum
+from olmo_train.recompute import checkpointed
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -115,11 +116,12 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | BlockMask | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        """`mask`: bool (B, 1, T, S), True where a query may attend to a key; None is plain causal attention.
-        `cache`: earlier tokens' keys/values, extended with this call's."""
+        """`mask`: bool (B, 1, T, S), True where a query may attend to a key, or a FlexAttention block mask
+        (document masking, `olmo_train.documents`); None is plain causal attention. `cache`: earlier tokens'
+        keys/values, extended with this call's."""
         B, T, C = x.shape
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None and self.k_norm is not None:
@@ -131,7 +133,11 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         plain = mask is None and cache is None
-        if plain and self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        if isinstance(mask, BlockMask):
+            flex = _compiled_flex if q.is_cuda and _compiled_flex is not None else flex_attention
+            y = flex(q, k, v, block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            y = y.transpose(1, 2).reshape(B, T, C)
+        elif plain and self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
             y = y.reshape(B, T, C)
         else:
@@ -143,6 +149,20 @@ class Attention(nn.Module):
             )
             y = y.transpose(1, 2).reshape(B, T, C)
         return self.w_out(y)  # type: ignore[no-any-return]
+
+
+_compiled_flex: Any = None
+
+
+def compiled_flex_attention() -> Any:
+    """FlexAttention compiled, for GPUs: uncompiled it materialises every score (inside a compiled block it is
+    compiled with the block either way). Made at the first GPU forward with a block mask, outside any compiled
+    region, so that importing the model does not load the compiler. On CPU flex runs unfused: for tests and
+    inference (torch has no FlexAttention backward there)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
 
 
 class MLP(nn.Module):
@@ -173,7 +193,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | BlockMask | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         if self.norm_after:  # OLMo-2: x + norm(f(x))
@@ -214,7 +234,7 @@ class Transformer(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | BlockMask | None = None,
         cache: list[LayerCache] | None = None,
         last_only: bool = False,
         labels: torch.Tensor | None = None,
@@ -232,7 +252,10 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[1]
         if doc_ids is not None:
-            mask = document_mask(doc_ids)
+            flex = use_flex(self.cfg.document_attention, input_ids.device)
+            mask = attention_mask(doc_ids, flex)
+            if flex and input_ids.is_cuda:
+                compiled_flex_attention()
             if self.cfg.document_positions:
                 positions = document_positions(doc_ids)
         self._extend_rotary(T if positions is None else int(positions.max()) + 1)
@@ -243,7 +266,7 @@ class Transformer(nn.Module):
         x = self.embeddings(input_ids)
         for i, block in enumerate(self.blocks):
             if self.cfg.activation_checkpointing and self.training:  # recompute activations in backward
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, mask, use_reentrant=False)
+                x = checkpointed(block, self.cfg.activation_checkpointing_policy, x, cos, sin, mask)
             else:
                 x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
         if labels is not None:

@@ -24,7 +24,7 @@ from torch import nn
 
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train import lora
+from olmo_train import float8, lora
 from olmo_train.config import TrainConfig, load_config, save_config
 from olmo_train.data import Batch, TrainData, eval_batches, labels_for
 from olmo_train.distributed import (
@@ -38,7 +38,7 @@ from olmo_train.distributed import (
     shutdown,
     tell_launcher,
 )
-from olmo_train.documents import boundary_token, doc_ids_from_eos
+from olmo_train.documents import check_trainable, doc_ids_from_starts
 from olmo_train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.model import Transformer
 from olmo_train.optim import build_optimizer, learning_rate, set_learning_rate
@@ -84,17 +84,17 @@ def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
     torch.manual_seed(cfg.seed)
     model = Transformer(cfg.model)
     lora.add_adapters(model, cfg)  # ReLoRA (relora.rank): the block linears train through adapters
+    float8.convert(model, cfg, d.device)  # float8.enabled: the block linears compute in fp8 (before compile/FSDP)
     return parallelize(model, cfg, d), model
 
 
-def token_loss_sum(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+def token_loss_sum(
+    model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, doc_starts: torch.Tensor | None = None
+) -> torch.Tensor:
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
-    model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with
-    model.document_masking, attention stays within the documents that EOS tokens delimit."""
-    doc_ids = None
-    if cfg.model.document_masking:
-        assert cfg.model.eos_token_id is not None  # resolved from the data at start (documents.boundary_token)
-        doc_ids = doc_ids_from_eos(input_ids, cfg.model.eos_token_id)
+    model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with `doc_starts`
+    (model.document_masking: `olmo_train.documents.DocumentStarts`), attention stays within documents."""
+    doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
     return model(input_ids, labels=labels, doc_ids=doc_ids)  # type: ignore[no-any-return]
 
 
@@ -109,6 +109,7 @@ def train_step(
     """
     input_ids = batch.input_ids.to(d.device, non_blocking=True)
     labels = labels_for(batch.input_ids, batch.label_mask).to(d.device, non_blocking=True)
+    doc_starts = batch.doc_starts.to(d.device, non_blocking=True) if batch.doc_starts is not None else None
     local_count = int((labels != -100).sum())
     (global_count,) = all_reduce_sum([float(local_count)], d.device)
     scale = d.world_size / max(global_count, 1.0)
@@ -117,7 +118,10 @@ def train_step(
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     for i, start in enumerate(starts):
         with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
-            ce = token_loss_sum(model, input_ids[start : start + mbs], labels[start : start + mbs], cfg)
+            rows = slice(start, start + mbs)
+            ce = token_loss_sum(
+                model, input_ids[rows], labels[rows], doc_starts[rows] if doc_starts is not None else None
+            )
             (ce * scale).backward()
         loss_sum += ce.detach().double()
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
@@ -125,6 +129,7 @@ def train_step(
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
         norm = norm.full_tensor()
     optim.step()
+    float8.refresh_scales(model, cfg)  # fp8 all-gather: all weights' new scales in one all-reduce
     optim.zero_grad(set_to_none=True)
     total_loss, stop = all_reduce_sum([float(loss_sum), float(stop_flag)], d.device)
     return StepResult(total_loss / max(global_count, 1.0), float(norm), int(global_count), stop > 0)
@@ -138,10 +143,11 @@ def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, cache: dict[str, Any])
         if ev.label not in cache:
             cache[ev.label] = eval_batches(ev, cfg, d)
         total, count = 0.0, 0.0
-        for input_ids, mask in cache[ev.label]:
+        for input_ids, mask, starts in cache[ev.label]:
             labels = labels_for(input_ids, mask).to(d.device)
+            starts = starts.to(d.device) if starts is not None else None
             with autocast(cfg, d.device):
-                total += float(token_loss_sum(model, input_ids.to(d.device), labels, cfg))
+                total += float(token_loss_sum(model, input_ids.to(d.device), labels, starts))
             count += float((labels != -100).sum())
         total, count = all_reduce_sum([total, count], d.device)
         out[f"eval/{ev.label}/loss"] = total / max(count, 1.0)
@@ -244,6 +250,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         datefmt="%H:%M:%S",
         force=True,
     )
+    if cfg.model.document_masking:  # before anything is written
+        check_trainable(cfg.model.document_attention, d.device)
     save_folder = Path(cfg.save_folder)
     created = not save_folder.exists()
     if d.is_main:
@@ -252,10 +260,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     barrier()
     seed_everything(cfg.seed)
     try:
-        data = TrainData(cfg, d)
-        if cfg.model.document_masking:  # recorded in the saved config.yaml, so the run's boundaries are on file
-            files = [f.path for f in data.source.files]
-            cfg.model.eos_token_id = boundary_token(cfg.model.eos_token_id, files)
+        data = TrainData(cfg, d)  # with document_masking, it also resolves model.eos_token_id (saved below)
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()

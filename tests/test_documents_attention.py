@@ -54,9 +54,9 @@ def test_ids_masks_and_positions() -> None:
     assert m[5].tolist() == [False] * 5 + [True]
 
 
-@pytest.mark.parametrize("restart_positions", [True, False])
-def test_packed_logits_equal_each_document_alone(restart_positions: bool) -> None:
-    net = model(document_masking=True, document_positions=restart_positions)
+@pytest.mark.parametrize(("restart_positions", "attention"), [(True, "mask"), (False, "mask"), (True, "flex")])
+def test_packed_logits_equal_each_document_alone(restart_positions: bool, attention: str) -> None:
+    net = model(document_masking=True, document_positions=restart_positions, document_attention=attention)
     lengths = [[7, 20, 5, 32], [64]]
     ids = packed(lengths)
     with torch.no_grad():

@@ -70,6 +70,28 @@ def test_weight_decay_groups() -> None:
     assert len(opt.param_groups) == 1
 
 
+def test_fused_adamw_takes_the_steps_of_the_foreach_path() -> None:
+    """optimizer.fused (the default on GPUs) changes the kernel, not the update: equal within float rounding."""
+    results = {}
+    for fused in (False, True):
+        torch.manual_seed(0)
+        model = Transformer(tiny())
+        opt = build_optimizer(model, OptimizerConfig(learning_rate=0.01, fused=fused))
+        assert opt.defaults["fused"] is fused and opt.defaults["foreach"] is (not fused)
+        ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+        for _ in range(3):
+            model(ids, labels=ids[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad()
+        results[fused] = model.state_dict()
+    torch.manual_seed(0)
+    initial = Transformer(tiny()).state_dict()
+    assert all(not torch.equal(results[True][k], initial[k]) for k in ("lm_head.weight", "blocks.0.mlp.w_up.weight"))
+    for key, value in results[False].items():
+        torch.testing.assert_close(results[True][key], value, rtol=1e-5, atol=1e-6)
+    assert build_optimizer(Transformer(tiny()), OptimizerConfig()).defaults["fused"] is False  # CPU default
+
+
 def test_schedules() -> None:
     cos = SchedulerConfig(name="cosine_with_warmup", t_warmup=10, alpha_f=0.1)
     assert learning_rate(cos, 1.0, 5, 110) == pytest.approx(0.5)
