@@ -368,6 +368,7 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
     parse_duration(cfg.max_duration)
     _check_relora(cfg)
     _check_float8(cfg)
+    _check_needs(cfg)
     for key in ("global_train_batch_size", "device_train_microbatch_size", "device_eval_batch_size"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"config key {key!r}: must be positive, got {getattr(cfg, key)}")
@@ -399,6 +400,20 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
             f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "
             f"{len(cfg.data.paths)} data.paths; give one label mask per token file"
         )
+
+
+# (key, its default, the switch it only means something with): set without the switch, it would be silently ignored
+_NEEDS = (
+    ("model.document_positions", False, "model.document_masking"),
+    ("model.document_attention", "auto", "model.document_masking"),
+    ("model.activation_checkpointing_policy", "full", "model.activation_checkpointing"),
+)
+
+
+def _check_needs(cfg: TrainConfig) -> None:
+    for key, default, switch in _NEEDS:
+        if _get_dotted(cfg, key) != default and not _get_dotted(cfg, switch):
+            raise ConfigError(f"config key {key!r}: set, but {switch} is not, so it would do nothing; set {switch}")
 
 
 def _check_relora(cfg: TrainConfig) -> None:

@@ -17,7 +17,7 @@ compiles to one fused kernel that skips the blocks outside every document (the d
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -61,7 +61,22 @@ def attention_mask(doc_ids: torch.Tensor, flex: bool) -> torch.Tensor | BlockMas
         return (q >= k) & (doc_ids[b, q] == doc_ids[b, k])
 
     B, T = doc_ids.shape
-    return create_block_mask(same_document_causal, B, None, T, T, device=doc_ids.device, _compile=doc_ids.is_cuda)
+    build = compiled_create_block_mask() if doc_ids.is_cuda else create_block_mask
+    return build(same_document_causal, B, None, T, T, device=doc_ids.device)  # type: ignore[no-any-return]
+
+
+_compiled_create_block_mask: Any = None
+
+
+def compiled_create_block_mask() -> Any:
+    """`create_block_mask` compiled, made at first use: on GPUs uncompiled it evaluates the rule for every (query,
+    key) pair in Python-dispatched ops. A new rule each batch (new doc_ids) does not recompile it."""
+    global _compiled_create_block_mask
+    if _compiled_create_block_mask is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        _compiled_create_block_mask = torch.compile(create_block_mask)
+    return _compiled_create_block_mask
 
 
 def use_flex(choice: str, device: torch.device) -> bool:
@@ -126,7 +141,8 @@ class DocumentStarts:
     def __init__(self, source: InstanceSource, eos_token_id: int) -> None:
         self.source = source
         self.eos = eos_token_id
-        self._cuts = {k: cuts for k, f in enumerate(source.files) if (cuts := chat_cuts(f)) is not None}
+        manifests: dict[str, dict[str, Any]] = {}  # one read per directory, not per file
+        self._cuts = {k: cuts for k, f in enumerate(source.files) if (cuts := chat_cuts(f, manifests)) is not None}
 
     def rows(self, indices: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """(B, L) bool, True where a document starts, for the instances `indices` whose tokens are `tokens`."""
@@ -144,7 +160,7 @@ class DocumentStarts:
         return starts
 
 
-def chat_cuts(file: TokenFile) -> np.ndarray | None:
+def chat_cuts(file: TokenFile, manifests: dict[str, dict[str, Any]] | None = None) -> np.ndarray | None:
     """The sorted token offsets where a chat directory's conversations start or end (None for a file that is not
     a chat directory's). A chat directory without its boundaries, or with boundaries that do not fit its tokens,
     is refused by name: splitting its conversations at EOS would cut every reply from its prompt."""
@@ -155,7 +171,10 @@ def chat_cuts(file: TokenFile) -> np.ndarray | None:
     from olmo_data.manifest import read_manifest
 
     directory = file.path.rpartition("/")[0] or "."
-    manifest = read_manifest(directory) or {}
+    cache = manifests if manifests is not None else {}
+    if directory not in cache:
+        cache[directory] = read_manifest(directory) or {}
+    manifest = cache[directory]
     if manifest.get("format") != FORMAT:
         return None
     name = manifest.get("doc_boundaries")
@@ -163,7 +182,7 @@ def chat_cuts(file: TokenFile) -> np.ndarray | None:
     if not name:
         raise DataError(
             f"{directory}: a prepare-tulu directory without doc_boundaries in its manifest, which "
-            "model.document_masking needs to keep conversations apart; prepare it again with this version"
+            "model.document_masking needs to keep conversations apart; prepare it again into a new destination"
         )
     path = f"{directory}/{name}"
     try:

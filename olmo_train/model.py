@@ -187,8 +187,24 @@ class Block(nn.Module):
         self.attention_norm = build_norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
         self.mlp_norm = build_norm(cfg, cfg.d_model)
+        # model.activation_checkpointing: the policy (olmo_train/recompute). Applied inside forward, so that a
+        # compiled block compiles the checkpoint with it (the policy then holds for the compiled kernels too) and
+        # FSDP2's hooks gather the weights around both the forward and its recomputation.
+        self.recompute = cfg.activation_checkpointing_policy if cfg.activation_checkpointing else None
 
     def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | BlockMask | None = None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        if self.recompute is not None and self.training and cache is None and torch.is_grad_enabled():
+            return checkpointed(self.compute, self.recompute, x, cos, sin, mask)
+        return self.compute(x, cos, sin, mask, cache)
+
+    def compute(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
@@ -264,11 +280,8 @@ class Transformer(nn.Module):
         else:
             cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
         x = self.embeddings(input_ids)
-        for i, block in enumerate(self.blocks):
-            if self.cfg.activation_checkpointing and self.training:  # recompute activations in backward
-                x = checkpointed(block, self.cfg.activation_checkpointing_policy, x, cos, sin, mask)
-            else:
-                x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
+        for i, block in enumerate(self.blocks):  # with activation checkpointing, each block recomputes itself
+            x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
         if labels is not None:
             return token_loss_sum(self.norm(x[:, :-1]), self.lm_head.weight, labels, self.cfg.loss_chunk_tokens)
         if last_only:

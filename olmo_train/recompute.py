@@ -24,11 +24,14 @@ SAVED_OPS = {
     _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.higher_order.flex_attention,  # document masking on GPUs
 }
+FLASH_ATTN_FORWARD = "flash_attn._flash_attn_forward"  # flash-attn >= 2.6 registers its forward as a torch op
 
 
 def _keep_expensive(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    keep = op in SAVED_OPS or str(op).startswith(FLASH_ATTN_FORWARD)
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective() -> Any:

@@ -261,11 +261,11 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     seed_everything(cfg.seed)
     try:
         data = TrainData(cfg, d)  # with document_masking, it also resolves model.eos_token_id (saved below)
+        model, inner = build_model(cfg, d)  # e.g. float8 refused on this machine
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
         raise
-    model, inner = build_model(cfg, d)
     optim = build_optimizer(model, cfg.optimizer)
     state = resume(cfg, model, optim, data, d)
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config

@@ -180,6 +180,12 @@ def test_emulate_false_without_fp8_hardware_is_refused() -> None:
         float8.convert(Transformer(cfg.model), cfg, CPU)
 
 
+def test_a_refused_start_leaves_no_save_folder(tmp_path: Path, tokens: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(run_args(tmp_path / "run", tokens, "--float8.enabled", "--float8.emulate=false")) == 2
+    assert "'float8.emulate': false, but cpu has no fp8 matmuls" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_all_gather_defaults_to_where_torchao_supports_it() -> None:
     def gathers(*overrides: str) -> bool:
         return float8.fsdp_all_gather(load_config(None, ["--data.paths=[x.npy]", "--float8.enabled", *overrides]))

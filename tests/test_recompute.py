@@ -65,3 +65,11 @@ def test_the_policy_is_checked_by_key() -> None:
 
     with pytest.raises(ConfigError, match="model.activation_checkpointing_policy"):
         load_config(None, ["--data.paths=[x]", "--model.activation_checkpointing_policy=some"])
+    for key, switch in (
+        ("model.activation_checkpointing_policy=selective", "model.activation_checkpointing"),
+        ("model.document_attention=flex", "model.document_masking"),
+        ("model.document_positions=true", "model.document_masking"),
+    ):
+        with pytest.raises(ConfigError, match=rf"'{key.partition('=')[0]}': set, but {switch} is not"):
+            load_config(None, ["--data.paths=[x]", f"--{key}"])
+        load_config(None, ["--data.paths=[x]", f"--{key}", f"--{switch}=true"])

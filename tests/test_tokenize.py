@@ -207,6 +207,9 @@ def test_cli_tokenize_prints_summary(demo_tokenizer: str, tmp_path: Path) -> Non
 
 def test_hub_id_offline_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: fail at once instead of retrying
+    import huggingface_hub.constants  # it reads the variable once, at import: an earlier test may have imported it
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(DataError, match=r"some-org/some-model: could not load tokenizer from the Hugging Face hub"):
         load_tokenizer("some-org/some-model")
