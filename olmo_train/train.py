@@ -262,6 +262,9 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     try:
         data = TrainData(cfg, d)  # with document_masking, it also resolves model.eos_token_id (saved below)
         model, inner = build_model(cfg, d)  # e.g. float8 refused on this machine
+        # the validation sets are read now, so that a problem with them stops the run before its first step
+        evaluators = cfg.evaluators if cfg.eval_interval else []
+        eval_cache: dict[str, Any] = {ev.label: eval_batches(ev, cfg, d) for ev in evaluators}
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
@@ -306,7 +309,6 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         total_steps,
     )
     try:
-        eval_cache: dict[str, Any] = {}
         last_saved = {"sharded": state.step, "unsharded": -1}
         model.train()
         preempted = False

@@ -115,7 +115,15 @@ def test_bad_load_path_and_eval_data(tmp_path: Path, tokens: str) -> None:
         train(load_config(config(tmp_path, tokens, load_path=str(tmp_path / "empty"))))
     small = [{"label": "tiny", "paths": [tokens]}]
     with pytest.raises(DataError, match=r"evaluator 'tiny': 30 instances are fewer than one eval batch of 64"):
-        train(load_config(config(tmp_path, tokens, eval_interval=1, evaluators=small, device_eval_batch_size=64)))
+        folder = str(tmp_path / "eval-run")
+        train(
+            load_config(
+                config(
+                    tmp_path, tokens, eval_interval=2, evaluators=small, device_eval_batch_size=64, save_folder=folder
+                )
+            )
+        )
+    assert not (tmp_path / "eval-run").exists(), "refused at start: no step trained, no save folder left"
 
 
 def test_changed_data_is_refused_on_resume(tmp_path: Path, tokens: str, capsys: pytest.CaptureFixture[str]) -> None:
