@@ -270,6 +270,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
             save_folder.rmdir()
         raise
     optim = build_optimizer(model, cfg.optimizer)
+    cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
     state = resume(cfg, model, optim, data, d)
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
         save_config(cfg, save_folder / "config.yaml")

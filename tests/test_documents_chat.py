@@ -143,6 +143,7 @@ def test_fine_tuning_packed_chat_with_document_masking(tmp_path: Path, demo_toke
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["model"]["eos_token_id"] == EOS
+    assert saved["optimizer"]["fused"] is False  # resolved (foreach on CPU) and recorded, so a resume keeps it
     torch.manual_seed(5)  # the trainer's initial weights (build_model)
     initial = Transformer(ModelConfig(**model))
     _, alone_ids, alone_labels, _ = whole_set(alone_dir)
