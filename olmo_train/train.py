@@ -379,7 +379,8 @@ USAGE = """usage: python -m olmo_train CONFIG.yaml [--key.sub=value ...]
        torchrun --nproc-per-node N -m olmo_train CONFIG.yaml [--key.sub=value ...]
 
 Overrides use the config's dotted keys, e.g. --optimizer.learning_rate=1e-3 --data.paths=[a.npy,b.npy]
---max_duration=2e9T --stop_at=100 --load_path=runs/base/step1000 --reset_trainer_state."""
+--max_duration=2e9T --stop_at=100 --load_path=runs/base/step1000 --reset_trainer_state.
+`python -m olmo_train --keys` lists every key with its default and what it does."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] == "--keys":
+        from olmo_train.config_keys import keys_text
+
+        print(keys_text())
+        return 0
     config_path, overrides = (None, args) if args[0].startswith("--") else (args[0], args[1:])
     try:
         cfg = load_config(config_path, overrides)

@@ -118,3 +118,32 @@ def test_cli_prints_config_errors_without_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown config key 'optimizer.lr'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_keys_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m olmo_train --keys`: one line per leaf key of the config, its default as the config file would
+    spell it, and the comment beside the field; the choices where the comment does not give them."""
+    import dataclasses
+
+    from olmo_train.config import CHOICES, TrainConfig, config_to_dict
+    from olmo_train.train import main
+
+    assert main(["--keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {line.split(" = ", 1)[0]: line.split(" = ", 1)[1] for line in lines}
+
+    def leaves(d: dict[str, object], prefix: str = "") -> dict[str, object]:
+        out: dict[str, object] = {}
+        for k, v in d.items():
+            out |= leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v}  # type: ignore[arg-type]
+        return out
+
+    defaults = leaves(config_to_dict(TrainConfig()))
+    assert list(listed) == list(defaults)  # every key, in declaration order, nothing else
+    for key, value in defaults.items():
+        assert yaml.safe_load(listed[key].split("  ")[0]) == value, key
+    for key, choices in CHOICES.items():
+        assert all(c in listed[key] for c in choices), key
+    assert "flex on GPUs, mask elsewhere" in listed["model.document_attention"]
+    assert dataclasses.is_dataclass(TrainConfig().float8) and "float8.recipe" in listed
+    assert main(["--help"]) == 0 and "--keys" in capsys.readouterr().out
