@@ -72,7 +72,7 @@ class _Entry:
     instance_length: int | None = None  # a chat directory's instances are whole examples of this length
 
 
-class _Manifests:
+class Manifests:
     """Manifests by directory, each read once: a config may list thousands of files of one directory."""
 
     def __init__(self) -> None:
@@ -83,11 +83,16 @@ class _Manifests:
             self._cache[directory] = read_manifest(directory)
         return self._cache[directory]
 
+    def of_file(self, path: str) -> tuple[str, dict[str, Any]]:
+        """The directory of token file `path`, and its manifest ({} when it has none)."""
+        directory = path.rpartition("/")[0] or "."
+        return directory, self.get(directory) or {}
+
 
 def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
     """Token files (with what their manifest says) for each path or directory of data.paths, in order."""
     out: list[_Entry] = []
-    manifests = _Manifests()
+    manifests = Manifests()
     for raw in paths:
         path = str(raw)
         path = path if is_remote(path) else os.path.abspath(os.path.expanduser(path))

@@ -23,9 +23,9 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instances import InstanceSource, open_dataset
+from olmo_data.instances import InstanceSource, Manifests, open_dataset
 from olmo_data.io import is_remote
-from olmo_data.manifest import MANIFEST_NAME, read_manifest
+from olmo_data.manifest import MANIFEST_NAME
 from olmo_data.order import (
     batches_per_epoch,
     default_order_location,
@@ -70,14 +70,10 @@ def check_vocabulary(source: InstanceSource, cfg: TrainConfig) -> None:
     Token files without a manifest cannot be checked."""
     rows = cfg.model.embedding_size or cfg.model.vocab_size
     key = "model.embedding_size" if cfg.model.embedding_size else "model.vocab_size"
-    seen: set[str] = set()
+    manifests = Manifests()  # one read per directory
     for file in source.files:
-        directory = file.path.rpartition("/")[0] or "."
-        if directory in seen:
-            continue
-        seen.add(directory)
-        manifest = read_manifest(directory)
-        vocab = ((manifest or {}).get("tokenizer") or {}).get("vocab_size")
+        directory, manifest = manifests.of_file(file.path)
+        vocab = (manifest.get("tokenizer") or {}).get("vocab_size")
         if vocab is not None and int(vocab) > rows:
             raise ConfigError(
                 f"config key '{key}': the model has {rows} embedding rows, but {directory}/{MANIFEST_NAME} says "
@@ -215,8 +211,9 @@ def document_starts(source: InstanceSource, cfg: TrainConfig) -> DocumentStarts 
     the run's saved config.yaml records the boundaries it trained with."""
     if not cfg.model.document_masking:
         return None
-    cfg.model.eos_token_id = boundary_token(cfg.model.eos_token_id, [f.path for f in source.files])
-    return DocumentStarts(source, cfg.model.eos_token_id)
+    manifests = Manifests()  # each directory's manifest read once for both
+    cfg.model.eos_token_id = boundary_token(cfg.model.eos_token_id, [f.path for f in source.files], manifests)
+    return DocumentStarts(source, cfg.model.eos_token_id, manifests)
 
 
 EvalBatch = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # input_ids, label_mask, doc_starts

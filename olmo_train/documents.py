@@ -25,7 +25,7 @@ import torch
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-    from olmo_data.instances import InstanceSource, TokenFile
+    from olmo_data.instances import InstanceSource, Manifests, TokenFile
 
 
 def doc_ids_from_eos(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -107,17 +107,19 @@ def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
     return index - torch.cummax(first, dim=1).values
 
 
-def boundary_token(eos_token_id: int | None, token_files: list[str]) -> int:
+def boundary_token(eos_token_id: int | None, token_files: list[str], manifests: Manifests | None = None) -> int:
     """The token that ends a document: the config's `model.eos_token_id`, else the one the token files'
     manifests record (tokenize and prepare-tulu write it); a clear error when neither says."""
     if eos_token_id is not None:
         return eos_token_id
     from olmo_data.errors import DataError
-    from olmo_data.manifest import read_manifest
+    from olmo_data.instances import Manifests
 
+    manifests = manifests or Manifests()
     found: dict[int, str] = {}
-    for directory in dict.fromkeys(p.rpartition("/")[0] or "." for p in token_files):
-        eos = (read_manifest(directory) or {}).get("eos_token_id")
+    for path in token_files:
+        directory, manifest = manifests.of_file(path)
+        eos = manifest.get("eos_token_id")
         if eos is not None:
             found.setdefault(int(eos), directory)
     if len(found) != 1:
@@ -138,10 +140,12 @@ class DocumentStarts:
     is split after each EOS (pretraining data: a document's EOS belongs to it, the next token starts a new one).
     """
 
-    def __init__(self, source: InstanceSource, eos_token_id: int) -> None:
+    def __init__(self, source: InstanceSource, eos_token_id: int, manifests: Manifests | None = None) -> None:
+        from olmo_data.instances import Manifests
+
         self.source = source
         self.eos = eos_token_id
-        manifests: dict[str, dict[str, Any]] = {}  # one read per directory, not per file
+        manifests = manifests or Manifests()
         self._cuts = {k: cuts for k, f in enumerate(source.files) if (cuts := chat_cuts(f, manifests)) is not None}
 
     def rows(self, indices: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -160,7 +164,7 @@ class DocumentStarts:
         return starts
 
 
-def chat_cuts(file: TokenFile, manifests: dict[str, dict[str, Any]] | None = None) -> np.ndarray | None:
+def chat_cuts(file: TokenFile, manifests: Manifests) -> np.ndarray | None:
     """The sorted token offsets where a chat directory's conversations start or end (None for a file that is not
     a chat directory's). A chat directory without its boundaries, or with boundaries that do not fit its tokens,
     is refused by name: splitting its conversations at EOS would cut every reply from its prompt."""
@@ -168,13 +172,8 @@ def chat_cuts(file: TokenFile, manifests: dict[str, dict[str, Any]] | None = Non
     from olmo_data.errors import DataError
     from olmo_data.instances import read_arrays
     from olmo_data.io import file_size
-    from olmo_data.manifest import read_manifest
 
-    directory = file.path.rpartition("/")[0] or "."
-    cache = manifests if manifests is not None else {}
-    if directory not in cache:
-        cache[directory] = read_manifest(directory) or {}
-    manifest = cache[directory]
+    directory, manifest = manifests.of_file(file.path)
     if manifest.get("format") != FORMAT:
         return None
     name = manifest.get("doc_boundaries")

@@ -26,7 +26,7 @@ from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train import float8, lora
 from olmo_train.config import TrainConfig, load_config, save_config
-from olmo_train.data import Batch, TrainData, eval_batches, labels_for
+from olmo_train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -136,21 +136,20 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, cache: dict[str, Any]) -> dict[str, float]:
+def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, sets: dict[str, list[EvalBatch]]) -> dict[str, float]:
+    """The loss on each validation set (read at start by `eval_batches`, by evaluator label)."""
     out: dict[str, float] = {}
     model.eval()
-    for ev in cfg.evaluators:
-        if ev.label not in cache:
-            cache[ev.label] = eval_batches(ev, cfg, d)
+    for label, batches in sets.items():
         total, count = 0.0, 0.0
-        for input_ids, mask, starts in cache[ev.label]:
+        for input_ids, mask, starts in batches:
             labels = labels_for(input_ids, mask).to(d.device)
             starts = starts.to(d.device) if starts is not None else None
             with autocast(cfg, d.device):
                 total += float(token_loss_sum(model, input_ids.to(d.device), labels, starts))
             count += float((labels != -100).sum())
         total, count = all_reduce_sum([total, count], d.device)
-        out[f"eval/{ev.label}/loss"] = total / max(count, 1.0)
+        out[f"eval/{label}/loss"] = total / max(count, 1.0)
     model.train()
     return out
 
@@ -264,7 +263,10 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         model, inner = build_model(cfg, d)  # e.g. float8 refused on this machine
         # the validation sets are read now, so that a problem with them stops the run before its first step
         evaluators = cfg.evaluators if cfg.eval_interval else []
-        eval_cache: dict[str, Any] = {ev.label: eval_batches(ev, cfg, d) for ev in evaluators}
+        eval_sets: dict[str, list[EvalBatch]] = {}
+        for ev in evaluators:  # by label, the first evaluator of a label, as before
+            if ev.label not in eval_sets:
+                eval_sets[ev.label] = eval_batches(ev, cfg, d)
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
@@ -348,7 +350,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
             if peak:
                 record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
             if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
-                record.update(evaluate(model, cfg, d, eval_cache))
+                record.update(evaluate(model, cfg, d, eval_sets))
             metrics.write(record)
             if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
                 per_step = (time.perf_counter() - t_start) / (step - first_step + 1)  # saves and evals included
