@@ -14,7 +14,6 @@ Prints a markdown table (the numbers in BENCHMARKS.md come from it) and writes r
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -29,6 +28,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from synthetic_data import write_document_metadata, write_manifest  # noqa: E402
 
 from olmo_data.inspect import DocIndex, inspect_batch  # noqa: E402
 from olmo_data.instances import open_from_config  # noqa: E402
@@ -61,18 +62,9 @@ def make_sparse_dataset(directory: Path, total_tokens: int, files: int, mean_doc
         lengths = rng.geometric(1 / mean_doc, size=2 * per_file // mean_doc + 10)
         ends = np.cumsum(lengths)
         ends = np.concatenate([ends[ends < per_file], [per_file]])
-        starts = np.concatenate([[0], ends[:-1]])
-        rows = "".join(
-            f"{s},{e},doc-{k}-{i},s3://corpus/shard-{k:05d}.jsonl.gz,{i + 1}\n"
-            for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
-        )
-        with gzip.open(directory / f"{name}.csv.gz", "wt", compresslevel=1) as g:
-            g.write(rows)
-        entries.append(
-            {"path": f"{name}.npy", "metadata": f"{name}.csv.gz", "tokens": per_file, "documents": len(starts)}
-        )
-    manifest = {"format": "olmo-data.tokens", "version": 1, "dtype": "uint32", "files": entries}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
+        n = write_document_metadata(directory / f"{name}.csv.gz", ends, k, f"s3://corpus/shard-{k:05d}.jsonl.gz")
+        entries.append({"path": f"{name}.npy", "metadata": f"{name}.csv.gz", "tokens": per_file, "documents": n})
+    write_manifest(directory, "uint32", entries)
 
 
 def main() -> None:

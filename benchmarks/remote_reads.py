@@ -23,7 +23,6 @@ Prints markdown tables (the numbers in BENCHMARKS.md come from them) and writes 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import shutil
@@ -43,6 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from synthetic_data import write_document_metadata, write_manifest  # noqa: E402
+
 from olmo_data.order import build_config_orders  # noqa: E402
 
 
@@ -56,18 +57,11 @@ def make_token_dir(directory: Path, files: int, tokens: int, vocab: int, seed: i
         rng.integers(0, vocab, size=tokens, dtype=np.uint16).tofile(directory / f"{name}.npy")
         (rng.random(tokens) < 0.8).tofile(directory / f"{name}-mask.npy")
         ends = np.append(np.sort(rng.choice(np.arange(1, tokens), size=tokens // 2000, replace=False)), tokens)
-        starts = np.concatenate([[0], ends[:-1]])
-        rows = "".join(
-            f"{s},{e},doc-{k}-{i},s3://corpus/shard-{k}.jsonl.gz,{i + 1}\n"
-            for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
-        )
-        with gzip.open(directory / f"{name}.csv.gz", "wt", compresslevel=1) as g:
-            g.write(rows)
+        write_document_metadata(directory / f"{name}.csv.gz", ends, k, f"s3://corpus/shard-{k}.jsonl.gz")
         entries.append(
             {"path": f"{name}.npy", "label_mask": f"{name}-mask.npy", "metadata": f"{name}.csv.gz", "tokens": tokens}
         )
-    manifest = {"format": "olmo-data.tokens", "version": 1, "dtype": "uint16", "files": entries}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
+    write_manifest(directory, "uint16", entries)
 
 
 @contextmanager
