@@ -166,6 +166,7 @@ def test_load_path_url_through_cached_path(
     import shutil
 
     monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setattr("cached_path.common.CACHE_DIRECTORY", tmp_path / "cache")  # read at import only
     root, url = http_root
     base = config(tmp_path, tokens, save_interval_unsharded=2)
     assert main([str(base), "--stop_at=2"]) == 0
