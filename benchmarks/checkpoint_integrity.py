@@ -47,12 +47,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from olmo_train import checkpoint as ckpt  # noqa: E402
-from olmo_train import checkpoint_integrity as integrity  # noqa: E402
-from olmo_train import checkpoint_safety as safety  # noqa: E402
+from olmo_train.checkpoint import integrity, safety  # noqa: E402
 from olmo_train.config import ModelConfig, OptimizerConfig  # noqa: E402
 from olmo_train.distributed import Dist  # noqa: E402
-from olmo_train.model import Transformer  # noqa: E402
-from olmo_train.optim import build_optimizer  # noqa: E402
+from olmo_train.nn import Transformer  # noqa: E402
+from olmo_train.train import build_optimizer  # noqa: E402
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

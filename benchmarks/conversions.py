@@ -97,7 +97,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def make_model(model_cfg: Any, world_size: int) -> torch.nn.Module:
     """The model with random weights: plain, or FSDP2-sharded over the process group (built on the meta device and
     materialised shard by shard, so no rank ever holds the whole model)."""
-    from olmo_train.model import Transformer
+    from olmo_train.nn import Transformer
 
     if world_size == 1:
         return Transformer(model_cfg)
@@ -131,7 +131,7 @@ def check_structure(model_cfg: Any, optim_cfg: Any, world_size: int) -> None:
     step gives `get_state_dict(model, optim)`."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from olmo_train.optim import build_optimizer
+    from olmo_train.train import build_optimizer
 
     small = dataclasses.replace(
         model_cfg, d_model=64, n_heads=4, n_layers=2, mlp_hidden_size=128, vocab_size=250, embedding_size=256
@@ -158,7 +158,7 @@ def build_worker(rank: int, world_size: int, config: str, overrides: list[str], 
     from olmo_train.checkpoint import TrainerState, save_sharded
     from olmo_train.config import load_config
     from olmo_train.distributed import init_distributed, shutdown
-    from olmo_train.optim import build_optimizer
+    from olmo_train.train import build_optimizer
 
     if world_size > 1:  # as torchrun sets them; without RANK init_distributed makes a world of one
         os.environ.update(
@@ -335,7 +335,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_train.config import load_config
-    from olmo_train.model import Transformer
+    from olmo_train.nn import Transformer
 
     cfg = load_config(args.config, ["--data.paths=[]"], require_data=False)
     with torch.device("meta"):

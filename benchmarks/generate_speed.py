@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from olmo_train.config import ModelConfig
+from olmo_train.convert import hf_config, to_hf_state
 from olmo_train.generate import generate
-from olmo_train.hf import hf_config, to_hf_state
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer
 
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=128, n_heads=4, n_layers=4, mlp_hidden_size=384, vocab_size=8192, weight_tying=True),

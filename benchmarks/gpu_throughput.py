@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from olmo_train import model as model_module
 from olmo_train.config import load_config
+from olmo_train.nn import model as model_module
 from olmo_train.train import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ def one_step(variant: str, batch: int, seq: int, vocab: int) -> dict[str, float]
 
     sys.path.insert(0, str(ROOT))
     from olmo_train.config import ModelConfig
-    from olmo_train.model import Transformer
+    from olmo_train.nn import Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(

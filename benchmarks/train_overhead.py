@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from olmo_train.config import load_config
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer
-from olmo_train.train import train
+from olmo_train.nn import Transformer
+from olmo_train.train import build_optimizer, train
 
 REPO = Path(__file__).resolve().parents[1]
 

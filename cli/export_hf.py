@@ -44,7 +44,7 @@ def export_hf(checkpoint: Path, destination: Path, dtype: str, tokenizer: str | 
       olmo-train export-hf runs/tiny/step100 --destination runs/tiny-hf-bf16 --dtype bfloat16 --check
       python -c "from transformers import pipeline; print(pipeline('text-generation', 'runs/tiny-hf')('def '))"
     """
-    from olmo_train.hf_convert import export_hf as export
+    from olmo_train.convert import export_hf as export
 
     t0 = time.perf_counter()
     dest = export(checkpoint, destination, dtype=dtype, tokenizer=tokenizer, force=force, check=check)

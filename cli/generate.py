@@ -53,7 +53,8 @@ def generate(
       olmo-train generate runs/tiny/step100 --prompt "class " --temperature 0.8 --top-p 0.95 --seed 1
     """
     from olmo_data.errors import DataError
-    from olmo_train.generate import Sampling, generate, load_model
+    from olmo_train.convert import load_model
+    from olmo_train.generate import Sampling, generate
 
     model, tokenizer = load_model(checkpoint, device=device)
     if tokenizer is None:

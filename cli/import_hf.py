@@ -32,8 +32,8 @@ def import_hf(model: str, destination: Path, check: bool) -> None:
       torchrun --nproc-per-node 8 -m olmo_train runs/olmo2-1b/config.yaml --data.paths=[runs/sft-data] \\
           --save_folder=runs/olmo2-1b-sft --max_duration=1000 --global_train_batch_size=64
     """
-    from olmo_train.checkpoint_files import read_config
-    from olmo_train.hf_convert import import_hf as run_import
+    from olmo_train.checkpoint import read_config
+    from olmo_train.convert import import_hf as run_import
 
     t0 = time.perf_counter()
     dest = run_import(model, destination, check=check)

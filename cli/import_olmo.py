@@ -36,8 +36,8 @@ def import_olmo(checkpoint: str, destination: Path, tokenizer: str | None) -> No
       torchrun --nproc-per-node 8 -m olmo_train runs/olmo2-1b-step10000/config.yaml --data.paths=[runs/tokens] \\
           --save_folder=runs/olmo2-1b-continued --max_duration=1000
     """
-    from olmo_train.checkpoint_files import read_config
-    from olmo_train.olmo_native import import_olmo as run_import
+    from olmo_train.checkpoint import read_config
+    from olmo_train.convert import import_olmo as run_import
 
     t0 = time.perf_counter()
     dest = run_import(checkpoint, destination, tokenizer=tokenizer)

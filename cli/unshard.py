@@ -35,9 +35,8 @@ def unshard(checkpoint: Path, destination: Path | None, model_only: bool) -> Non
       olmo-train unshard runs/tiny/latest --destination /tmp/tiny-100 --model-only
       python -m olmo_train configs/tiny.yaml --load_path=runs/tiny/step100-unsharded
     """
-    from olmo_train.checkpoint import read_trainer_state
-    from olmo_train.checkpoint_files import MODEL_FILE, OPTIM_FILE
-    from olmo_train.unshard import unshard as unshard_checkpoint
+    from olmo_train.checkpoint import MODEL_FILE, OPTIM_FILE, read_trainer_state
+    from olmo_train.convert import unshard as unshard_checkpoint
 
     t0 = time.perf_counter()
     dest = unshard_checkpoint(checkpoint, destination, model_only=model_only)

@@ -30,7 +30,7 @@ def verify(checkpoint: str, strict: bool) -> None:
       olmo-train verify --strict https://example.org/runs/tiny/step100
     """
     from olmo_data.errors import DataError
-    from olmo_train.checkpoint_files import verify_checkpoint
+    from olmo_train.checkpoint import verify_checkpoint
 
     try:
         click.echo(f"OK {verify_checkpoint(checkpoint, strict=strict)}")

@@ -1,7 +1,10 @@
 """olmo_train: a compact trainer for OLMo-style models that reads its data only through `olmo_data`.
 
-Modules, one per concept: config (dataclasses + overrides), model (the decoder), distributed (process group
-and fsdp/ddp/single), data (steps to batches, via olmo_data.order), optim (AdamW and schedules), checkpoint
-(sharded and unsharded, atomic, resumable on any world size), metrics (console, metrics.jsonl, wandb), train
-(the loop).
+Packages by concept (ARCHITECTURE.md maps every module): `nn` (the model and what runs in its forward),
+`train` (the loop, its data, optimizer, metrics, ReLoRA), `checkpoint` (saving, loading, checking; one `layout`
+names every file), `convert` (Hugging Face and OLMo formats, unsharding, a model from any checkpoint). Beside
+them: `config` (dataclasses and overrides), `config_keys` (`--keys`), `distributed` (process group and
+FSDP/DDP), `generate` (text from a model). `python -m olmo_train` enters through `__main__`.
 """
+
+__all__: list[str] = []

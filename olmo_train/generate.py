@@ -1,7 +1,7 @@
 """Text generation from a trained (or imported) model: a key/value cache, samplers and beam search.
 
-`load_model(checkpoint)` gives the model and the tokenizer its data was made with, in eval mode, from any
-checkpoint this project reads (sharded, unsharded, imported, a `transformers` directory, or a URL).
+`olmo_train.convert.load_model(checkpoint)` gives the model and the tokenizer its data was made with, in eval mode,
+from any checkpoint this project reads (sharded, unsharded, imported, a `transformers` directory, or a URL).
 `generate(model, prompts, max_steps)` returns `GenerationOutput(token_ids (batch, beam, steps), scores (batch,
 beam))`, best beam first, as OLMo's beam search does; `beam_size=1` is greedy decoding or, with a sampler,
 sampling.
@@ -18,13 +18,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from olmo_data.errors import DataError
-from olmo_train.model import Transformer
+from olmo_train.nn.model import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -242,80 +241,3 @@ def generate(
         )
         next_pos = next_pos + 1
     return GenerationOutput(history, scores)
-
-
-def load_model(
-    checkpoint: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> tuple[Transformer, Any]:
-    """The model of a checkpoint, in eval mode, and the tokenizer its data was made with (None when it cannot
-    be found; a warning says why).
-
-    `checkpoint` is a sharded or unsharded checkpoint directory of ours, one made by `olmo-train import-hf` or
-    `import-olmo`, a `transformers` model directory (config.json + safetensors), OLMo's own unsharded checkpoint
-    (model.pt + config.yaml; its tokenizer is loaded when the path its config names is here), or the URL of a
-    checkpoint of ours or of OLMo's.
-    """
-    from olmo_data.io import is_remote
-    from olmo_train import checkpoint_files as files
-    from olmo_train import olmo_native
-
-    spec = str(checkpoint)
-    if not is_remote(spec) and not Path(spec).expanduser().is_dir():
-        raise DataError(f"{spec}: no such checkpoint or model directory")
-    if olmo_native.is_olmo_checkpoint(spec):
-        model_cfg, state, olmo_config = olmo_native.read_olmo_checkpoint(spec)
-        named = (olmo_config.get("tokenizer") or {}).get("identifier")
-        tokenizer = _load_tokenizer(Path(str(named)), None) if named else None
-    else:
-        path = _localize(spec) if is_remote(spec) else Path(spec).expanduser()
-        if (path / "config.json").is_file() and not (path / files.TRAINER_STATE).is_file():
-            from olmo_train.hf import read_hf_dir
-
-            model_cfg, state = read_hf_dir(str(path))
-            tokenizer = _load_tokenizer(path / files.TOKENIZER_FILE, None)
-        else:
-            cfg = files.read_config(path)
-            model_cfg, state = cfg.model, files.read_model_state(path)
-            own = path / files.TOKENIZER_FILE
-            tokenizer = _load_tokenizer(own, None) if own.is_file() else _recorded(cfg)
-    model = Transformer(model_cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise DataError(
-            f"{spec}: the weights do not fit the model its config describes (missing: {missing[:5]}, unexpected: "
-            f"{unexpected[:5]})"
-        )
-    model.to(device=device, dtype=dtype).eval()
-    return model, tokenizer
-
-
-def _localize(url: str) -> Path:
-    from olmo_train.checkpoint import localize
-    from olmo_train.distributed import Dist
-
-    return localize(url, Dist(0, 1, 0, torch.device("cpu")))
-
-
-def _recorded(cfg: Any) -> Any:
-    from olmo_train.checkpoint_files import recorded_tokenizer
-
-    identity = recorded_tokenizer(cfg)
-    if identity is None:
-        log.warning("no tokenizer: the run's data has no manifest naming one here; pass token ids, not text")
-        return None
-    return _load_tokenizer(Path(str(identity.get("path") or "")), identity.get("sha256"))
-
-
-def _load_tokenizer(path: Path, sha256: str | None) -> Any:
-    from olmo_data.tokenizer import load_tokenizer
-
-    if not path.is_file():
-        log.warning("no tokenizer: %s is not here; pass token ids, not text", path)
-        return None
-    tok = load_tokenizer(str(path), "hf")
-    if sha256 and tok.sha256 != sha256:
-        raise DataError(
-            f"{path}: sha256 {tok.sha256} differs from the {sha256} the data manifest records; it is not the "
-            "tokenizer the model was trained with"
-        )
-    return tok

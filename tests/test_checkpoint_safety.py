@@ -31,14 +31,13 @@ from click.testing import CliRunner
 from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train import checkpoint_safety as safety
-from olmo_train.checkpoint_integrity import hash_file, record_of
+from olmo_train.checkpoint import safety
+from olmo_train.checkpoint.integrity import hash_file, record_of
 from olmo_train.config import load_config
+from olmo_train.convert import export_hf, unshard
 from olmo_train.distributed import Dist
-from olmo_train.hf_convert import export_hf
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer
-from olmo_train.unshard import unshard
+from olmo_train.nn import Transformer
+from olmo_train.train import build_optimizer
 from tests.test_train_e2e import REPO, launch, tiny_config, write_tokens
 from tests.test_unshard import save_both
 
@@ -418,7 +417,7 @@ def test_fsdp_resume_refuses_crafted_and_corrupt_checkpoints(tmp_path: Path) -> 
 
 
 def test_import_hf_writes_checksums(saved: tuple[Path, Path], tmp_path: Path) -> None:
-    from olmo_train.hf_convert import import_hf
+    from olmo_train.convert import import_hf
 
     exported = export_hf(saved[1], tmp_path / "hf")
     imported = import_hf(str(exported), tmp_path / "imported")
@@ -429,7 +428,7 @@ def test_import_hf_writes_checksums(saved: tuple[Path, Path], tmp_path: Path) ->
 
 
 def test_a_writer_that_seeks_back_is_still_hashed_right(tmp_path: Path) -> None:
-    from olmo_train.checkpoint_integrity import hashing_open
+    from olmo_train.checkpoint.integrity import hashing_open
 
     with hashing_open(tmp_path / "f") as (stream, record):
         stream.write(b"hello world")

@@ -12,9 +12,7 @@ import torch
 import torch._dynamo
 
 from olmo_train.config import ModelConfig
-from olmo_train.documents import attention_mask, doc_ids_from_eos, document_positions
-from olmo_train.loss import token_loss_sum
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer, attention_mask, doc_ids_from_eos, document_positions, token_loss_sum
 
 T = 64
 

@@ -10,14 +10,8 @@ import torch
 import yaml
 
 from olmo_train.config import ModelConfig
-from olmo_train.documents import (
-    boundary_token,
-    doc_ids_from_eos,
-    doc_ids_from_starts,
-    document_mask,
-    document_positions,
-)
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer, doc_ids_from_eos, doc_ids_from_starts, document_mask, document_positions
+from olmo_train.train import boundary_token
 
 EOS = 0
 

@@ -19,10 +19,9 @@ from olmo_data import chat
 from olmo_data.errors import DataError
 from olmo_data.instances import open_dataset
 from olmo_train.config import ModelConfig
-from olmo_train.data import labels_for
-from olmo_train.documents import DocumentStarts, doc_ids_from_eos
-from olmo_train.model import Transformer
-from olmo_train.train import main, token_loss_sum
+from olmo_train.nn import Transformer, doc_ids_from_eos
+from olmo_train.train import DocumentStarts, labels_for, main
+from olmo_train.train.loop import forward_loss_sum
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 160
@@ -85,8 +84,8 @@ def test_the_packed_chat_loss_is_the_sum_of_its_conversations_alone(
 
     model = net(document_masking=True, document_positions=True, document_attention=attention)
     with torch.no_grad():
-        packed_loss = token_loss_sum(model, ids, labels, torch.from_numpy(starts))
-        alone_loss = token_loss_sum(model, alone_ids, alone_labels)  # one conversation per row: plain attention
+        packed_loss = forward_loss_sum(model, ids, labels, torch.from_numpy(starts))
+        alone_loss = forward_loss_sum(model, alone_ids, alone_labels)  # one conversation per row: plain attention
         at_eos = model(ids, labels=labels, doc_ids=doc_ids_from_eos(ids, EOS))
         plain = model(ids, labels=labels)
     assert int((labels != -100).sum()) == int((alone_labels != -100).sum())
@@ -191,8 +190,8 @@ FLEX_UNDER_FSDP = """
 import sys, torch
 from torch.distributed.fsdp import fully_shard
 from olmo_train.config import ModelConfig
-from olmo_train.documents import doc_ids_from_eos
-from olmo_train.model import Transformer
+from olmo_train.nn import doc_ids_from_eos
+from olmo_train.nn import Transformer
 torch.distributed.init_process_group("gloo")
 cfg = ModelConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, vocab_size=97, max_sequence_length=64,
                   document_masking=True, document_positions=True)

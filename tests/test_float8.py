@@ -16,9 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from olmo_train import float8
 from olmo_train.config import ConfigError, TrainConfig, load_config
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer, float8
 from olmo_train.train import main
 
 pytest.importorskip("torchao.float8", reason="the fp8 tests need torchao (the dev and gpu extras)")
@@ -140,7 +139,7 @@ def test_the_trainer_imports_and_runs_without_torchao(tmp_path: Path, tokens: st
         "import sys; sys.modules['torchao'] = None\n"
         "from pathlib import Path\n"
         "from olmo_train.train import main\n"
-        "from olmo_train.checkpoint_files import read_model_state\n"
+        "from olmo_train.convert import read_model_state\n"
         f"assert main({run_args(tmp_path / 'run', tokens, '--max_duration=1', '--save_interval=1')!r}) == 0\n"
         f"assert read_model_state(Path({str(tmp_path / 'run' / 'step1')!r}))\n"
     )
@@ -224,7 +223,7 @@ def test_fsdp_fp8_all_gather_resumes_bitwise_with_plain_checkpoints(tmp_path: Pa
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert b"torchao" not in path.read_bytes(), f"{path} holds a torchao type"
-    from olmo_train.checkpoint_files import read_model_state
+    from olmo_train.convert import read_model_state
 
     sharded = read_model_state(tmp_path / "run" / "step6")  # export-hf's and generate's reader
     assert all(torch.equal(sharded[k], got[k]) for k in got)

@@ -15,8 +15,9 @@ import yaml
 
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_train.config import ModelConfig
-from olmo_train.generate import GenerationOutput, KVCache, Sampling, generate, load_model
-from olmo_train.model import Transformer
+from olmo_train.convert import load_model
+from olmo_train.generate import GenerationOutput, KVCache, Sampling, generate
+from olmo_train.nn import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,7 +133,7 @@ def test_stop_ids_and_min_steps() -> None:
 def hf_twin(model: Transformer) -> Any:
     """The `transformers` model with our weights, through the export mapping."""
     transformers = pytest.importorskip("transformers")
-    from olmo_train.hf import hf_config, to_hf_state
+    from olmo_train.convert import hf_config, to_hf_state
 
     config = hf_config(model.cfg, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))

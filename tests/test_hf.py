@@ -27,12 +27,17 @@ from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import DataConfig, ModelConfig, TrainConfig, load_config
+from olmo_train.convert import (
+    compare_with_transformers,
+    expected_hf_names,
+    export_hf,
+    hf_config,
+    import_hf,
+    read_hf_dir,
+)
 from olmo_train.distributed import Dist
-from olmo_train.hf import expected_hf_names, hf_config, read_hf_dir
-from olmo_train.hf_check import compare_with_transformers
-from olmo_train.hf_convert import export_hf, import_hf
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer
+from olmo_train.nn import Transformer
+from olmo_train.train import build_optimizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -70,7 +75,7 @@ def save_checkpoint(folder: Path, model_cfg: ModelConfig, data: list[str], *, sh
 
 
 def unsharded_weights(path: Path) -> dict[str, torch.Tensor]:
-    from olmo_train.checkpoint_files import read_model_state
+    from olmo_train.convert import read_model_state
 
     return read_model_state(path)
 
@@ -243,7 +248,7 @@ def test_export_without_transformers_checks_the_tensor_names(
 
 
 def test_the_core_imports_without_transformers() -> None:
-    modules = "olmo_train.hf_convert, olmo_train.hf_check, cli.export_hf, cli.import_hf"
+    modules = "olmo_train.convert.hf_convert, olmo_train.convert.hf_check, cli.export_hf, cli.import_hf"
     code = f"import sys; sys.modules['transformers'] = None; import {modules}"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 

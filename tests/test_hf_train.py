@@ -116,7 +116,7 @@ def test_trainer_loss_at_step_k_plus_1_is_the_transformers_loss_of_step_k(
 
 @pytest.mark.slow
 def test_finetune_an_imported_model_on_prepare_tulu_output(demo_tokenizer: str, tmp_path: Path) -> None:
-    from olmo_train.hf_convert import import_hf
+    from olmo_train.convert import import_hf
 
     # a tiny OLMo-2 written by transformers itself: tied head (no lm_head in its files), vocabulary padded
     config = transformers.Olmo2Config(

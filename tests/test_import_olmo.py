@@ -25,13 +25,11 @@ from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
-from olmo_train.checkpoint_files import write_imported
+from olmo_train.checkpoint.files import write_imported
 from olmo_train.config import ModelConfig
-from olmo_train.generate import load_model
-from olmo_train.hf import expected_hf_names, hf_config
-from olmo_train.hf_convert import export_hf, import_hf
-from olmo_train.model import Transformer
-from olmo_train.olmo_native import import_olmo, olmo_model_section, to_olmo_state
+from olmo_train.convert import expected_hf_names, export_hf, hf_config, import_hf, import_olmo, load_model
+from olmo_train.convert.olmo_native import olmo_model_section, to_olmo_state
+from olmo_train.nn import Transformer
 
 transformers = pytest.importorskip("transformers")
 
@@ -600,5 +598,5 @@ def test_other_directories_are_refused(tmp_path: Path) -> None:
 
 
 def test_import_olmo_needs_no_transformers() -> None:
-    code = "import sys; sys.modules['transformers'] = None; import olmo_train.olmo_native, cli.import_olmo"
+    code = "import sys; sys.modules['transformers'] = None; import olmo_train.convert.olmo_native, cli.import_olmo"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

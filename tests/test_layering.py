@@ -1,24 +1,259 @@
-"""olmo_data must import and work without torch and without click (DESIGN.md: data jobs need only numpy)."""
+"""The layout rules of ARCHITECTURE.md, checked on the source: no import circle, olmo_data free of torch and click,
+the checkpoint package free of the LoRA/ReLoRA code and of the loop, small files, one module naming the files of a
+checkpoint, and no private name imported from another module."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-MODULES = [p.stem for p in (Path(__file__).parents[1] / "olmo_data").glob("*.py") if p.stem != "__init__"]
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"olmo_data": "olmo_data", "olmo_train": "olmo_train", "olmo_cli": "cli"}  # import name: folder
+MAX_LINES = 600
+CHECKPOINT_NAMES = {
+    "trainer_state.json",
+    "checksums.json",
+    "config.yaml",
+    "model.pt",
+    "optim.pt",
+    "relora.pt",
+    ".metadata",
+    "latest",
+    "latest-unsharded",
+    "rng",
+}
+# the one module that spells them, and the import of OLMo's own checkpoints (OLMo's files share two of the names)
+NAMES_ALLOWED_IN = {"olmo_train.checkpoint.layout", "olmo_train.convert.olmo_native"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the three packages by its import name (a package by its own name: its `__init__.py`)."""
+    out = {}
+    for name, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: imports for annotations only, never run."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imports(module: str) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import the module runs, at its top or inside a
+    function: an import inside a function closes a circle as surely as one at the top, only later."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in MODULES:  # `from package import submodule`
+                    yield sub, [], node.lineno
+                else:
+                    yield base, [alias.name], node.lineno
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {target for target, _, _ in imports(m) if target in MODULES and target != m} for m in MODULES}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
+    edges = graph()
+    assert len(edges) > 60
+    found = circles(edges)
+    assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    """The check above can fail: a made-up circle of three modules is found, and a chain is not one."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_olmo_data_never_imports_torch_click_or_the_trainer() -> None:
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}"
+        for m in MODULES
+        if m.startswith("olmo_data")
+        for target, _, line in imports(m)
+        if target.split(".")[0] in ("torch", "click", "wandb", "olmo_train", "olmo_cli")
+    ]
+    assert not bad, bad
 
 
 def test_olmo_data_imports_without_torch_and_click() -> None:
+    """At run time too (an optional import through a library would pass the static check above)."""
+    names = [m for m in MODULES if m.startswith("olmo_data")]
     code = (
         "import sys\n"
         "for blocked in ('torch', 'click', 'wandb'):\n"
         "    sys.modules[blocked] = None  # any import of them raises ImportError\n"
-        f"for name in {MODULES!r}:\n"
-        "    __import__('olmo_data.' + name)\n"
+        f"for name in {names!r}:\n"
+        "    __import__(name)\n"
         "print('ok', len(sys.modules))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ok")
-    assert len(MODULES) >= 10
+    assert len(names) >= 10
+
+
+def test_the_checkpoint_package_knows_nothing_of_adapters_or_the_loop() -> None:
+    """Adapters are ordinary parameters to it: ReLoRA brings its own split and load hooks."""
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}"
+        for m in MODULES
+        if m.startswith("olmo_train.checkpoint")
+        for target, _, line in imports(m)
+        if target.startswith(("olmo_train.nn", "olmo_train.train", "olmo_train.convert", "olmo_train.generate"))
+    ]
+    assert not bad, bad
+
+
+def test_no_private_name_from_another_module() -> None:
+    """Names used across modules are public: a leading underscore means "this module's own"."""
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: {target}.{name}"
+        for m in MODULES
+        for target, names, line in imports(m)
+        for name in names
+        if name.startswith("_") and target.split(".")[0] in PACKAGES and name != "__version__"
+    ]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("folder", sorted(set(PACKAGES.values())))
+def test_no_source_file_over_600_lines(folder: str) -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / folder).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_the_trainer_package_holds_few_modules_directly() -> None:
+    direct = sorted(p.name for p in (ROOT / "olmo_train").glob("*.py"))
+    assert len(direct) <= 10, direct
+    assert {p.name for p in (ROOT / "olmo_train").iterdir() if p.is_dir() and (p / "__init__.py").is_file()} >= {
+        "nn",
+        "train",
+        "checkpoint",
+        "convert",
+    }
+
+
+def _strings(tree: ast.Module) -> Iterator[ast.Constant]:
+    """The string constants of a module that are not docstrings."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node
+
+
+def test_checkpoint_file_names_are_spelled_in_one_module() -> None:
+    spelled = {
+        f"{MODULES[m].relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+        for m in MODULES
+        if m.startswith(("olmo_train", "olmo_cli")) and m not in NAMES_ALLOWED_IN
+        for node in _strings(ast.parse(MODULES[m].read_text()))
+        if node.value in CHECKPOINT_NAMES or node.value.startswith("rng/")
+    }
+    assert not spelled, sorted(spelled)
+    layout = {n.value for n in _strings(ast.parse(MODULES["olmo_train.checkpoint.layout"].read_text()))}
+    assert CHECKPOINT_NAMES <= layout
+
+
+@pytest.mark.parametrize("package", [m for m in MODULES if MODULES[m].name == "__init__.py"])
+def test_each_package_states_its_api(package: str) -> None:
+    """`__all__` lists the package's public names, and each one is there to import."""
+    tree = ast.parse(MODULES[package].read_text())
+    declared = [
+        node.value
+        for node in tree.body
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets))
+        or (isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "__all__")
+    ]
+    assert declared, f"{MODULES[package].relative_to(ROOT)}: no __all__"
+    if package.startswith("olmo_cli"):
+        return  # the click entry point: importing it checks for a foreign olmo_data first
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import {package} as p; missing = [n for n in p.__all__ if not hasattr(p, n)]; print(missing)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from olmo_train.loss import chunk_tokens, token_loss_sum
+from olmo_train.nn import chunk_tokens, token_loss_sum
 
 
 def plain(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from olmo_train.config import ModelConfig
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer
 
 
 class OpCounts(TorchDispatchMode):

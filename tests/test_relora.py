@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from olmo_train import lora
+from olmo_train.checkpoint import EXACT_FILE
 from olmo_train.config import (
     ConfigError,
     ModelConfig,
@@ -30,8 +30,9 @@ from olmo_train.config import (
     TrainConfig,
     load_config,
 )
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer, learning_rate
+from olmo_train.nn import Transformer, lora
+from olmo_train.train import build_optimizer, learning_rate
+from olmo_train.train import relora as regime
 
 SEQ, GBS, VOCAB = 16, 4, 64
 TINY: dict[str, Any] = {"d_model": 16, "n_heads": 2, "n_layers": 2, "vocab_size": VOCAB, "max_sequence_length": SEQ}
@@ -225,7 +226,7 @@ def test_merge_on_one_process_keeps_logits_and_restarts_the_adapters() -> None:
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(2))
     before, state = model(ids).detach(), {k: v.clone() for k, v in model.state_dict().items()}
     assert all(torch.count_nonzero(m.lora_B) > 0 for m in lora.adapters(model)), "the adapters learned something"
-    relora = lora.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
+    relora = regime.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
     norm = relora.merge(1)
     assert norm > 0
     assert (model(ids) - before).abs().max() < 1e-5
@@ -250,7 +251,7 @@ def test_each_reset_mode_zeroes_the_stated_fraction_per_tensor(mode: str) -> Non
     model = adapted_model(cfg)
     optim = trained_a_little(cfg, model, steps=3)
     before = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optim.state.items()}
-    relora = lora.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
+    relora = regime.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
     zeroed, low, high = relora.reset_optimizer(1)
     expected = {"prune": 0.75, "random": 0.75, "zero": 1.0, "none": 0.0}[mode]
     adapter_params = {id(p) for m in lora.adapters(model) for p in (m.lora_A, m.lora_B)}
@@ -282,11 +283,11 @@ def sizes(optim: torch.optim.Optimizer, ids: set[int]) -> list[int]:
 
 def test_random_reset_is_seeded() -> None:
     moment = torch.rand(40, 5) + 0.1
-    first = lora.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 3))
+    first = regime.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 3))
     assert int(first.sum()) == 100
-    assert torch.equal(first, lora.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 3)))
-    assert not torch.equal(first, lora.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 4)))
-    assert torch.equal(lora.reset_mask(moment, "prune", 0.5, lora.seeded(0)), moment <= moment.median())
+    assert torch.equal(first, regime.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 3)))
+    assert not torch.equal(first, regime.reset_mask(moment, "random", 0.5, lora.seeded(1, 2, 4)))
+    assert torch.equal(regime.reset_mask(moment, "prune", 0.5, lora.seeded(0)), moment <= moment.median())
 
 
 def test_the_step_after_a_merge_and_a_prune_stays_an_adam_step() -> None:
@@ -297,7 +298,7 @@ def test_the_step_after_a_merge_and_a_prune_stays_an_adam_step() -> None:
     cfg = relora_cfg(prune_fraction=0.9)
     model = adapted_model(cfg)
     optim = trained_a_little(cfg, model, steps=3)
-    relora = lora.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
+    relora = regime.ReLoRA(cfg, model, optim, Dist(0, 1, 0, torch.device("cpu")))
     relora.merge(1)
     relora.reset_optimizer(1)
     before = [m.lora_A.detach().clone() for m in lora.adapters(model)]
@@ -345,11 +346,11 @@ def merge_worker(rank: int, world: int, port: int) -> None:
             full = StateDictOptions(full_state_dict=True)
             expected = lora.merge_state(get_model_state_dict(model, options=full))
             moments = [
-                {k: lora._full(v).clone() for k, v in optim.state[p].items() if k != "step"}
+                {k: regime.full_tensor(v).clone() for k, v in optim.state[p].items() if k != "step"}
                 for m in mods
                 for p in (m.lora_A, m.lora_B)
             ]
-            relora = lora.ReLoRA(cfg, model, optim, d)
+            relora = regime.ReLoRA(cfg, model, optim, d)
             relora.merge(1)
             relora.reset_optimizer(1)
             with torch.no_grad():
@@ -359,15 +360,15 @@ def merge_worker(rank: int, world: int, port: int) -> None:
             for key, value in expected.items():
                 assert torch.equal(got[key], value), (strategy, key)  # type: ignore[arg-type]  # one process's bits
             for m in mods:
-                assert torch.count_nonzero(lora._full(m.lora_B)) == 0
+                assert torch.count_nonzero(regime.full_tensor(m.lora_B)) == 0
             p_index = 0
             for i, m in enumerate(mods):  # the reset on gathered moments: what one process computes
                 for j, p in enumerate((m.lora_A, m.lora_B)):
                     old = moments[p_index]
-                    drop = lora.reset_mask(old["exp_avg"], "prune", 0.5, lora.seeded(cfg.seed, 1, i, j, 1))
+                    drop = regime.reset_mask(old["exp_avg"], "prune", 0.5, lora.seeded(cfg.seed, 1, i, j, 1))
                     for key in old:
                         want = old[key].masked_fill(drop, 0)
-                        assert torch.equal(lora._full(optim.state[p][key]), want), (strategy, i, j, key)
+                        assert torch.equal(regime.full_tensor(optim.state[p][key]), want), (strategy, i, j, key)
                     p_index += 1
     finally:
         shutdown()
@@ -479,12 +480,11 @@ def check_bitwise(reference: Path, run: Path, got: list[dict[str, Any]]) -> None
 
 
 def test_checkpoints_export_and_unshard_hold_plain_merged_weights(reference: Path, tmp_path: Path) -> None:
-    from olmo_train.checkpoint_files import read_model_state
-    from olmo_train.unshard import unshard
+    from olmo_train.convert import read_model_state, unshard
 
     plain_keys = set(Transformer(ModelConfig(**TINY)).state_dict())
     model_pt = torch.load(reference / "step6-unsharded" / "model.pt", weights_only=True)
-    exact = torch.load(reference / "step6-unsharded" / lora.EXACT_FILE, weights_only=True)
+    exact = torch.load(reference / "step6-unsharded" / EXACT_FILE, weights_only=True)
     assert set(model_pt) == plain_keys, "model.pt: a plain model's state dict"
     Transformer(ModelConfig(**TINY)).load_state_dict(model_pt)  # loads without adapters (strict)
     assert all(torch.count_nonzero(v) for k, v in exact.items() if k.endswith("lora_B")), "step 6 is mid-cycle"
@@ -497,18 +497,18 @@ def test_checkpoints_export_and_unshard_hold_plain_merged_weights(reference: Pat
     assert set(sharded) == plain_keys and all(torch.equal(sharded[k], model_pt[k]) for k in plain_keys)
     # unshard writes what the trainer's unsharded save writes
     unsharded = unshard(reference / "step6", tmp_path / "step6-unsharded")
-    for name in ("model.pt", lora.EXACT_FILE):
+    for name in ("model.pt", EXACT_FILE):
         want = torch.load(reference / "step6-unsharded" / name, weights_only=True)
         got = torch.load(unsharded / name, weights_only=True)
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), name
-    assert not (unshard(reference / "step6", tmp_path / "model-only", model_only=True) / lora.EXACT_FILE).exists()
+    assert not (unshard(reference / "step6", tmp_path / "model-only", model_only=True) / EXACT_FILE).exists()
 
 
 def test_export_hf_of_a_mid_cycle_checkpoint(reference: Path, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from safetensors.torch import load_file
 
-    from olmo_train.hf_convert import export_hf
+    from olmo_train.convert import export_hf
 
     dest = export_hf(reference / "step9", tmp_path / "hf", check=True)  # mid-cycle; --check: same outputs there
     names = [n for f in dest.glob("*.safetensors") for n in load_file(f)]
@@ -530,7 +530,7 @@ def hand_loss(weights: dict[str, torch.Tensor], config: Path, step: int) -> floa
 def test_continue_from_loads_weights_not_the_trainer_state(
     tokens: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from olmo_train.checkpoint_files import read_model_state
+    from olmo_train.convert import read_model_state
     from olmo_train.train import main
 
     base = run_config(tmp_path / "base", tokens, max_duration=3, relora={}, scheduler={"t_warmup": 1})
@@ -606,7 +606,7 @@ def same_run(reference: Path, run: Path, bitwise: bool) -> None:
         else:  # another world size sums in another order
             assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
     if bitwise:
-        for name in ("model.pt", lora.EXACT_FILE):
+        for name in ("model.pt", EXACT_FILE):
             want = torch.load(reference / "step6-unsharded" / name, weights_only=True)
             have = torch.load(run / "step6-unsharded" / name, weights_only=True)
             assert all(torch.equal(want[k], have[k]) for k in want), name

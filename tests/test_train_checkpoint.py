@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from olmo_train import checkpoint as ckpt
+from olmo_train.checkpoint import fetch, save
 from olmo_train.distributed import Dist
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -22,9 +23,9 @@ class Killed(BaseException):
 
 
 def write_step(folder: Path, step: int, marker: str) -> Path:
-    tmp = ckpt._begin(folder, f"step{step}", SINGLE)
+    tmp = save.begin_save(folder, f"step{step}", SINGLE)
     (tmp / "weights").write_text(marker)
-    return ckpt._finish(folder, f"step{step}", tmp, ckpt.TrainerState(step=step), "latest", -1, SINGLE)
+    return save.finish_save(folder, f"step{step}", tmp, ckpt.TrainerState(step=step), "latest", -1, SINGLE)
 
 
 def test_killed_while_replacing_a_step_keeps_a_complete_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,10 +37,10 @@ def test_killed_while_replacing_a_step_keeps_a_complete_copy(tmp_path: Path, mon
             raise Killed
         real_replace(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "replace", killed_before_the_new_copy_lands)
+    monkeypatch.setattr(os, "replace", killed_before_the_new_copy_lands)
     with pytest.raises(Killed):
         write_step(tmp_path, 2, "new")
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     ckpt.remove_stale_temporaries(tmp_path)  # what the next start does
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "step2", "the only complete copy of step 2 was deleted"
@@ -77,11 +78,11 @@ def test_interrupted_download_is_not_reused(
         Path(dst).write_bytes(data[: len(data) // 2])
         raise Killed
 
-    monkeypatch.setattr(ckpt.shutil, "copyfile", interrupted_copy)
+    monkeypatch.setattr(shutil, "copyfile", interrupted_copy)
     with pytest.raises(Killed):
-        ckpt._download(f"{url}/step3-unsharded")
-    monkeypatch.setattr(ckpt.shutil, "copyfile", real_copy)
-    local = ckpt._download(f"{url}/step3-unsharded")
+        fetch.download(f"{url}/step3-unsharded")
+    monkeypatch.setattr(shutil, "copyfile", real_copy)
+    local = fetch.download(f"{url}/step3-unsharded")
     for name in ("trainer_state.json", "model.pt", "optim.pt"):
         assert (local / name).read_bytes() == (remote / name).read_bytes(), f"{name}: a partial download was reused"
     assert sorted(p.name for p in local.iterdir()) == ["model.pt", "optim.pt", "trainer_state.json"]

@@ -95,7 +95,7 @@ def test_console_lines_say_percent_done_and_eta(tmp_path: Path, tokens: str, cap
 
 
 def test_format_duration() -> None:
-    from olmo_train.metrics import format_duration
+    from olmo_train.train import format_duration
 
     assert [format_duration(x) for x in (0.4, 59.6, 245, 3599, 11220)] == ["0s", "1m00s", "4m05s", "59m59s", "3h07m"]
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from olmo_train.config import ModelConfig, OptimizerConfig, SchedulerConfig
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer, learning_rate
+from olmo_train.nn import Transformer
+from olmo_train.train import build_optimizer, learning_rate
 
 
 def tiny(**kw: object) -> ModelConfig:

@@ -14,7 +14,7 @@ import yaml
 
 from olmo_data import chat
 from olmo_train.config import ModelConfig
-from olmo_train.model import Transformer
+from olmo_train.nn import Transformer
 from olmo_train.train import main
 
 F = torch.nn.functional

@@ -20,10 +20,10 @@ from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import OptimizerConfig, load_config
+from olmo_train.convert import unshard
 from olmo_train.distributed import Dist
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer
-from olmo_train.unshard import unshard
+from olmo_train.nn import Transformer
+from olmo_train.train import build_optimizer
 from tests.test_train_e2e import GBS, SEQ, launch, metrics, tiny_config, write_tokens
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -101,10 +101,10 @@ def test_one_process_checkpoint_unshards_to_the_trainers_files(
     tied: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sharded, unsharded = save_both(tmp_path / "run", tied)
-    caplog.set_level(logging.INFO, logger="olmo_train.unshard")
+    caplog.set_level(logging.INFO, logger="olmo_train.convert.unshard")
     out = unshard(sharded, tmp_path / "out")
     assert out == tmp_path / "out"
-    progress = [r.getMessage() for r in caplog.records if r.name == "olmo_train.unshard"]
+    progress = [r.getMessage() for r in caplog.records if r.name == "olmo_train.convert.unshard"]
     assert re.fullmatch(r"reading model state \(14 tensors, 0\.0 MB\)\.\.\.", progress[0]), progress
     assert progress[1] == "writing model.pt ..." and progress[2].startswith("model.pt done in ")
     assert progress[3].startswith("reading optim state (") and progress[-1].startswith("optim.pt done in ")

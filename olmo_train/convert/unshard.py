@@ -22,23 +22,28 @@ from pathlib import Path
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from olmo_data.errors import DataError
-from olmo_train.checkpoint import CONFIG, TRAINER_STATE, check_files
-from olmo_train.checkpoint_files import (
+from olmo_train.checkpoint import (
+    CONFIG,
+    DCP_METADATA,
+    EXACT_FILE,
     MODEL_FILE,
     OPTIM_FILE,
+    RNG_DIR,
+    TRAINER_STATE,
     atomic_directory,
+    check_files,
+    check_link,
     checkpoint_kind,
     config_path,
+    read_metadata,
     read_sharded,
     refuse_existing,
+    rng_file,
 )
-from olmo_train.checkpoint_integrity import Recorder
-from olmo_train.checkpoint_safety import DCP_METADATA, check_link, read_metadata
-from olmo_train.lora import EXACT_FILE, split_state
+from olmo_train.checkpoint.integrity import Recorder
+from olmo_train.nn.lora import split_state
 
 log = logging.getLogger(__name__)
-
-RNG_FILE = Path("rng") / "rank0.pt"
 
 
 def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bool = False) -> Path:
@@ -60,13 +65,13 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
     config = _config_or_none(source)
 
     with atomic_directory(dest) as tmp:
-        (tmp / RNG_FILE.parent).mkdir()
+        (tmp / RNG_DIR).mkdir()
         written = Recorder(tmp)
         _write_part(source, "model", written, MODEL_FILE, metadata, exact=not model_only)
         if not model_only:
             _write_part(source, "optim", written, OPTIM_FILE, metadata)
-        if (source / RNG_FILE).is_file():
-            written.copy(source / RNG_FILE, RNG_FILE.as_posix())
+        if (source / rng_file(0)).is_file():
+            written.copy(source / rng_file(0), rng_file(0))
         if config is not None:
             written.copy(config, CONFIG)
         # checksums.json, then trainer_state.json: the last file, it marks the checkpoint complete

@@ -1,14 +1,6 @@
-"""ReLoRA: low-rank adapters on the block linears, merged into the frozen weights every `merge_every` steps and
-restarted, with a partial reset of the adapters' optimizer state at each merge.
-
-The adapters are a small module of our own rather than `peft`'s, for three reasons. It keeps the base weight under
-its own name (`blocks.0.attention.w_q.weight`), so checkpoints, `export-hf`'s tables and a plain model's state dict
-all keep their keys, and the adapters add only `lora_A`, `lora_B` and `lora_scale` beside it. Its parameters are
-plain parameters of a plain module, so FSDP2 shards them with the rest of their block (one `fully_shard` per
-block, as for full-rank training) and DCP saves and reshards them like any other. And every random number it draws
-comes from a generator seeded by (seed, merge, adapter), never from the global RNG, so a re-initialised `A` is the
-same whatever the world size and whether or not the run was resumed in between: that is what makes a resume
-across a merge bitwise.
+"""ReLoRA: low-rank adapters (`olmo_train.nn.lora`) on the block linears, merged into the frozen weights every
+`merge_every` steps and restarted, with a partial reset of the adapters' optimizer state at each merge; and what
+loading a checkpoint into or out of such a run needs (`ReLoRALoad`).
 
 Merges and optimizer resets work on whole tensors: a sharded (FSDP2) parameter or moment is gathered, changed by
 the same arithmetic as on one process, and each rank keeps its shard of the result. The merged weight is then
@@ -16,9 +8,10 @@ exactly what one process computes from the same W, A and B, and a state dict mer
 unshard) gets the bits a merge in training would give on the same kind of device.
 
 A checkpoint holds the exact training state (the unmerged W, A and B), so a run resumes bitwise. Whatever reads
-a checkpoint's weights outside the trainer gets them merged: `read_model_state` (export-hf, generate) merges a
-sharded checkpoint's adapters, and an unsharded checkpoint's `model.pt` holds the merged plain weights (loads into
-a model without adapters) while `relora.pt` beside it keeps the unmerged W, A and B that a resume needs.
+a checkpoint's weights outside the trainer gets them merged: `convert.read_model_state` (export-hf, generate)
+merges a sharded checkpoint's adapters, and an unsharded checkpoint's `model.pt` holds the merged plain weights
+(loads into a model without adapters) while `relora.pt` beside it keeps the unmerged W, A and B that a resume
+needs.
 """
 
 from __future__ import annotations
@@ -26,123 +19,38 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from olmo_data.errors import DataError
-from olmo_train.config import LORA_TARGETS, ConfigError, ReLoRAConfig, TrainConfig, check_cycles_divide
+from olmo_train.checkpoint import (
+    DCP_METADATA,
+    EXACT_FILE,
+    MODEL_FILE,
+    LoadHooks,
+    is_unsharded,
+    load_checkpoint,
+    localize,
+    read_metadata,
+    read_sharded,
+)
+from olmo_train.config import ConfigError, TrainConfig, check_cycles_divide
 from olmo_train.distributed import Dist, unwrap
+from olmo_train.nn.lora import adapters, is_adapter_key, kaiming_uniform, merge_state, seeded, target_names, update
 
 log = logging.getLogger("olmo_train")
 
-EXACT_FILE = "relora.pt"  # beside an unsharded checkpoint's model.pt: the adapted linears' unmerged state
-ADAPTER_KEYS = ("lora_A", "lora_B", "lora_scale")
 
-
-class LoRALinear(nn.Module):
-    """y = x Wᵀ + scale · (dropout(x) Aᵀ) Bᵀ, W frozen. A starts Kaiming-uniform (as nn.Linear's weight) and B at
-    zero: the update B·A is zero at first, and B gets a gradient on the first step (A from the second, once B is
-    no longer zero). Were both zero, neither would ever get a gradient (the reference implementation's issue 18)."""
-
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float, generator: torch.Generator) -> None:
-        super().__init__()
-        if base.bias is not None:
-            raise ValueError("LoRALinear wraps bias-free linears (the model has no biases)")
-        self.weight: nn.Parameter = base.weight
-        self.weight.requires_grad_(False)
-        self.lora_A: nn.Parameter = nn.Parameter(kaiming_uniform((rank, base.in_features), generator))
-        self.lora_B: nn.Parameter = nn.Parameter(torch.zeros(base.out_features, rank))
-        self.lora_scale: torch.Tensor
-        self.register_buffer("lora_scale", torch.tensor(alpha / rank))  # in the state dict: merges need it
-        self.dropout: nn.Module = nn.Dropout(dropout) if dropout else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)
-        return F.linear(x, self.weight) + update * self.lora_scale.to(update.dtype)
-
-    def extra_repr(self) -> str:
-        out, rank = self.lora_B.shape
-        return f"in={self.lora_A.shape[1]}, out={out}, rank={rank}, scale={float(self.lora_scale):g}"
-
-
-def kaiming_uniform(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """nn.Linear's default init (bound 1/sqrt(fan_in)), drawn from `generator`."""
-    return nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
-
-
-def seeded(*key: int) -> torch.Generator:
-    """A CPU generator for one purpose: (seed, merge, adapter, ...) -> an independent stream."""
-    state = np.random.SeedSequence([k & 0xFFFFFFFF for k in key]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-
-
-def target_names(cfg: ReLoRAConfig) -> list[str]:
-    """The block linears (attribute names inside `attention` / `mlp`) that get adapters, in block order."""
-    wanted = {n for t in cfg.target for n in LORA_TARGETS.get(t, (t,))}
-    return [n for names in LORA_TARGETS.values() for n in names if n in wanted]
-
-
-def add_adapters(model: nn.Module, cfg: TrainConfig) -> None:
-    """Replace the targeted linears of every block by LoRALinear (nothing when relora.rank is not set). Call on the
-    freshly initialised model, before it is sharded or replicated; the base weights stay those of the full-rank
-    model of the same seed, and embeddings, norms and the output head keep training in full rank."""
-    r = cfg.relora
-    if r.rank is None:
-        return
-    index = 0
-    for block in model.blocks:  # type: ignore[union-attr]
-        for name in target_names(r):
-            parent = block.attention if hasattr(block.attention, name) else block.mlp
-            base = getattr(parent, name)
-            setattr(parent, name, LoRALinear(base, r.rank, r.alpha, r.dropout, seeded(cfg.seed, 0, index)))
-            index += 1
-
-
-def adapters(model: nn.Module) -> list[LoRALinear]:
-    """The model's adapters, in a fixed order (the same on every rank and world size)."""
-    return [m for m in unwrap(model).modules() if isinstance(m, LoRALinear)]
-
-
-def is_adapter_key(key: str) -> bool:
-    return key.rpartition(".")[2] in ADAPTER_KEYS
-
-
-def split_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A full (unsharded) model state dict -> (the plain merged weights, keyed as a model without adapters; the
-    exact state of the adapted linears: their unmerged weight, A, B and scale). Without adapters: (state, {})."""
-    prefixes = [k[: -len(".lora_A")] for k in state if k.endswith(".lora_A")]
-    exact = {f"{p}.{n}": state[f"{p}.{n}"] for p in prefixes for n in ("weight", *ADAPTER_KEYS)}
-    plain = {k: v for k, v in state.items() if not is_adapter_key(k)}
-    for p in prefixes:
-        plain[f"{p}.weight"] = state[f"{p}.weight"] + update(
-            state[f"{p}.lora_B"], state[f"{p}.lora_A"], state[f"{p}.lora_scale"]
-        )
-    return plain, exact
-
-
-def merge_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The plain merged weights of a full model state dict (the state dict itself when it has no adapters)."""
-    return split_state(state)[0]
-
-
-def update(b: torch.Tensor, a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """scale·B·A: what a merge adds to W, by the one expression that merges in training and merges of a state
-    dict (export, unshard) share, so that both give the same bits (on the same kind of device)."""
-    return (b @ a) * scale
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor on this rank (an FSDP2 shard is gathered: a collective, every rank must call it)."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _assign(t: torch.Tensor, value: torch.Tensor) -> None:
+def assign_full(t: torch.Tensor, value: torch.Tensor) -> None:
     """Write the whole-tensor `value` into `t`: all of it, or (FSDP2) this rank's shard of it, without
     communication (every rank holds the same `value`)."""
     value = value.to(device=t.device, dtype=t.dtype)
@@ -263,11 +171,11 @@ class ReLoRA:
         zeroed: the model's function is unchanged up to rounding. Returns the norm of all the updates merged."""
         total = 0.0
         for i, m in enumerate(self.modules):
-            a = _full(m.lora_A)
-            delta = update(_full(m.lora_B), a, m.lora_scale)
+            a = full_tensor(m.lora_A)
+            delta = update(full_tensor(m.lora_B), a, m.lora_scale)
             total += float(delta.double().square().sum())
-            _assign(m.weight, _full(m.weight) + delta)
-            _assign(m.lora_A, kaiming_uniform(tuple(a.shape), seeded(self.seed, merge, i)))
+            assign_full(m.weight, full_tensor(m.weight) + delta)
+            assign_full(m.lora_A, kaiming_uniform(tuple(a.shape), seeded(self.seed, merge, i)))
             m.lora_B.zero_()
         return math.sqrt(total)
 
@@ -291,12 +199,12 @@ class ReLoRA:
                 moments = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.shape == p.shape)
                 if not moments:
                     continue
-                full = {key: _full(state[key]) for key in moments}
+                full = {key: full_tensor(state[key]) for key in moments}
                 lead = full["exp_avg"] if "exp_avg" in full else full[moments[0]]
                 drop = reset_mask(lead, mode, fraction, seeded(self.seed, merge, i, j, 1))
                 for key in moments:
                     new = full[key].masked_fill(drop, 0)
-                    _assign(state[key], new)
+                    assign_full(state[key], new)
                     z = int((new == 0).sum())
                     zeros, total = zeros + z, total + new.numel()
                     per_tensor.append(z / new.numel())
@@ -312,9 +220,7 @@ def has_adapters(model: nn.Module) -> bool:
 def checkpoint_adapters(path: Path) -> dict[str, tuple[int, ...]]:
     """The adapter tensors a checkpoint holds, with their shapes ({} for a full-rank checkpoint), read from a
     sharded checkpoint's metadata or an unsharded one's relora.pt."""
-    from olmo_train.checkpoint_safety import DCP_METADATA, read_metadata
-
-    if (path / "model.pt").is_file():
+    if is_unsharded(path):
         if not (path / EXACT_FILE).is_file():
             return {}
         exact = torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)
@@ -363,10 +269,6 @@ def load_merged_weights(path: Path, model: nn.Module) -> None:
     """Weights only, when the checkpoint or the model has adapters: the checkpoint's plain merged weights go into
     the model's base weights (its adapters, if any, keep their fresh start). Every rank reads the whole model, as
     an unsharded load does; the caller has checked the files."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from olmo_train.checkpoint_files import MODEL_FILE, read_sharded
-
     if (path / MODEL_FILE).is_file():
         state = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
     else:
@@ -384,20 +286,27 @@ def load_merged_weights(path: Path, model: nn.Module) -> None:
         raise ConfigError(f"{path}: its weights do not fit this run's model config ({e})") from e
 
 
-def with_exact_state(path: Path, state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """An unsharded checkpoint's model.pt, completed by relora.pt for a model with adapters (the unmerged weights
-    replace the merged ones: a bitwise resume)."""
-    if has_adapters(model) and (path / EXACT_FILE).is_file():
-        state = {**state, **torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)}
-    return state
-
-
 def continue_from(cfg: TrainConfig, model: nn.Module, d: Dist) -> None:
     """relora.continue_from: a fresh run (step 1, new optimizer, data from the start) from a checkpoint's or an
     imported model's weights, merged if it was a ReLoRA run; the same as load_path with reset_trainer_state."""
-    from olmo_train import checkpoint as ckpt
-
     assert cfg.relora.continue_from
-    path = ckpt.localize(cfg.relora.continue_from, d)
+    path = localize(cfg.relora.continue_from, d)
     log.info("starting from the weights of %s (relora.continue_from): a fresh run, first trained step 1", path)
-    ckpt.load_checkpoint(path, model, None, d, restore_rng=False)
+    load_checkpoint(path, model, None, d, restore_rng=False, hooks=RELORA_LOAD)
+
+
+class ReLoRALoad(LoadHooks):
+    """Loading a checkpoint into a run that may train adapters, or from one that did: a resume needs the same
+    adapters on both sides; weights alone go in merged, into the base weights, with the adapters afresh."""
+
+    def check_resume(self, path: Path, model: nn.Module) -> None:
+        check_resume(path, model)
+
+    def load_weights(self, path: Path, model: nn.Module) -> bool:
+        if not (has_adapters(model) or checkpoint_adapters(path)):
+            return False
+        load_merged_weights(path, model)
+        return True
+
+
+RELORA_LOAD = ReLoRALoad()

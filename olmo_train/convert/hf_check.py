@@ -18,8 +18,8 @@ from torch import nn
 
 from olmo_data.errors import DataError
 from olmo_train.config import ModelConfig
-from olmo_train.hf_files import INSTALL_HINT
-from olmo_train.model import Transformer
+from olmo_train.convert.hf_files import INSTALL_HINT
+from olmo_train.nn import Transformer
 
 log = logging.getLogger(__name__)
 

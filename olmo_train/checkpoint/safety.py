@@ -33,8 +33,6 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from olmo_data.errors import DataError
 
-DCP_METADATA = ".metadata"
-
 
 @functools.cache
 def _allowed_globals() -> dict[tuple[str, str], Any]:

@@ -23,9 +23,9 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from olmo_train.config import CHOICES, ModelConfig
-from olmo_train.documents import attention_mask, document_positions, use_flex
-from olmo_train.loss import token_loss_sum
-from olmo_train.recompute import checkpointed
+from olmo_train.nn.documents import attention_mask, document_positions, use_flex
+from olmo_train.nn.loss import token_loss_sum
+from olmo_train.nn.recompute import checkpointed
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]

@@ -38,7 +38,7 @@ from olmo_data.order import (
 from olmo_data.stats import duration_steps
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, barrier
-from olmo_train.documents import DocumentStarts, boundary_token
+from olmo_train.train.documents import DocumentStarts, boundary_token
 
 log = logging.getLogger("olmo_train")
 

@@ -36,9 +36,9 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, sha256_file, write_json_atomic
-from olmo_train.checkpoint_safety import confined
+from olmo_train.checkpoint.layout import CHECKSUMS
+from olmo_train.checkpoint.safety import confined
 
-CHECKSUMS = "checksums.json"
 VERSION = 1
 _CHUNK = 1 << 22
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

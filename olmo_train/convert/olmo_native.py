@@ -24,10 +24,12 @@ import yaml
 
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
+from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
 from olmo_train.config import ModelConfig
-from olmo_train.hf import ConfigField, Fused, TensorTable, to_our_state, to_their_state
-from olmo_train.model import mlp_hidden_size
+from olmo_train.convert.hf_tokenizer import load_hf_tokenizer, write_tokenizer
+from olmo_train.convert.tables import ConfigField, Fused, TensorTable, to_our_state, to_their_state
+from olmo_train.nn import mlp_hidden_size
 
 log = logging.getLogger(__name__)
 
@@ -374,11 +376,9 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
     OLMo's checkpoints carry no tokenizer (their config names one, `tokenizer.identifier`); `tokenizer` is that
     tokenizer.json, shipped with the eos and pad ids OLMo's config states, so that `generate` and `export-hf`
     work on the result."""
-    from olmo_train import checkpoint_files as files
-    from olmo_train.hf_convert import load_hf_tokenizer, write_tokenizer
 
     dest = Path(destination).expanduser()
-    files.refuse_existing(dest)
+    ckpt.refuse_existing(dest)
     t0 = time.perf_counter()
     model, config = read_olmo_config(checkpoint)  # refused before the (large) weights are fetched
     tok = load_hf_tokenizer(tokenizer) if tokenizer is not None else None
@@ -404,6 +404,6 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
             ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
             write_tokenizer(tok, ids, model, tmp)
 
-    files.write_imported(dest, model, state, add_tokenizer)
+    ckpt.write_imported(dest, model, state, add_tokenizer)
     log.info("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
     return dest

@@ -24,9 +24,7 @@ from torch import nn
 
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train import float8, lora
 from olmo_train.config import TrainConfig, load_config, save_config
-from olmo_train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -38,10 +36,12 @@ from olmo_train.distributed import (
     shutdown,
     tell_launcher,
 )
-from olmo_train.documents import check_trainable, doc_ids_from_starts
-from olmo_train.metrics import MetricsLog, console_line, peak_flops
-from olmo_train.model import Transformer
-from olmo_train.optim import build_optimizer, learning_rate, set_learning_rate
+from olmo_train.nn import Transformer, check_trainable, doc_ids_from_starts, float8, lora
+from olmo_train.train import relora as relora_regime
+from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
+from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
+from olmo_train.train.optim import build_optimizer, learning_rate, set_learning_rate
+from olmo_train.train.relora import RELORA_LOAD
 
 log = logging.getLogger("olmo_train")
 
@@ -88,7 +88,7 @@ def build_model(cfg: TrainConfig, d: Dist) -> tuple[nn.Module, Transformer]:
     return parallelize(model, cfg, d), model
 
 
-def token_loss_sum(
+def forward_loss_sum(
     model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, doc_starts: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
@@ -119,7 +119,7 @@ def train_step(
     for i, start in enumerate(starts):
         with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
             rows = slice(start, start + mbs)
-            ce = token_loss_sum(
+            ce = forward_loss_sum(
                 model, input_ids[rows], labels[rows], doc_starts[rows] if doc_starts is not None else None
             )
             (ce * scale).backward()
@@ -146,7 +146,7 @@ def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, sets: dict[str, list[E
             labels = labels_for(input_ids, mask).to(d.device)
             starts = starts.to(d.device) if starts is not None else None
             with autocast(cfg, d.device):
-                total += float(token_loss_sum(model, input_ids.to(d.device), labels, starts))
+                total += float(forward_loss_sum(model, input_ids.to(d.device), labels, starts))
             count += float((labels != -100).sum())
         total, count = all_reduce_sum([total, count], d.device)
         out[f"eval/{label}/loss"] = total / max(count, 1.0)
@@ -191,20 +191,20 @@ def resume(
         log.info("resuming from %s", own)
         state = ckpt.read_trainer_state(own)
         check_resumable(state, cfg, data, own)
-        state = ckpt.load_checkpoint(own, model, optim, d)
+        state = ckpt.load_checkpoint(own, model, optim, d, hooks=RELORA_LOAD)
     elif cfg.load_path:
         path = ckpt.localize(cfg.load_path, d)
         state = ckpt.read_trainer_state(path)
         if cfg.reset_trainer_state:
             log.info("loading weights only from %s (reset_trainer_state): a fresh run, first trained step 1", path)
-            ckpt.load_checkpoint(path, model, None, d, restore_rng=False)
+            ckpt.load_checkpoint(path, model, None, d, restore_rng=False, hooks=RELORA_LOAD)
             return fresh
         log.info("resuming from load_path %s", path)
         check_resumable(state, cfg, data, path)
-        state = ckpt.load_checkpoint(path, model, optim, d)
+        state = ckpt.load_checkpoint(path, model, optim, d, hooks=RELORA_LOAD)
     else:
         if cfg.relora.continue_from:
-            lora.continue_from(cfg, model, d)
+            relora_regime.continue_from(cfg, model, d)
         return fresh
     if state.world_size != d.world_size:
         log.info("the checkpoint was written by %d ranks; continuing on %d", state.world_size, d.world_size)
@@ -226,7 +226,8 @@ def save(
     if kind == "sharded":
         path = ckpt.save_sharded(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, d, cfg)
     else:
-        path = ckpt.save_unsharded(folder, model, optim, state, cfg.save_num_unsharded_checkpoints_to_keep, d, cfg)
+        keep = cfg.save_num_unsharded_checkpoints_to_keep
+        path = ckpt.save_unsharded(folder, model, optim, state, keep, d, cfg, split=lora.split_state)
     log.info("saved %s in %.1fs", path, time.perf_counter() - t0)
 
 
@@ -275,9 +276,9 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
     state = resume(cfg, model, optim, data, d)
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
-        save_config(cfg, save_folder / "config.yaml")
+        save_config(cfg, save_folder / ckpt.CONFIG)
     total_steps = data.total_steps()
-    relora = lora.ReLoRA.start(cfg, model, optim, total_steps, d)  # None unless relora.rank is set
+    relora = relora_regime.ReLoRA.start(cfg, model, optim, total_steps, d)  # None unless relora.rank is set
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps
     if state.step >= stop_step:  # a finished (or stopped at stop_at) run started again: say so, train nothing
         log.info(

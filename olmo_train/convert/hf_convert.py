@@ -11,35 +11,30 @@ imported model is `--load_path=DIR --reset_trainer_state`. Both write under a `.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from olmo_data.errors import DataError
-from olmo_data.tokenizer import Tokenizer, load_tokenizer
-from olmo_train import checkpoint_files as files
-from olmo_train.config import ModelConfig, TrainConfig
-from olmo_train.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
-from olmo_train.hf_files import (
+from olmo_train import checkpoint as ckpt
+from olmo_train.config import ModelConfig
+from olmo_train.convert.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
+from olmo_train.convert.hf_files import (
     CONFIG_JSON,
     INSTALL_HINT,
     local_model_dir,
-    read_json,
     safetensors_names,
     write_safetensors,
 )
+from olmo_train.convert.hf_tokenizer import SPECIAL, TOKENIZER_FILES, export_tokenizer, write_json, write_tokenizer
+from olmo_train.convert.load import read_model_state
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-SPECIAL = ("bos", "eos", "pad")
 
 
 def require_transformers(what: str) -> None:
@@ -67,16 +62,16 @@ def export_hf(
     `check` also compares the exported model with ours block by block (see hf_check).
     """
     source, dest = Path(checkpoint).expanduser(), Path(destination).expanduser()
-    files.refuse_existing(dest)
+    ckpt.refuse_existing(dest)
     if dtype not in DTYPES:
         raise DataError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     if check:
         require_transformers("--check")
-    files.checkpoint_kind(source)  # complete and ours, before anything else is read
-    cfg = files.read_config(source)
+    ckpt.checkpoint_kind(source)  # complete and ours, before anything else is read
+    cfg = ckpt.read_config(source)
     model = cfg.model
     model_type_for(model)  # refuse an architecture transformers does not have before reading any weights
-    tok, ids = _export_tokenizer(cfg, source, tokenizer, force)
+    tok, ids = export_tokenizer(cfg, source, tokenizer, force)
     rows = model.embedding_size or model.vocab_size
     if tok is not None and tok.vocab_size > rows:
         raise DataError(
@@ -86,7 +81,7 @@ def export_hf(
         )
     t0 = time.perf_counter()
     log.info("reading the model state of %s", source)
-    state = files.read_model_state(source)
+    state = read_model_state(source)
     # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
     reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
     mapped = to_hf_state(state, model, str(source))
@@ -94,10 +89,10 @@ def export_hf(
     hf_state = {}
     for key in list(mapped):  # cast one tensor at a time, dropping its source: memory stays near one model
         hf_state[key] = mapped.pop(key).to(DTYPES[dtype])
-    with files.atomic_directory(dest) as tmp:
+    with ckpt.atomic_directory(dest) as tmp:
         config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
-        _write_json(tmp / CONFIG_JSON, config)
-        _write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
+        write_json(tmp / CONFIG_JSON, config)
+        write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
         write_safetensors(hf_state, tmp, max_shard_bytes)
         del hf_state  # the reload below must not hold a second copy
         if tok is not None:
@@ -105,105 +100,6 @@ def export_hf(
         _verify_export(tmp, model, reference)
     log.info("exported %s to %s in %.1f s", source, dest, time.perf_counter() - t0)
     return dest
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def _export_tokenizer(
-    cfg: TrainConfig, source: Path, given: str | None, force: bool
-) -> tuple[Tokenizer | None, dict[str, Any]]:
-    """The tokenizer to ship and the bos/eos/pad ids the data was made with (the manifest's where it states
-    them, else the tokenizer's own). A checkpoint made by import-hf has no data yet but carries its model's
-    tokenizer files, which then stand in for the manifest."""
-    where = "the run's data manifest"
-    try:
-        recorded = files.recorded_tokenizer(cfg)
-    except DataError:
-        if given is None:
-            raise
-        log.warning("the run's data was tokenized with several tokenizers; exporting with %s as given", given)
-        recorded = None
-    own = source / files.TOKENIZER_FILE
-    if recorded is None and own.is_file():
-        where = f"the checkpoint's {files.TOKENIZER_FILE}"
-        tok = load_hf_tokenizer(str(own))
-        recorded = {"name": own.name, "path": str(own), "sha256": tok.sha256}
-        recorded.update(_special_ids(source / "tokenizer_config.json", tok))
-    if recorded is None and given is None:
-        log.warning("no tokenizer: the run's data has no manifest naming one; pass --tokenizer to include one")
-        return None, dict.fromkeys(SPECIAL)
-    if given is not None:
-        tok = load_hf_tokenizer(given)
-        if recorded and tok.sha256 != recorded["sha256"]:
-            if not force:
-                raise DataError(
-                    f"{given}: sha256 {tok.sha256} differs from {recorded['sha256']}, the tokenizer "
-                    f"({recorded.get('name')}, {recorded.get('path')}) that {where} records; it is not the tokenizer "
-                    "the model was trained with. Pass --force to export with it anyway"
-                )
-            log.warning("%s differs from the tokenizer the data was made with; exporting it anyway (force)", given)
-    elif recorded is not None:
-        path = str(recorded.get("path") or "")
-        if not path or not os.path.exists(path):
-            raise DataError(
-                f"{where} records tokenizer {recorded.get('name')!r} at {path or '(no path)'}, which is not here; "
-                f"pass --tokenizer with that tokenizer.json (sha256 {recorded['sha256']})"
-            )
-        tok = load_hf_tokenizer(path)
-        if tok.sha256 != recorded["sha256"]:
-            if not force:
-                raise DataError(
-                    f"{path}: sha256 {tok.sha256}, but {where} records {recorded['sha256']}: the file changed since "
-                    "the data was tokenized. Pass --tokenizer with the original, or --force"
-                )
-            log.warning("%s changed since the data was tokenized; exporting it anyway (force)", path)
-    ids = {s: (recorded or {}).get(f"{s}_token_id") for s in SPECIAL}
-    for s in SPECIAL:
-        if ids[s] is None:
-            ids[s] = getattr(tok, f"{s}_token_id")
-    return tok, ids
-
-
-def _special_ids(path: Path, tok: Tokenizer) -> dict[str, Any]:
-    """bos/eos/pad ids named by a tokenizer_config.json (as a string or as {"content": ...})."""
-    if not path.is_file():
-        return {}
-    config = read_json(path, "tokenizer config")
-    out = {}
-    for s in SPECIAL:
-        token = config.get(f"{s}_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        if isinstance(token, str) and tok.hf.token_to_id(token) is not None:
-            out[f"{s}_token_id"] = tok.hf.token_to_id(token)
-    return out
-
-
-def load_hf_tokenizer(spec: str) -> Tokenizer:
-    """A tokenizer that transformers can ship: a tokenizer.json (local, or a hub id where a network exists)."""
-    if spec.endswith(".tiktoken"):
-        raise DataError(f"{spec}: transformers needs a tokenizer.json, not a .tiktoken ranks file")
-    return load_tokenizer(spec, "hf")
-
-
-def write_tokenizer(tok: Tokenizer, ids: dict[str, Any], model: ModelConfig, directory: Path) -> None:
-    """tokenizer.json as the data was made with it, and the tokenizer_config.json that makes
-    `AutoTokenizer.from_pretrained` load it as a fast tokenizer with its special tokens."""
-    if os.path.isfile(tok.path):
-        shutil.copyfile(tok.path, directory / "tokenizer.json")  # the bytes whose sha256 the manifest records
-    else:  # loaded from the hub: its sha256 is that of this text
-        directory.joinpath("tokenizer.json").write_text(tok.hf.to_str())
-    tokens = {f"{s}_token": tok.hf.id_to_token(ids[s]) if ids[s] is not None else None for s in SPECIAL}
-    _write_json(
-        directory / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            **tokens,
-            "model_max_length": model.max_sequence_length,
-            "clean_up_tokenization_spaces": False,
-        },
-    )
 
 
 def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, torch.Tensor] | None) -> None:
@@ -219,7 +115,7 @@ def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, tor
             )
         log.info("checked the written tensor names (transformers is not installed: not loaded back)")
         return
-    from olmo_train.hf_check import compare_with_transformers, load_transformers_model
+    from olmo_train.convert.hf_check import compare_with_transformers, load_transformers_model
 
     log.info("loading the export back with transformers")
     hf_model, info = load_transformers_model(directory, loading_info=True, float32=reference is not None)
@@ -240,14 +136,14 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     transformers model directory or hub id; return its path. `check` compares ours with transformers' model of
     the source, block by block, before anything is written."""
     dest = Path(destination).expanduser()
-    files.refuse_existing(dest)
+    ckpt.refuse_existing(dest)
     if check:
         require_transformers("--check")
     source = local_model_dir(model)
     t0 = time.perf_counter()
     model_cfg, state = read_hf_dir(str(source))
     if check:
-        from olmo_train.hf_check import compare_with_transformers
+        from olmo_train.convert.hf_check import compare_with_transformers
 
         diff = compare_with_transformers(source, model_cfg, state)
         log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
@@ -259,6 +155,6 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
         for name in copied:
             shutil.copyfile(source / name, tmp / name)
 
-    files.write_imported(dest, model_cfg, state, add_tokenizer)
+    ckpt.write_imported(dest, model_cfg, state, add_tokenizer)
     log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

@@ -8,7 +8,7 @@ run in one plain process: no process group and no knowledge of the world size th
 written by 64 GPUs is read on a laptop. Sharded tensors are assembled by `torch.distributed.checkpoint` from its
 own metadata, reading only the keys asked for (the model without the optimizer, say), so memory stays near one
 copy of what is read. Files are checked against the checkpoint's checksums.json before they are read, and
-nothing in them is unpickled freely (checkpoint_safety).
+nothing in them is unpickled freely (safety.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,11 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.manifest import read_manifest
-from olmo_train import checkpoint_integrity as integrity
-from olmo_train import checkpoint_safety as safety
-from olmo_train.checkpoint import CONFIG, TRAINER_STATE, check_files
-from olmo_train.checkpoint_safety import DCP_METADATA
+from olmo_train.checkpoint import safety
+from olmo_train.checkpoint.integrity import Recorder
+from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TMP_PREFIX, TRAINER_STATE, TrainerState
+from olmo_train.checkpoint.load import check_files
 from olmo_train.config import ModelConfig, TrainConfig, load_config, save_config
-
-MODEL_FILE = "model.pt"
-OPTIM_FILE = "optim.pt"
-TOKENIZER_FILE = "tokenizer.json"
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +70,10 @@ def read_config(path: Path) -> TrainConfig:
     return load_config(config_path(path), require_data=False)
 
 
-def read_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The model's full (unsharded) state dict, on CPU, keyed as `Transformer.state_dict()` (a ReLoRA checkpoint's
-    weights merged, without adapters).
+def read_stored_model(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full (unsharded) state dict as the checkpoint stores it, on CPU, keyed as the trained model's
+    `state_dict()`: a ReLoRA run's sharded checkpoint holds its adapters unmerged (`convert.read_model_state`
+    gives the plain weights of any checkpoint).
 
     A tied output head appears under both names, sharing one tensor, as `state_dict()` gives it.
     """
@@ -91,14 +87,12 @@ def read_model_state(path: Path) -> dict[str, torch.Tensor]:
         if not isinstance(state, dict):
             raise DataError(f"{path / MODEL_FILE}: expected a dict of tensors, got {type(state).__name__}")
         return state
-    from olmo_train.lora import merge_state
-
-    return merge_state(read_sharded(path, "model"))  # a ReLoRA run's adapters, merged into the plain weights
+    return read_sharded(path, "model")
 
 
 def read_sharded(path: Path, key: str) -> dict[str, Any]:
     """One top-level entry ("model" or "optim") of a sharded checkpoint, unsharded into plain CPU tensors, in
-    this process alone. The caller checks the files first (`checkpoint.check_files`)."""
+    this process alone. The caller checks the files first (`check_files`)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
@@ -158,7 +152,7 @@ def refuse_existing(dest: Path) -> None:
 def atomic_directory(dest: Path) -> Iterator[Path]:
     """A `.tmp-` sibling to fill; renamed onto `dest` when the block completes, removed when it fails, so a
     converted checkpoint or model never exists half-written under its name."""
-    tmp = dest.parent / f".tmp-{dest.name}"
+    tmp = dest.parent / f"{TMP_PREFIX}{dest.name}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     if os.path.lexists(tmp):
         log.warning("removing %s, left by an interrupted conversion", tmp)
@@ -185,10 +179,6 @@ def write_imported(
     (load_path set to the checkpoint itself, reset_trainer_state), checksums.json, and trainer_state.json at step 0,
     written last: it marks the checkpoint complete. `add_files` puts anything else (the tokenizer) into the
     directory being filled. All of it under a `.tmp-` name, renamed at the end."""
-    from olmo_data.io import json_bytes
-    from olmo_train.checkpoint import TrainerState
-    from olmo_train.checkpoint_integrity import Recorder
-
     state = {k: v.to(torch.float32) for k, v in state.items()}
     if model.weight_tying:
         state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
@@ -210,72 +200,5 @@ def write_imported(
             for extra in sorted(p.name for p in tmp.iterdir() if p.name not in written.files):
                 written.add_file(extra)
         trainer_state = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model.max_sequence_length)
-        written.finish(TRAINER_STATE, json_bytes(asdict(trainer_state)))
+        written.finish(TRAINER_STATE, trainer_state.to_bytes())
     return dest
-
-
-def verify_checkpoint(spec: str, *, strict: bool = False) -> str:
-    """Check a checkpoint (a directory or a URL, downloaded as a load would) without loading a model, and return
-    a one-line summary; any problem is a DataError naming the file. Checked: every file against checksums.json
-    (its absence is a warning, or with `strict` an error), a sharded checkpoint's metadata read safely, its shard
-    names inside the directory and every tensor it lists wholly inside an existing shard, and that every
-    `torch.save` file loads as plain data (a static look at its pickle: no tensor is read)."""
-    from olmo_data.io import is_remote
-    from olmo_train.checkpoint import localize, read_trainer_state
-    from olmo_train.distributed import Dist
-
-    path = localize(spec, Dist(0, 1, 0, torch.device("cpu"))) if is_remote(spec) else Path(spec).expanduser()
-    kind = checkpoint_kind(path)
-    records = integrity.read_checksums(path)
-    if strict and records is None:
-        raise DataError(f"{path}: no {integrity.CHECKSUMS}, so its files cannot be checked (--strict)")
-    shards = check_files(path)
-    tensors = 0
-    if kind == "sharded":
-        tensors = _check_tensors_stored(path / DCP_METADATA)
-    for pt in sorted(path.glob("*.pt")) + sorted(path.glob("rng/*.pt")):
-        _check_plain(pt)
-    state = read_trainer_state(path)
-    if records is None:
-        checked = f"not checked: no {integrity.CHECKSUMS} (saved before checksums existed)"
-    else:
-        size = sum(r["size"] for r in records.values())
-        checked = f"{len(records)} files ({size / 1e6:.1f} MB) match {integrity.CHECKSUMS}"
-    stored = f"; metadata safe, {tensors} tensors inside {len(shards)} shard files" if kind == "sharded" else ""
-    return f"{path}: {kind} checkpoint of step {state.step}: {checked}{stored}"
-
-
-def _check_tensors_stored(metadata_file: Path) -> int:
-    """Every tensor the metadata lists has each of its chunks stored (offset and length inside a shard file,
-    which `check_files` established), and its chunks cover it; returns the number of tensors."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
-
-    metadata = safety.read_metadata(metadata_file)
-    tensors = 0
-    for fqn, entry in metadata.state_dict_metadata.items():
-        if not isinstance(entry, TensorStorageMetadata):
-            if MetadataIndex(fqn) not in metadata.storage_data:
-                raise DataError(f"{metadata_file}: entry {fqn} is listed but stored in no shard file")
-            continue
-        tensors += 1
-        for chunk in entry.chunks:
-            if MetadataIndex(fqn, chunk.offsets) not in metadata.storage_data:
-                raise DataError(f"{metadata_file}: tensor {fqn} has a piece at {list(chunk.offsets)} in no shard file")
-        if sum(chunk.sizes.numel() for chunk in entry.chunks) != entry.size.numel():
-            raise DataError(f"{metadata_file}: the stored pieces of tensor {fqn} do not make up its {list(entry.size)}")
-    return tensors
-
-
-def _check_plain(path: Path) -> None:
-    """A `torch.save` file must load with weights_only=True: its pickle is read statically for the globals it
-    names (an RNG file saved before the state was kept in tensors may name numpy's array classes)."""
-    allowed = {"numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct", "numpy.dtypes.UInt32DType"}
-    try:
-        unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
-    except Exception as e:
-        raise DataError(f"{path}: not a file torch.save wrote ({type(e).__name__}: {e})") from e
-    if path.parent.name == "rng":
-        unsafe -= allowed
-    if unsafe:
-        names = ", ".join(sorted(unsafe))
-        raise DataError(f"{path}: refers to {names}, which plain tensors and values do not; refused")

@@ -1,0 +1,112 @@
+"""Every file and directory name of a checkpoint and its save folder, and the trainer state written last.
+
+A save folder holds:
+  stepN/                  sharded: torch.distributed.checkpoint files (`.metadata` and its shards, model and
+                          optimizer together), rng/rankR.pt, config.yaml, checksums.json, trainer_state.json
+  stepN-unsharded/        one file per state: model.pt, optim.pt (relora.pt beside model.pt for a ReLoRA run),
+                          rng/rank0.pt, config.yaml, checksums.json, trainer_state.json
+  latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
+  config.yaml             the run's resolved config
+A checkpoint made by `import-hf` or `import-olmo` is an unsharded one at step 0 with tokenizer.json beside it.
+
+This is the one module that spells these names: the rest of the package (and the trainer, the converters) import
+them from here, so a reader finds the whole layout on one screen and a rename cannot miss a reader.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from olmo_data.errors import DataError
+from olmo_data.io import json_bytes
+
+TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
+CHECKSUMS = "checksums.json"  # size and SHA-256 of every other file (integrity.py)
+CONFIG = "config.yaml"  # the run's resolved TrainConfig, in each checkpoint and in the save folder
+MODEL_FILE = "model.pt"  # unsharded: the model's plain (merged) weights
+OPTIM_FILE = "optim.pt"  # unsharded: the optimizer state
+EXACT_FILE = "relora.pt"  # unsharded, beside model.pt: the unmerged state of linears trained through adapters
+TOKENIZER_FILE = "tokenizer.json"  # an imported checkpoint's tokenizer
+DCP_METADATA = ".metadata"  # sharded: torch.distributed.checkpoint's index of the shards
+RNG_DIR = "rng"  # one RNG state file per rank
+LATEST = "latest"
+LATEST_UNSHARDED = "latest-unsharded"
+TMP_PREFIX = ".tmp-"  # a checkpoint being written, renamed into place when complete
+REPLACED_PREFIX = ".replaced-"  # a complete checkpoint moved aside while a new save of the same step takes its name
+SAVING_SUFFIX = ".saving"  # marker of the save test hook's pause
+_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+
+
+def step_dir(step: int, unsharded: bool) -> str:
+    """The directory name of the checkpoint of `step`."""
+    return f"step{step}-unsharded" if unsharded else f"step{step}"
+
+
+def rng_file(rank: int) -> str:
+    """A rank's RNG state file, relative to its checkpoint."""
+    return f"{RNG_DIR}/rank{rank}.pt"
+
+
+def latest_link(unsharded: bool) -> str:
+    return LATEST_UNSHARDED if unsharded else LATEST
+
+
+@dataclass
+class TrainerState:
+    """Where a run is. Everything needed to continue it exactly, besides model and optimizer tensors."""
+
+    step: int = 0
+    epoch: int = 0
+    tokens_seen: int = 0
+    instances_seen: int = 0
+    world_size: int = 1
+    global_train_batch_size: int = 0
+    sequence_length: int = 0
+    seed: int = 0
+    data_fingerprint: str = ""
+    run_name: str = ""
+    wandb_run_id: str | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TrainerState:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+    def to_bytes(self) -> bytes:
+        """The bytes of trainer_state.json (known before they are written, so checksums.json can list them)."""
+        return json_bytes(asdict(self))
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    state_path = path / TRAINER_STATE
+    if not state_path.is_file():
+        raise DataError(f"{path}: not a complete checkpoint (no {TRAINER_STATE}); give a stepN directory")
+    return TrainerState.from_json(json.loads(state_path.read_text()))
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
+    """Complete checkpoints in a save folder: (step, is_unsharded, path)."""
+    out = []
+    if folder.is_dir():
+        for p in folder.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and not p.is_symlink() and (p / TRAINER_STATE).is_file():
+                out.append((int(m.group(1)), bool(m.group(2)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint, sharded preferred over unsharded at the same step."""
+    found = list_checkpoints(folder)
+    if not found:
+        return None
+    return max(found, key=lambda t: (t[0], not t[1]))[2]
+
+
+def is_unsharded(path: Path) -> bool:
+    """Whether a complete checkpoint directory is unsharded (holds model.pt) rather than sharded."""
+    return (path / MODEL_FILE).is_file()

@@ -1,0 +1,150 @@
+"""Loading a checkpoint into a model (and optimizer), on any number of ranks, once its files are checked.
+
+Every file is checked against checksums.json before it is read (each rank a share), and nothing of it is
+unpickled freely (safety.py): a checkpoint from elsewhere runs no code when loaded. A sharded checkpoint loads
+on a different world size (DCP reshards); an unsharded one loads anywhere.
+
+A model that trains more than its plain weights (ReLoRA's adapters) passes `hooks`, its own `LoadHooks`, which
+checks that a resume continues the same kind of state and loads weights into or out of adapters; this package
+knows nothing of adapters. An unsharded checkpoint's relora.pt (the exact state of what model.pt holds merged)
+is taken over model.pt when a run resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+
+from olmo_data.errors import DataError
+from olmo_train.checkpoint import integrity, safety
+from olmo_train.checkpoint.layout import (
+    DCP_METADATA,
+    EXACT_FILE,
+    MODEL_FILE,
+    OPTIM_FILE,
+    RNG_DIR,
+    TRAINER_STATE,
+    TrainerState,
+    is_unsharded,
+    read_trainer_state,
+    rng_file,
+)
+from olmo_train.checkpoint.save import set_rng_state
+from olmo_train.distributed import Dist, broadcast_object, raise_together
+
+log = logging.getLogger(__name__)
+
+
+class LoadHooks:
+    """What loading adds for a model with more than plain weights; these defaults are a plain model's."""
+
+    def check_resume(self, path: Path, model: nn.Module) -> None:
+        """Refuse to continue a run from a checkpoint whose trained state is of another kind than the model's."""
+
+    def load_weights(self, path: Path, model: nn.Module) -> bool:
+        """Load the checkpoint's weights alone where a plain load would not do; True when it did."""
+        return False
+
+
+PLAIN = LoadHooks()
+
+
+def _load_rng(path: Path) -> dict[str, Any] | None:
+    """A rank's saved RNG state, as plain data only. Files saved before the state was kept in tensors hold numpy's
+    key as an array: the numpy globals a uint32 array pickles to are allowed for them, nothing else. A file that
+    still does not load leaves the seeded RNG in place, with a warning."""
+    array: list[Any] = [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        with torch.serialization.safe_globals(array):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        log.warning("%s: not loadable as plain data (%s); keeping the seeded RNG state", path, type(e).__name__)
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def check_files(path: Path, *, weights_only: bool = False, rank: int = 0, world_size: int = 1) -> list[str]:
+    """Before anything of a complete checkpoint is read: its files against its checksums.json (each of
+    `world_size` ranks a share; the optimizer state left out with `weights_only`), and a sharded one's metadata
+    read safely and each shard it names present and long enough. Returns the shard names (none if unsharded)."""
+    records = integrity.verify(path, skip=[OPTIM_FILE] if weights_only else [], rank=rank, world_size=world_size)
+    shards: list[str] = []
+    if is_unsharded(path):
+        reads = [MODEL_FILE, *([] if weights_only or not (path / OPTIM_FILE).is_file() else [OPTIM_FILE])]
+        reads += [EXACT_FILE] if (path / EXACT_FILE).is_file() else []
+    else:
+        metadata = path / DCP_METADATA
+        shards = safety.check_shard_files(metadata, safety.read_metadata(metadata))
+        reads = [DCP_METADATA, *shards]
+    if records is not None:
+        rng = [f"{RNG_DIR}/{p.name}" for p in (path / RNG_DIR).glob("rank*.pt")]
+        integrity.require_listed(path, records, [TRAINER_STATE, *reads, *sorted(rng)])
+    return shards
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optim: torch.optim.Optimizer | None,
+    d: Dist,
+    *,
+    restore_rng: bool = True,
+    hooks: LoadHooks = PLAIN,
+) -> TrainerState:
+    """Load weights (and optimizer state unless `optim` is None) from a sharded or unsharded checkpoint, once its
+    files are checked (`check_files`); no file of it is unpickled freely."""
+    state = read_trainer_state(path)
+    if is_unsharded(path) and optim is not None and not (path / OPTIM_FILE).is_file():
+        # weights only (`unshard --model-only`)
+        raise DataError(
+            f"{path / OPTIM_FILE}: no optimizer state in this checkpoint, so a run cannot continue from it; "
+            f"start a fresh run from its weights with --load_path={path} --reset_trainer_state"
+        )
+    raise_together(lambda: check_files(path, weights_only=optim is None, rank=d.rank, world_size=d.world_size))
+    if optim is not None:
+        raise_together(lambda: hooks.check_resume(path, model))
+    if optim is None and hooks.load_weights(path, model):
+        pass  # weights only, into or out of ReLoRA: merged, adapters afresh
+    elif is_unsharded(path):
+        opts = StateDictOptions(full_state_dict=True)
+        model_sd = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+        if optim is not None and (path / EXACT_FILE).is_file():  # a resume takes the exact state over the merged
+            model_sd = {**model_sd, **torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)}
+        set_model_state_dict(model, model_sd, options=opts)
+        if optim is not None:
+            optim_sd = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
+            set_optimizer_state_dict(model, optim, optim_sd, options=opts)
+    elif optim is None:
+        model_sd = get_model_state_dict(model)
+        safety.load_sharded(path, {"model": model_sd})
+        set_model_state_dict(model, model_sd)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optim)
+        safety.load_sharded(path, {"model": model_sd, "optim": optim_sd})
+        set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    rng_path = path / rng_file(d.rank)
+    if restore_rng and rng_path.is_file():  # a rank that did not exist in the saving run keeps its seeded RNG
+        rng = _load_rng(rng_path)
+        if rng is not None:
+            set_rng_state(rng)
+    return state
+
+
+def agree_on_checkpoint(candidate: Path | None) -> Path | None:
+    """Rank 0's choice, so that every rank loads the same checkpoint even if they see the filesystem
+    differently."""
+    chosen = broadcast_object(str(candidate) if candidate else None)
+    return Path(chosen) if isinstance(chosen, str) else None

@@ -1,0 +1,229 @@
+"""Saving checkpoints that survive being killed at any moment and load on any number of ranks.
+
+A checkpoint is written under `.tmp-stepN…` and renamed into place by rank 0 after every rank has finished
+writing; `trainer_state.json` is written last, so a directory without it is never taken for a checkpoint, and
+just before it `checksums.json`, the size and SHA-256 of every file (integrity.py), which a load checks first.
+Saving a step that already exists moves the old copy aside (`.replaced-stepN`) until the new one is in place. Each
+checkpoint carries the run's resolved `config.yaml`, so it can be exported, unsharded or sampled from on its own.
+The names of every file are in layout.py.
+
+A model whose training state holds more than its plain weights (ReLoRA's adapters) passes `split`, which divides
+its full state into the plain weights an unsharded checkpoint keeps in model.pt and the exact state beside them
+(relora.pt); this package knows nothing of adapters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+)
+
+from olmo_train.checkpoint import integrity
+from olmo_train.checkpoint.layout import (
+    CONFIG,
+    EXACT_FILE,
+    MODEL_FILE,
+    OPTIM_FILE,
+    REPLACED_PREFIX,
+    RNG_DIR,
+    SAVING_SUFFIX,
+    TMP_PREFIX,
+    TRAINER_STATE,
+    TrainerState,
+    latest_link,
+    list_checkpoints,
+    rng_file,
+    step_dir,
+)
+from olmo_train.config import TrainConfig, save_config
+from olmo_train.distributed import Dist, all_gather_objects, barrier
+
+log = logging.getLogger(__name__)
+
+# test hook: seconds to sleep after the shards are written and before the checkpoint is made complete
+PAUSE_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE"
+
+StateSplit = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]]
+
+
+def plain_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The split of a model with nothing beyond its plain weights: all of it in model.pt, nothing beside."""
+    return state, {}
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the run uses, in plain values and tensors (numpy's key as an int64 tensor), so that the file
+    loads with `torch.load(weights_only=True)`."""
+    numpy = np.random.get_state(legacy=False)
+    key = torch.from_numpy(numpy["state"]["key"].astype(np.int64))
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {**numpy, "state": {**numpy["state"], "key": key}},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    numpy = state["numpy"]
+    if isinstance(numpy, dict):  # saved by rng_state (older files hold numpy's legacy tuple, key as an array)
+        numpy = {**numpy, "state": {**numpy["state"], "key": np.asarray(numpy["state"]["key"], dtype=np.uint32)}}
+    random.setstate(state["python"])
+    np.random.set_state(numpy)
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def begin_save(folder: Path, name: str, d: Dist, cfg: TrainConfig | None = None) -> Path:
+    tmp = folder / f"{TMP_PREFIX}{name}"
+    if d.is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        (tmp / RNG_DIR).mkdir()
+        if cfg is not None:
+            save_config(cfg, tmp / CONFIG)
+    barrier()
+    return tmp
+
+
+def finish_save(
+    folder: Path,
+    name: str,
+    tmp: Path,
+    state: TrainerState,
+    pointer: str,
+    keep: int,
+    d: Dist,
+    written: dict[str, integrity.Record] | None = None,
+) -> Path:
+    """Complete a checkpoint that every rank has written its part of (`written`: the files this rank wrote,
+    with their records)."""
+    pause = float(os.environ.get(PAUSE_ENV, 0) or 0)
+    if pause and d.is_main:
+        (folder / f"{name}{SAVING_SUFFIX}").write_text("paused inside a checkpoint write (test hook)\n")
+        time.sleep(pause)
+    parts = all_gather_objects(written or {})  # also the point where every rank has written its part
+    final = folder / name
+    if d.is_main:
+        records = integrity.Recorder(tmp)
+        for part in parts:
+            records.files.update(cast(dict[str, integrity.Record], part))
+        if (tmp / CONFIG).is_file():
+            records.add_file(CONFIG)
+        records.finish(TRAINER_STATE, state.to_bytes())  # checksums.json, then the last file: marks it complete
+        replaced = folder / f"{REPLACED_PREFIX}{name}"
+        if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it,
+            # keeping the old copy aside until the new one is in place (restored at start if killed between)
+            if replaced.exists():
+                shutil.rmtree(replaced)
+            os.replace(final, replaced)
+        os.replace(tmp, final)
+        shutil.rmtree(replaced, ignore_errors=True)
+        _point(folder / pointer, name)
+        _prune(folder, unsharded=name == step_dir(state.step, unsharded=True), keep=keep)
+    barrier()
+    return final
+
+
+def _point(link: Path, target: str) -> None:
+    tmp = link.with_name(f"{TMP_PREFIX}{link.name}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def _prune(folder: Path, unsharded: bool, keep: int) -> None:
+    if keep < 0:
+        return
+    complete = [(step, path) for step, is_unsharded, path in list_checkpoints(folder) if is_unsharded == unsharded]
+    for _, path in sorted(complete)[: max(0, len(complete) - keep)]:
+        log.info("removing old checkpoint %s (keeping the last %d)", path, keep)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def save_sharded(
+    folder: Path,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int,
+    d: Dist,
+    cfg: TrainConfig | None = None,
+) -> Path:
+    name = step_dir(state.step, unsharded=False)
+    tmp = begin_save(folder, name, d, cfg)
+    model_sd, optim_sd = get_state_dict(model, optim)
+    writer = integrity.HashingWriter(tmp)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
+    records = integrity.Recorder(tmp, writer.written())
+    records.torch_save(rng_state(), rng_file(d.rank))
+    return finish_save(folder, name, tmp, state, latest_link(False), keep, d, records.files)
+
+
+def save_unsharded(
+    folder: Path,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int,
+    d: Dist,
+    cfg: TrainConfig | None = None,
+    split: StateSplit = plain_state,
+) -> Path:
+    name = step_dir(state.step, unsharded=True)
+    tmp = begin_save(folder, name, d, cfg)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)  # collectives: every rank takes part
+    optim_sd = get_optimizer_state_dict(model, optim, options=opts)
+    records = integrity.Recorder(tmp)
+    if d.is_main:
+        plain, exact = split(model_sd)  # ReLoRA: merged weights in model.pt, the unmerged beside them
+        records.torch_save(plain, MODEL_FILE)
+        if exact:
+            records.torch_save(exact, EXACT_FILE)
+        records.torch_save(optim_sd, OPTIM_FILE)
+        records.torch_save(rng_state(), rng_file(0))
+    return finish_save(folder, name, tmp, state, latest_link(True), keep, d, records.files)
+
+
+def remove_stale_temporaries(folder: Path) -> None:
+    """Leftovers of a run killed while saving. A `.tmp-` directory may be unfinished: delete it. A `.replaced-`
+    one is a complete checkpoint moved aside for a new save of the same step: delete it if the new one made it
+    into place, else put it back, since it is then the only complete copy of that step."""
+    for p in folder.glob(f"{REPLACED_PREFIX}step*"):
+        final = folder / p.name[len(REPLACED_PREFIX) :]
+        if (final / TRAINER_STATE).is_file():
+            log.warning("removing %s, replaced by %s in an interrupted save", p, final)
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            log.warning("restoring %s: a save that was replacing it was interrupted", final)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(p, final)
+    for p in folder.glob(f"{TMP_PREFIX}step*"):
+        log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
+        shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob(f"step*{SAVING_SUFFIX}"):
+        p.unlink(missing_ok=True)
