@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
 from olmo_cli.options import Command
@@ -52,42 +50,28 @@ def generate(
       olmo-train generate runs/tiny/step100 --prompt "import os" --beam-size 4 --all-beams
       olmo-train generate runs/tiny/step100 --prompt "class " --temperature 0.8 --top-p 0.95 --seed 1
     """
-    from olmo_data.errors import DataError
-    from olmo_train.convert import load_model
-    from olmo_train.generate import Sampling, generate
+    from olmo_train.generate import complete_text
 
-    model, tokenizer = load_model(checkpoint, device=device)
-    if tokenizer is None:
-        raise DataError(f"{checkpoint}: no tokenizer found for this model, so text prompts cannot be encoded")
-    sampler = None
-    if temperature is not None or top_k is not None or top_p is not None:
-        sampler = Sampling(temperature if temperature is not None else 1.0, top_k, top_p)
-    stops = list(stop_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-    encoded = [tokenizer.encode(p) for p in prompts]
-    t0 = time.perf_counter()
-    out = generate(
-        model,
-        encoded,
+    out = complete_text(
+        checkpoint,
+        prompts,
         max_steps,
+        min_steps=min_steps,
         beam_size=beam_size,
         per_node_beam_size=per_node_beam_size,
-        min_steps=min_steps,
-        sampler=sampler,
-        stop_ids=stops,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
         seed=seed,
+        stop_ids=stop_ids,
+        device=device,
     )
-    seconds = time.perf_counter() - t0
-    for prompt, ids, scores in zip(prompts, out.token_ids.tolist(), out.scores.tolist(), strict=True):
-        for rank, (beam, score) in enumerate(zip(ids, scores, strict=True)):
-            if rank and not all_beams:
-                break
-            if stops and any(s in beam for s in stops):  # what follows the first stop id is filler
-                beam = beam[: min(beam.index(s) for s in stops if s in beam)]
+    for prompt, beams in zip(prompts, out.beams, strict=True):
+        for rank, (score, text) in enumerate(beams if all_beams else beams[:1]):
             head = f"[beam {rank}, score {score:.3f}] " if all_beams else ""
-            click.echo(f"{head}{prompt}{tokenizer.decode(beam)}")
-    tokens = out.token_ids.shape[0] * out.token_ids.shape[-1]
+            click.echo(f"{head}{prompt}{text}")
     click.echo(
-        f"generated {out.token_ids.shape[-1]} steps for {len(prompts)} prompt(s), beam size {beam_size}, in "
-        f"{seconds:.2f} s ({tokens / max(seconds, 1e-9):.1f} tokens/s)",
+        f"generated {out.steps} steps for {len(prompts)} prompt(s), beam size {beam_size}, in "
+        f"{out.seconds:.2f} s ({out.tokens / max(out.seconds, 1e-9):.1f} tokens/s)",
         err=True,
     )

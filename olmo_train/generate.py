@@ -16,13 +16,16 @@ whole prompt plus continuation, which may be longer than the length the model wa
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from olmo_data.errors import DataError
+from olmo_train.convert import load_model
 from olmo_train.nn.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -241,3 +244,64 @@ def generate(
         )
         next_pos = next_pos + 1
     return GenerationOutput(history, scores)
+
+
+@dataclass
+class TextCompletions:
+    """`complete_text`'s result: per prompt, its beams' (score, continuation text) best first, each cut at its
+    first stop id (what follows is filler); and what the run took."""
+
+    beams: list[list[tuple[float, str]]]
+    steps: int
+    tokens: int
+    seconds: float
+
+
+def complete_text(
+    checkpoint: str | Path,
+    prompts: Sequence[str],
+    max_steps: int,
+    *,
+    min_steps: int = 0,
+    beam_size: int = 1,
+    per_node_beam_size: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_ids: Sequence[int] = (),
+    device: str = "cpu",
+) -> TextCompletions:
+    """Text in, text out (`olmo-train generate`): the model of any checkpoint `load_model` reads, with the
+    tokenizer its data was made with; greedy, sampled (any of temperature, top_k, top_p) or by beam search. The
+    stop ids default to the tokenizer's EOS."""
+    model, tokenizer = load_model(checkpoint, device=device)
+    if tokenizer is None:
+        raise DataError(f"{checkpoint}: no tokenizer found for this model, so text prompts cannot be encoded")
+    sampler = None
+    if temperature is not None or top_k is not None or top_p is not None:
+        sampler = Sampling(temperature if temperature is not None else 1.0, top_k, top_p)
+    stops = list(stop_ids) or ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+    t0 = time.perf_counter()
+    out = generate(
+        model,
+        [tokenizer.encode(p) for p in prompts],
+        max_steps,
+        beam_size=beam_size,
+        per_node_beam_size=per_node_beam_size,
+        min_steps=min_steps,
+        sampler=sampler,
+        stop_ids=stops,
+        seed=seed,
+    )
+    seconds = time.perf_counter() - t0
+    beams = []
+    for ids, scores in zip(out.token_ids.tolist(), out.scores.tolist(), strict=True):
+        texts = []
+        for beam, score in zip(ids, scores, strict=True):
+            if any(s in beam for s in stops):
+                beam = beam[: min(beam.index(s) for s in stops if s in beam)]
+            texts.append((score, tokenizer.decode(beam)))
+        beams.append(texts)
+    steps = out.token_ids.shape[-1]
+    return TextCompletions(beams, steps, out.token_ids.shape[0] * steps, seconds)
