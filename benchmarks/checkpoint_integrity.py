@@ -10,7 +10,7 @@ the sharded checkpoint holds weights and two moments (about 3.6 GB). One process
   load, verified         checkpoint.load_checkpoint: every file hashed against checksums.json, then the safe load
   load, unverified       the same load of a checkpoint without checksums.json (metadata still read safely)
   load, DCP as before    dcp.load(checkpoint_id=...) with DCP's own reader and planner
-  verify alone           checkpoint_integrity.verify: the hashing a verified load adds
+  verify alone           checkpoint.integrity.verify: the hashing a verified load adds
   unsharded save, ...    checkpoint.save_unsharded (torch.save into a hashing stream) against torch.save to paths
 
 Both saves fsync their files (DCP's default), so they include the write to disk. The loads read a checkpoint that

@@ -1,6 +1,6 @@
 """Decode speed on CPU: `olmo_train.generate` against `transformers`' `generate` on the same weights.
 
-Both models hold identical fp32 weights (ours exported through `olmo_train.hf`), get the same prompts and generate
+Both models hold identical fp32 weights (ours exported through `olmo_train.convert`), get the same prompts and generate
 the same number of new tokens (no stop id, so neither stops early), in one process, one thread count. Greedy and
 beam search (4 beams), batch 1 and 8. Runs alternate (ours, theirs, ours, theirs, ...) so that load from other
 processes hits both alike; the best of `--repeat` is reported, as decode tokens per second = batch x new tokens /

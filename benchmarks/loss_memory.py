@@ -1,5 +1,5 @@
 """Peak memory of one training step with a 100K vocabulary: the plain loss (the micro-batch's full fp32 logits,
-then cross-entropy) against the chunked one (`olmo_train/loss.py`, what training uses).
+then cross-entropy) against the chunked one (`olmo_train/nn/loss.py`, what training uses).
 
 The shape is the one the issue names: vocabulary 100,278 (dolma2's, embedding 100,352), d_model 128, 2 layers,
 micro-batch 4 x 2048 tokens, fp32, CPU. Each variant runs in a fresh process (forward, backward, one AdamW step)

@@ -676,3 +676,26 @@ def test_the_regimes_script(tmp_path: Path, demo_corpus: list[str], demo_tokeniz
     assert "regimes: OK" in proc.stdout
     merges = [json.loads(x).get("relora/merges") for x in (tmp_path / "out" / "relora" / "metrics.jsonl").open()]
     assert merges[9] == 1 and merges[19] == 2
+
+
+def test_the_weights_of_an_adapted_checkpoint_load_only_through_the_relora_hooks(tmp_path: Path) -> None:
+    """The checkpoint package knows nothing of adapters: loading a ReLoRA run's sharded weights without the hooks
+    the trainer passes is refused by name (DCP would read the unmerged base weights alone, silently); with them,
+    the model gets the merged weights."""
+    from olmo_data.errors import DataError
+    from olmo_train import checkpoint as ckpt
+    from olmo_train.distributed import Dist
+
+    single = Dist(0, 1, 0, torch.device("cpu"))
+    cfg = relora_cfg()
+    model = adapted_model(cfg)
+    optim = trained_a_little(cfg, model, steps=3)
+    path = ckpt.save_sharded(tmp_path, model, optim, ckpt.TrainerState(step=3), -1, single, cfg)
+    plain = Transformer(cfg.model)
+    with pytest.raises(DataError, match=r"model tensors this model has no place for \(blocks\.0\.attention\."):
+        ckpt.load_checkpoint(path, plain, None, single)
+    ckpt.load_checkpoint(path, plain, None, single, restore_rng=False, hooks=regime.RELORA_LOAD)
+    merged = lora.merge_state(model.state_dict())
+    assert any(torch.count_nonzero(m.lora_B) for m in lora.adapters(model))  # the merge changes the weights
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, merged[key]), key

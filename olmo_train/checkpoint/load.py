@@ -129,6 +129,7 @@ def load_checkpoint(
             set_optimizer_state_dict(model, optim, optim_sd, options=opts)
     elif optim is None:
         model_sd = get_model_state_dict(model)
+        _refuse_extra_tensors(path, model_sd)
         safety.load_sharded(path, {"model": model_sd})
         set_model_state_dict(model, model_sd)
     else:
@@ -148,3 +149,17 @@ def agree_on_checkpoint(candidate: Path | None) -> Path | None:
     differently."""
     chosen = broadcast_object(str(candidate) if candidate else None)
     return Path(chosen) if isinstance(chosen, str) else None
+
+
+def _refuse_extra_tensors(path: Path, model_sd: dict[str, Any]) -> None:
+    """Weights alone from a sharded checkpoint: DCP reads only the tensors the model asks for, so a checkpoint
+    holding more (a ReLoRA run's adapters, loaded without its hooks) would give the model unmerged weights
+    without a word. Refused instead, naming what the model has no place for."""
+    stored = safety.read_metadata(path / DCP_METADATA).state_dict_metadata
+    extra = sorted(k.removeprefix("model.") for k in stored if k.startswith("model.") and k[6:] not in model_sd)
+    if extra:
+        raise DataError(
+            f"{path}: holds model tensors this model has no place for ({', '.join(extra[:3])}, ...: {len(extra)} in "
+            "all); its weights would load incompletely. Load it through the trainer, or read its plain weights "
+            "with olmo_train.convert.read_model_state"
+        )

@@ -120,7 +120,7 @@ class Attention(nn.Module):
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """`mask`: bool (B, 1, T, S), True where a query may attend to a key, or a FlexAttention block mask
-        (document masking, `olmo_train.documents`); None is plain causal attention. `cache`: earlier tokens'
+        (document masking, `olmo_train.nn.documents`); None is plain causal attention. `cache`: earlier tokens'
         keys/values, extended with this call's."""
         B, T, C = x.shape
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -258,12 +258,12 @@ class Transformer(nn.Module):
     ) -> torch.Tensor:
         """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
         (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
-        (`olmo_train.loss`): training passes them.
+        (`olmo_train.nn.loss`): training passes them.
 
         Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
         only (the output head is the largest matmul at a 100K vocabulary). Training with `model.document_masking`
-        passes `doc_ids` (B, T), each token's document within its row (`olmo_train.documents`): attention then
+        passes `doc_ids` (B, T), each token's document within its row (`olmo_train.nn.documents`): attention then
         stays within documents, and with `model.document_positions` positions restart at each.
         """
         T = input_ids.shape[1]

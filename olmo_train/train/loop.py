@@ -93,7 +93,7 @@ def forward_loss_sum(
 ) -> torch.Tensor:
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
     model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with `doc_starts`
-    (model.document_masking: `olmo_train.documents.DocumentStarts`), attention stays within documents."""
+    (model.document_masking: `olmo_train.train.documents.DocumentStarts`), attention stays within documents."""
     doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
     return model(input_ids, labels=labels, doc_ids=doc_ids)  # type: ignore[no-any-return]
 
