@@ -552,7 +552,7 @@ def parse_duration(value: int | str) -> tuple[float, str]:
 
     The same rule as `olmo-data stats --duration` (one parser, in olmo_data.stats), with the config key named.
     """
-    from olmo_data.stats import parse_duration as parse
+    from olmo_data.train_config import parse_duration as parse
 
     try:
         return parse(value)

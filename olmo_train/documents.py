@@ -25,7 +25,9 @@ import torch
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-    from olmo_data.instances import InstanceSource, Manifests, TokenFile
+    from olmo_data.instances import InstanceSource
+    from olmo_data.manifest import Manifests
+    from olmo_data.token_files import TokenFile
 
 
 def doc_ids_from_eos(input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -113,7 +115,7 @@ def boundary_token(eos_token_id: int | None, token_files: list[str], manifests: 
     if eos_token_id is not None:
         return eos_token_id
     from olmo_data.errors import DataError
-    from olmo_data.instances import Manifests
+    from olmo_data.manifest import Manifests
 
     manifests = manifests or Manifests()
     found: dict[int, str] = {}
@@ -141,7 +143,7 @@ class DocumentStarts:
     """
 
     def __init__(self, source: InstanceSource, eos_token_id: int, manifests: Manifests | None = None) -> None:
-        from olmo_data.instances import Manifests
+        from olmo_data.manifest import Manifests
 
         self.source = source
         self.eos = eos_token_id

@@ -21,8 +21,9 @@ import pytest
 
 from olmo_data.documents import read_documents
 from olmo_data.errors import DataError
-from olmo_data.tiktoken_backend import byte_level_alphabet, load_tiktoken_file, try_tiktoken
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
+from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file, try_tiktoken
+from olmo_data.tokenizer.tiktoken_plan import byte_level_alphabet
 from tests.conftest import SHARED_TOKENIZERS, shared_tokenizer
 
 SHARED = ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"]
