@@ -182,13 +182,16 @@ def _targets(spec: MixSpec, available: list[int]) -> list[int]:
     return targets
 
 
-def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
-    """Select each source's instances and write the mix manifest and selections; return the manifest.
+def build_mix(spec: MixSpec | str, destination: str) -> dict[str, Any]:
+    """Select each source's instances and write the mix manifest and selections; return the manifest. `spec` is a
+    checked `MixSpec`, or the path of a YAML spec (read with `load_spec`).
 
     The old manifest is removed first, the selections are written next and the manifest last, so a directory
     with `mix.json` is complete: an interrupted rebuild leaves no manifest rather than the old one describing
     new selections (`load_mix` also checks each selection against its recorded sha256).
     """
+    if isinstance(spec, str):
+        spec = load_spec(spec)
     if is_remote(destination):
         raise DataError(f"{destination}: write the mix to a local directory (copy it to remote storage after)")
     dest = Path(destination)

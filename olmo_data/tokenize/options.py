@@ -140,6 +140,13 @@ class TokenizeSummary:
             after = "all shards done: manifest.json written"
         return f"shard {self.shard} ({_count(self.inputs, 'input')}): {line}; {after}"
 
+    def merge_line(self) -> str:
+        """What `merge_shards` did, in one line."""
+        return (
+            f"merged {self.inputs} inputs: {self.documents:,} documents, {self.tokens:,} tokens ({self.dtype}, "
+            f"{self.files} files); manifest.json written"
+        )
+
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
