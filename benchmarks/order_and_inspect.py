@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from synthetic_data import write_document_metadata, write_manifest  # noqa: E402
 
-from olmo_data.inspect import DocIndex, inspect_batch  # noqa: E402
+from olmo_data.doc_index import DocIndex  # noqa: E402
+from olmo_data.inspect import inspect_batch  # noqa: E402
 from olmo_data.instances import open_from_config  # noqa: E402
 from olmo_data.order import build_config_orders, build_order, write_order  # noqa: E402
 

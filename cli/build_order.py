@@ -26,9 +26,7 @@ def build_order(config: str, epochs: int, first_epoch: int, destination: str | N
     Examples:
       olmo-data build-order configs/tiny.yaml --epochs 2
     """
-    from olmo_data.inspect import read_train_config
     from olmo_data.order import build_config_orders
 
-    cfg = read_train_config(config)
-    for summary in build_config_orders(cfg, epochs=epochs, first_epoch=first_epoch, location=destination):
+    for summary in build_config_orders(config, epochs=epochs, first_epoch=first_epoch, location=destination):
         click.echo(summary.line())

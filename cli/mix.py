@@ -23,8 +23,8 @@ def mix(spec: str, destination: str) -> None:
     Examples:
       olmo-data mix configs/mix_example.yaml --destination runs/mix
     """
-    from olmo_data.mixture import build_mix, load_spec, mix_report
+    from olmo_data.mixture import build_mix, mix_report
 
-    manifest = build_mix(load_spec(spec), destination)
+    manifest = build_mix(spec, destination)
     click.echo(mix_report(manifest))
     click.echo(f"wrote {destination.rstrip('/')}/mix.json")

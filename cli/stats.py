@@ -39,34 +39,15 @@ def stats(
       olmo-data stats configs/tiny.yaml
       olmo-data stats runs/demo/tokens --sequence-length 128 --global-batch-size 16
     """
-    from olmo_data.errors import DataError
-    from olmo_data.instances import open_dataset, open_from_config
-    from olmo_data.stats import dataset_stats, format_stats
+    from olmo_data.stats import format_stats, stats_for
 
-    configs = [p for p in paths if p.endswith((".yaml", ".yml"))]
-    if configs and len(paths) > 1:
-        raise DataError(f"give one training CONFIG or token files/directories, not both: {' '.join(paths)}")
-    config = configs[0] if configs else None
-    if config is not None:
-        from olmo_data.inspect import read_train_config
-
-        cfg = read_train_config(config)
-        if sequence_length is not None:
-            cfg["model"]["max_sequence_length"] = sequence_length
-        source = open_from_config(cfg)
-        global_batch_size = global_batch_size or int(cfg["global_train_batch_size"])
-        duration = duration or cfg.get("max_duration")
-    else:
-        if sequence_length is None and mix is not None and not paths:
-            from olmo_data.mixture import read_mix_manifest
-
-            sequence_length = int(read_mix_manifest(mix)[0]["sequence_length"])  # the mix was cut at it
-        if sequence_length is None:
-            raise DataError("--sequence-length is required without a CONFIG (instances are cut at that length)")
-        if bool(paths) == bool(mix):
-            raise DataError("give token files/directories as PATHS, or --mix DIR, or a training CONFIG")
-        source = open_dataset(list(paths) or None, sequence_length=sequence_length, mix=mix, dtype=dtype)
-    result = dataset_stats(
-        source, global_batch_size=global_batch_size, duration=duration, document_lengths=not no_lengths
+    result = stats_for(
+        paths,
+        mix=mix,
+        sequence_length=sequence_length,
+        global_batch_size=global_batch_size,
+        duration=duration,
+        dtype=dtype,
+        document_lengths=not no_lengths,
     )
     click.echo(json.dumps(result.to_json()) if as_json else format_stats(result))

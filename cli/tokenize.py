@@ -107,11 +107,7 @@ def tokenize(
     if merge:
         if shard is not None:
             raise click.UsageError("--merge runs once, after all shards: leave out --shard")
-        s = merge_shards(documents, destination, options)
-        click.echo(
-            f"merged {s.inputs} inputs: {s.documents:,} documents, {s.tokens:,} tokens ({s.dtype}, {s.files} files); "
-            f"manifest.json written"
-        )
+        click.echo(merge_shards(documents, destination, options).merge_line())
         return
     if shard is None and (shard := Shard.from_slurm_array(os.environ)) is not None:
         click.echo(f"shard {shard} (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)", err=True)

@@ -53,49 +53,20 @@ def trace(
       olmo-data trace configs/tiny.yaml --source '*/json/*' --steps 1..50 --world-size 2 --json
       olmo-data trace configs/tiny.yaml --text "def __init__(self" --processes 2
     """
-    from pathlib import Path
+    from olmo_data.trace import format_trace, trace_run
 
-    from olmo_data.errors import DataError
-    from olmo_data.trace import find_documents, find_tokens, format_trace, open_run
-    from olmo_data.trace import trace as run_trace
-
-    ids = list(document_ids)
-    if document_list is not None:
-        try:
-            ids += [x.strip() for x in Path(document_list).read_text().splitlines() if x.strip()]
-        except OSError as e:
-            raise DataError(f"{document_list}: cannot read the id list ({e.strerror})") from e
-    searches = (text is not None) + (tokens is not None)
-    if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
-        raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
-    cfg, source = open_run(config)
-    scan = None
-    if text is not None or tokens is not None:
-        if tokens is not None:
-            try:
-                sequence = [int(x) for x in tokens.replace(" ", "").split(",") if x]
-            except ValueError as e:
-                raise DataError(f"--tokens {tokens!r}: expected token ids separated by commas") from e
-            name = tokens
-        else:
-            from olmo_data.inspect import data_tokenizer
-
-            sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
-        targets, scan = find_tokens(source, sequence, name=name, processes=processes, progress=progress)
-    else:
-        targets = find_documents(source, ids, source_glob)
-    report = run_trace(cfg, targets, source=source, steps=_steps(steps), world_size=world_size, order=order)
-    report.scan = scan
+    report = trace_run(
+        config,
+        document_ids=document_ids,
+        document_list=document_list,
+        source_glob=source_glob,
+        text=text,
+        tokens=tokens,
+        tokenizer=tokenizer,
+        steps=steps,
+        world_size=world_size,
+        order=order,
+        processes=processes,
+        progress=progress,
+    )
     click.echo(json.dumps(report.to_json()) if as_json else format_trace(report))
-
-
-def _steps(value: str | None) -> tuple[int, int] | None:
-    from olmo_data.errors import DataError
-
-    if value is None:
-        return None
-    a, sep, b = value.partition("..")
-    try:
-        return (int(a), int(b)) if sep else (int(a), int(a))
-    except ValueError as e:
-        raise DataError(f"--steps {value!r}: expected A..B (1-based steps, inclusive) or one step N") from e

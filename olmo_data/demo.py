@@ -12,6 +12,7 @@ import os
 import sysconfig
 from pathlib import Path
 
+from olmo_data.documents import read_documents
 from olmo_data.io import atomic_path
 
 DEMO_SPECIAL_TOKENS = ["<|endoftext|>", "<|padding|>"]  # ids 0 and 1, as in GPT-NeoX-20B / OLMo-1
@@ -90,8 +91,6 @@ def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], 
     handling as real OLMo tokenizers.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from olmo_data.documents import read_documents
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -8,9 +8,10 @@ tokens are one positioned read (`os.pread`, local files) or one ranged read (htt
 costs the same whatever the dataset size. A batch's remote ranges are handed to `olmo_data.remote` together, which
 fetches them concurrently, merged where they neighbour, with retries.
 
-A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per source, the token
-files and the selected instance ids within them; the mixed dataset's instances are those selections, source
-after source.
+The token files come from `olmo_data.token_files` (directories expanded through their manifests, every file
+sized and checked). A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per
+source, the token files and the selected instance ids within them; the mixed dataset's instances are those
+selections, source after source.
 """
 
 from __future__ import annotations
@@ -26,26 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from olmo_data.errors import DataError
-from olmo_data.io import file_size, is_remote
-from olmo_data.manifest import DTYPES, agreed_dtype, read_manifest
+from olmo_data.io import is_remote
+from olmo_data.manifest import DTYPES
+from olmo_data.mixture import load_mix
 from olmo_data.remote import remote_reader
+from olmo_data.token_files import TokenFile, token_files
 
 LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
-
-
-@dataclass(frozen=True)
-class TokenFile:
-    """One token file of the index: where it is, how to read it, and how many tokens it holds."""
-
-    path: str
-    dtype: str
-    num_tokens: int
-    label_mask_path: str | None = None
-    metadata_path: str | None = None  # the tokenize metadata (.csv.gz) its manifest names, if any
-
-    @property
-    def itemsize(self) -> int:
-        return int(np.dtype(DTYPES[self.dtype]).itemsize)
 
 
 @dataclass(frozen=True)
@@ -58,89 +46,6 @@ class InstanceLocation:
     path: str
     token_offset: int
     source: str | None  # the mixture source name, None without a mix
-
-
-@dataclass
-class _Entry:
-    """A token file named by data.paths, before it is sized, with what its directory's manifest says of it."""
-
-    path: str
-    dtype: str
-    tokens: int | None = None
-    label_mask: str | None = None
-    metadata: str | None = None
-    instance_length: int | None = None  # a chat directory's instances are whole examples of this length
-
-
-class Manifests:
-    """Manifests by directory, each read once: a config may list thousands of files of one directory."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, dict[str, Any] | None] = {}
-
-    def get(self, directory: str) -> dict[str, Any] | None:
-        if directory not in self._cache:
-            self._cache[directory] = read_manifest(directory)
-        return self._cache[directory]
-
-    def of_file(self, path: str) -> tuple[str, dict[str, Any]]:
-        """The directory of token file `path`, and its manifest ({} when it has none)."""
-        directory = path.rpartition("/")[0] or "."
-        return directory, self.get(directory) or {}
-
-
-def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
-    """Token files (with what their manifest says) for each path or directory of data.paths, in order."""
-    out: list[_Entry] = []
-    manifests = Manifests()
-    for raw in paths:
-        path = str(raw)
-        path = path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
-        is_dir = path.endswith("/") or (not is_remote(path) and os.path.isdir(path))
-        maybe_dir = is_dir or (is_remote(path) and not path.endswith(".npy"))
-        manifest = manifests.get(path.rstrip("/")) if maybe_dir else None
-        if manifest is None and is_dir:
-            raise DataError(
-                f"{path}: a directory without manifest.json; list its token files in data.paths "
-                "or re-run `olmo-data tokenize` to write one"
-            )
-        if manifest is not None:
-            recorded = agreed_dtype(path, dtype, str(manifest["dtype"]))
-            base = path.rstrip("/")
-            length = manifest.get("sequence_length")
-            for e in manifest.get("files", []):
-                out.append(_entry(base, e, recorded))
-                out[-1].instance_length = int(length) if length else None
-            continue
-        if not is_remote(path) and not os.path.exists(path):
-            raise DataError(f"{path}: token file not found; check data.paths")
-        directory, _, name = path.rpartition("/")
-        manifest = manifests.get(directory or ".")
-        listed = {e["path"]: e for e in (manifest or {}).get("files", [])}
-        if manifest is None or (listed and name not in listed):
-            out.append(_Entry(path, _plain_dtype(path, dtype)))
-            continue
-        recorded = agreed_dtype(path, dtype, str(manifest["dtype"]))
-        out.append(_entry(directory, listed[name], recorded) if name in listed else _Entry(path, recorded))
-    return out
-
-
-def _plain_dtype(path: str, dtype: str | None) -> str:
-    """The dtype of a token file that no manifest describes: as requested, else OLMo's default uint16."""
-    if dtype is not None and dtype not in DTYPES:
-        raise DataError(f"{path}: unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}")
-    return dtype or "uint16"
-
-
-def _entry(base: str, e: dict[str, Any], dtype: str) -> _Entry:
-    tokens = e.get("tokens")
-    return _Entry(
-        f"{base}/{e['path']}",
-        dtype,
-        int(tokens) if tokens is not None else None,
-        f"{base}/{e['label_mask']}" if e.get("label_mask") else None,
-        f"{base}/{e['metadata']}" if e.get("metadata") else None,
-    )
 
 
 class InstanceSource:
@@ -362,77 +267,6 @@ def read_arrays(reads: Sequence[tuple[str, Any, int, int]]) -> list[np.ndarray]:
     return out  # type: ignore[return-value]
 
 
-def _token_file(path: str, dtype: str, tokens: int | None, mask: str | None, metadata: str | None = None) -> TokenFile:
-    """Size a token file (the manifest's count, checked against the file when local) and its label mask."""
-    itemsize = int(np.dtype(DTYPES[dtype]).itemsize)
-    if tokens is None or not is_remote(path):
-        try:
-            size = file_size(path)
-        except (OSError, DataError) as e:
-            raise DataError(f"{path}: cannot read the token file's size ({e}); check data.paths") from e
-        if size % itemsize:
-            raise DataError(
-                f"{path}: {size} bytes is not a whole number of {dtype} tokens; the file is truncated or its "
-                "dtype is wrong (set data.dtype, or re-run tokenize)"
-            )
-        if tokens is not None and tokens != size // itemsize:
-            raise DataError(
-                f"{path}: the manifest says {tokens} tokens but the file holds {size // itemsize}; "
-                "the directory changed after tokenizing; re-run tokenize"
-            )
-        tokens = size // itemsize
-    if mask is not None:
-        try:
-            mask_size = file_size(mask)
-        except (OSError, DataError) as e:
-            raise DataError(f"{mask}: cannot read the label mask file ({e}); check data.label_mask_paths") from e
-        if mask_size != tokens:
-            raise DataError(
-                f"{mask}: the label mask has {mask_size} entries but its token file {path} has {tokens} "
-                "tokens; data.label_mask_paths must list one mask per token file, in the same order"
-            )
-    return TokenFile(path=path, dtype=dtype, num_tokens=int(tokens), label_mask_path=mask, metadata_path=metadata)
-
-
-def _files_for(
-    paths: Sequence[str],
-    label_mask_paths: Sequence[str] | None,
-    dtype: str | None,
-    sequence_length: int | None = None,
-) -> list[TokenFile]:
-    if isinstance(paths, str):
-        paths = [paths]
-    expanded = _expand_paths(paths, dtype)
-    if not expanded:
-        raise DataError("no token files: data.paths is empty (or its directories' manifests list no files)")
-    for entry in expanded:
-        if sequence_length is not None and entry.instance_length not in (None, sequence_length):
-            raise DataError(
-                f"{entry.path}: this chat data was prepared as instances of {entry.instance_length} tokens, but "
-                f"the sequence length is {sequence_length}; set model.max_sequence_length to "
-                f"{entry.instance_length}, or re-run prepare-tulu with --sequence-length {sequence_length}"
-            )
-    if label_mask_paths:
-        masks = [str(m) for m in ([label_mask_paths] if isinstance(label_mask_paths, str) else label_mask_paths)]
-        if len(masks) != len(expanded):
-            raise DataError(
-                f"data.label_mask_paths lists {len(masks)} files but data.paths expands to {len(expanded)} "
-                "token files; give exactly one label mask per token file, in the same order"
-            )
-        for entry, m in zip(expanded, masks, strict=True):
-            entry.label_mask = m if is_remote(m) else os.path.abspath(os.path.expanduser(m))
-
-    def size(e: _Entry) -> TokenFile:
-        return _token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
-
-    if sum(is_remote(e.path) and (e.tokens is None or bool(e.label_mask)) for e in expanded) > 1:  # HEADs: overlap
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            return list(pool.map(size, expanded))
-    return [size(e) for e in expanded]
-
-
 def open_dataset(
     paths: Sequence[str] | None = None,
     *,
@@ -450,11 +284,22 @@ def open_dataset(
     if (paths is None) == (mix is None):
         raise DataError("give either data.paths (token files or directories) or data.mix (a mix manifest), not both")
     if mix is not None:
-        from olmo_data.mixture import open_mix
-
         return open_mix(mix, sequence_length=sequence_length, dtype=dtype)
     assert paths is not None
-    return InstanceSource(_files_for(paths, label_mask_paths, dtype, sequence_length), sequence_length)
+    return InstanceSource(token_files(paths, label_mask_paths, dtype, sequence_length), sequence_length)
+
+
+def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> InstanceSource:
+    """The instance index of a mix (see `open_dataset(mix=...)`): its checked selections, source after source."""
+    mix = load_mix(path, sequence_length=sequence_length, dtype=dtype)
+    return InstanceSource(
+        mix.files,
+        sequence_length,
+        mix=mix.identity,
+        mix_selections=mix.selections,
+        mix_file_ranges=mix.file_ranges,
+        mix_path=mix.manifest_path,
+    )
 
 
 def open_from_config(config: dict[str, Any], *, base_dir: str | None = None) -> InstanceSource:

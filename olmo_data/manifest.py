@@ -132,3 +132,20 @@ def resolve_dtype(token_path: str, requested: str | None) -> str:
     if requested is not None and requested not in DTYPES:
         raise DataError(f"{token_path}: unknown dtype {requested!r}; expected one of {sorted(DTYPES)}")
     return requested or "uint16"
+
+
+class Manifests:
+    """Manifests by directory, each read once: a config may list thousands of files of one directory."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, dict[str, Any] | None] = {}
+
+    def get(self, directory: str) -> dict[str, Any] | None:
+        if directory not in self._cache:
+            self._cache[directory] = read_manifest(directory)
+        return self._cache[directory]
+
+    def of_file(self, path: str) -> tuple[str, dict[str, Any]]:
+        """The directory of token file `path`, and its manifest ({} when it has none)."""
+        directory = path.rpartition("/")[0] or "."
+        return directory, self.get(directory) or {}

@@ -8,8 +8,9 @@ given the seed, and the random stream of a source depends on the seed and its po
 
 `olmo-data mix SPEC --destination DIR` writes `DIR/mix.json` (the mix manifest) and, per source, its selected
 instance ids as `DIR/<source>.ids.npy` (sorted int64, a standard .npy so it memory-maps). The instance index,
-the trainer and `inspect-batch` all open a mix through `open_dataset(mix=DIR)`; the mixed dataset's instances
-are the selections, source after source, so a data order over it works exactly as over plain token files.
+the trainer and `inspect-batch` all open a mix through `olmo_data.instances.open_dataset(mix=DIR)`, which reads it
+back with `load_mix`; the mixed dataset's instances are the selections, source after source, so a data order
+over it works exactly as over plain token files.
 
 Spec keys:
   seed:            int (default 0)
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -35,8 +37,8 @@ import numpy as np
 
 from olmo_data import __version__
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, TokenFile, _files_for, _token_file
 from olmo_data.io import atomic_path, is_remote, read_yaml, sha256_file, write_json_atomic
+from olmo_data.token_files import TokenFile, token_file, token_files
 
 MIX_FORMAT = "olmo-data.mix"
 MIX_VERSION = 1
@@ -180,13 +182,16 @@ def _targets(spec: MixSpec, available: list[int]) -> list[int]:
     return targets
 
 
-def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
-    """Select each source's instances and write the mix manifest and selections; return the manifest.
+def build_mix(spec: MixSpec | str, destination: str) -> dict[str, Any]:
+    """Select each source's instances and write the mix manifest and selections; return the manifest. `spec` is a
+    checked `MixSpec`, or the path of a YAML spec (read with `load_spec`).
 
     The old manifest is removed first, the selections are written next and the manifest last, so a directory
     with `mix.json` is complete: an interrupted rebuild leaves no manifest rather than the old one describing
-    new selections (`open_mix` also checks each selection against its recorded sha256).
+    new selections (`load_mix` also checks each selection against its recorded sha256).
     """
+    if isinstance(spec, str):
+        spec = load_spec(spec)
     if is_remote(destination):
         raise DataError(f"{destination}: write the mix to a local directory (copy it to remote storage after)")
     dest = Path(destination)
@@ -195,7 +200,7 @@ def build_mix(spec: MixSpec, destination: str) -> dict[str, Any]:
     available: list[int] = []
     for s in spec.sources:
         try:
-            files = _files_for(s.paths, s.label_mask_paths, spec.dtype, spec.sequence_length)
+            files = token_files(s.paths, s.label_mask_paths, spec.dtype, spec.sequence_length)
         except DataError as e:
             raise DataError(f"source {s.name}: {e}") from e
         n = sum(f.num_tokens // L for f in files)
@@ -286,8 +291,6 @@ def mix_report(manifest: dict[str, Any]) -> str:
 
 def read_mix_manifest(path: str) -> tuple[dict[str, Any], str]:
     """(manifest, directory) of a mix given its directory or its mix.json."""
-    import json
-
     path = os.path.expanduser(str(path))
     if is_remote(path):
         raise DataError(f"{path}: mix manifests are read from local disk; copy the mix directory here first")
@@ -312,8 +315,21 @@ def _selection_sha256(path: str, size: int, mtime_ns: int) -> str:
     return sha256_file(path)
 
 
-def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> InstanceSource:
-    """The instance index of a mix (see `open_dataset(mix=...)`)."""
+@dataclass(frozen=True)
+class LoadedMix:
+    """A mix read back and checked, as the instance index needs it (`olmo_data.instances.open_mix`)."""
+
+    files: list[TokenFile]  # every source's token files, source after source
+    selections: list[np.ndarray]  # per source: its selected instance ids within its files (sorted, memory-mapped)
+    file_ranges: list[tuple[int, int]]  # per source: its files, [lo, hi) in `files`
+    identity: dict[str, Any]  # what the data fingerprint covers: the seed and each selection's sha256
+    manifest_path: str
+
+
+def load_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> LoadedMix:
+    """A mix's token files and selections, checked against its manifest: the sequence length it was cut at, the
+    dtypes, and each selection's sha256, length and range (so a rebuilt or changed source is refused, not misread).
+    """
     manifest, directory = read_mix_manifest(path)
     file = os.path.join(directory, MIX_MANIFEST)
     if int(manifest["sequence_length"]) != int(sequence_length):
@@ -334,7 +350,7 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
                     f"{f['path']}: dtype {dtype} was requested but the mix manifest {file} says "
                     f"{f['dtype']}; drop data.dtype or fix it to {f['dtype']}"
                 )
-            files.append(_token_file(f["path"], f["dtype"], int(f["tokens"]), f.get("label_mask"), f.get("metadata")))
+            files.append(token_file(f["path"], f["dtype"], int(f["tokens"]), f.get("label_mask"), f.get("metadata")))
         ranges.append((lo, len(files)))
         sel_path = os.path.join(directory, s["selection"])
         try:
@@ -367,6 +383,4 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
         "seed": manifest["seed"],
         "sources": [{"name": s["name"], "selection_sha256": s["selection_sha256"]} for s in manifest["sources"]],
     }
-    return InstanceSource(
-        files, sequence_length, mix=identity, mix_selections=selections, mix_file_ranges=ranges, mix_path=file
-    )
+    return LoadedMix(files, selections, ranges, identity, file)

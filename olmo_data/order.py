@@ -27,17 +27,17 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from olmo_data import __version__
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, file_size, is_remote, read_bytes, write_json_atomic
+from olmo_data.instances import InstanceSource, open_from_config
+from olmo_data.io import atomic_path, default_cache_dir, file_size, is_remote, read_bytes, write_json_atomic
+from olmo_data.manifest import is_not_found_error
 from olmo_data.remote import remote_reader
-
-if TYPE_CHECKING:
-    from olmo_data.instances import InstanceSource
+from olmo_data.train_config import read_train_config
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,6 @@ def read_order_info(order_path: str) -> dict[str, Any] | None:
             st = os.stat(path)
             info = _read_local_json(path, st.st_mtime_ns, st.st_size)
     except DataError as e:
-        from olmo_data.manifest import is_not_found_error
-
         if is_remote(path) and is_not_found_error(e):
             return None
         raise  # a network failure must not pass for "no side file": that would skip every check
@@ -270,8 +268,6 @@ def load_order(
     local = path
     if is_remote(path):
         from cached_path import cached_path
-
-        from olmo_data.io import default_cache_dir
 
         try:
             local = str(cached_path(path, cache_dir=os.path.join(default_cache_dir(), "orders")))
@@ -477,6 +473,12 @@ def global_batch_indices(
         raise
 
 
+def order_location(config: dict[str, Any]) -> str:
+    """`data.order_path` if the config sets one, else `save_folder/train_data`, where the trainer puts it."""
+    explicit = (config.get("data") or {}).get("order_path")
+    return str(explicit) if explicit else default_order_location(str(config["save_folder"]))
+
+
 def default_order_location(save_folder: str) -> str:
     """`save_folder/train_data`, where the trainer keeps its orders (OLMo's place for them)."""
     return f"{str(save_folder).rstrip('/')}/{TRAIN_DATA_DIR}"
@@ -506,9 +508,10 @@ class OrderSummary:
 
 
 def build_config_orders(
-    config: dict[str, Any], *, epochs: int = 1, first_epoch: int = 0, location: str | None = None
+    config: str | dict[str, Any], *, epochs: int = 1, first_epoch: int = 0, location: str | None = None
 ) -> list[OrderSummary]:
-    """Build (or check) the orders of epochs first_epoch .. first_epoch+epochs-1 for a training config.
+    """Build (or check) the orders of epochs first_epoch .. first_epoch+epochs-1 for a training config (its path,
+    or the dict `read_train_config` gives).
 
     `location` overrides `data.order_path` / `save_folder/train_data`. The data, seed and global batch size
     come from the config exactly as the trainer reads them, so the trainer then finds and accepts these
@@ -516,13 +519,12 @@ def build_config_orders(
     """
     import time
 
-    from olmo_data.instances import open_from_config
-
+    if isinstance(config, str):
+        config = read_train_config(config)
     if epochs < 1 or first_epoch < 0:
         raise DataError(f"--epochs must be >= 1 and --first-epoch >= 0, got {epochs} and {first_epoch}")
     source = open_from_config(config)
-    explicit = (config.get("data") or {}).get("order_path")
-    where = location or (str(explicit) if explicit else default_order_location(str(config["save_folder"])))
+    where = location or order_location(config)
     gbs = int(config["global_train_batch_size"])
     n = len(source)
     per_epoch = batches_per_epoch(n, gbs)

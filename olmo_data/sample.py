@@ -17,7 +17,7 @@ from typing import Any
 
 from olmo_data.documents import BadDocuments, file_format, read_documents
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, expand_patterns, gzip_writer
+from olmo_data.io import atomic_path, expand_patterns, gzip_writer, open_file
 
 _HASH_SPACE = 2**64
 
@@ -140,8 +140,6 @@ def _sample_parquet(
     """Keep whole rows (every column) of a parquet file whose document passes `keep`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from olmo_data.io import open_file
 
     keep_rows = [
         doc.line - 1

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import math
 import os
-import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from olmo_data.doc_index import DocIndex
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource
+from olmo_data.instances import InstanceSource, open_dataset, open_from_config
+from olmo_data.mixture import read_mix_manifest
+from olmo_data.order import batches_per_epoch
+from olmo_data.train_config import duration_steps, read_train_config
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
@@ -65,36 +69,6 @@ class DatasetStats:
         return asdict(self)
 
 
-def parse_duration(value: int | str) -> tuple[float, str]:
-    """OLMo's max_duration: an int of steps, `...T` tokens or `...ep` epochs -> (amount, unit)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise DataError(f"duration {value!r}: must be positive")
-        return float(value), "steps"
-    text = str(value).strip()
-    m = re.fullmatch(r"([0-9.eE+_]+)\s*(T|ep)?", text)
-    if not m:
-        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)")
-    try:
-        amount = float(m.group(1).replace("_", ""))
-    except ValueError as e:
-        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
-    if not amount > 0:
-        raise DataError(f"duration {value!r}: must be positive")
-    return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
-
-
-def duration_steps(duration: int | str, *, global_batch_size: int, sequence_length: int, batches_per_epoch: int) -> int:
-    """Training steps of an OLMo max_duration, as the trainer counts them: steps as given, tokens rounded up to
-    whole steps, epochs as full batches (at least one step)."""
-    amount, unit = parse_duration(duration)
-    if unit == "tokens":
-        return math.ceil(amount / (global_batch_size * sequence_length))
-    if unit == "epochs":
-        return max(1, round(amount * batches_per_epoch))
-    return int(amount)
-
-
 def _source_name(source: InstanceSource, file_index: int) -> str:
     name = source.source_of_file(file_index)
     return name if name is not None else os.path.dirname(source.files[file_index].path) or "."
@@ -110,8 +84,6 @@ def dataset_stats(
 ) -> DatasetStats:
     """Tokens, documents and instances per file and source; document lengths; epochs for a batch size and
     a duration (OLMo's max_duration: steps, tokens or epochs)."""
-    from olmo_data.inspect import DocIndex
-
     L = source.sequence_length
     docs = DocIndex(cache_dir) if document_lengths else None
     files: list[FileStats] = []
@@ -163,8 +135,6 @@ def dataset_stats(
             counts, _ = np.histogram(all_lengths, bins=edges)
             out.length_histogram = [(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts) if c]
     if global_batch_size is not None:
-        from olmo_data.order import batches_per_epoch
-
         per_epoch = batches_per_epoch(total, global_batch_size)
         out.global_batch_size = global_batch_size
         out.batches_per_epoch = per_epoch
@@ -177,6 +147,46 @@ def dataset_stats(
             out.steps = steps
             out.epochs = steps / per_epoch if per_epoch else math.inf
     return out
+
+
+def stats_for(
+    paths: Sequence[str],
+    *,
+    mix: str | None = None,
+    sequence_length: int | None = None,
+    global_batch_size: int | None = None,
+    duration: int | str | None = None,
+    dtype: str | None = None,
+    document_lengths: bool = True,
+) -> DatasetStats:
+    """`dataset_stats` of token files/directories `paths`, of a `mix`, or of the data of a training config (a
+    `.yaml` path, alone in `paths`), as `olmo-data stats` takes them.
+
+    A config gives the data, sequence length, batch size and duration, and the arguments override them; a mix
+    gives its sequence length (it was cut at it). Without either, `sequence_length` is required.
+    """
+    configs = [p for p in paths if p.endswith((".yaml", ".yml"))]
+    if configs and len(paths) > 1:
+        raise DataError(f"give one training CONFIG or token files/directories, not both: {' '.join(paths)}")
+    config = configs[0] if configs else None
+    if config is not None:
+        cfg = read_train_config(config)
+        if sequence_length is not None:
+            cfg["model"]["max_sequence_length"] = sequence_length
+        source = open_from_config(cfg)
+        global_batch_size = global_batch_size or int(cfg["global_train_batch_size"])
+        duration = duration or cfg.get("max_duration")
+    else:
+        if sequence_length is None and mix is not None and not paths:
+            sequence_length = int(read_mix_manifest(mix)[0]["sequence_length"])  # the mix was cut at it
+        if sequence_length is None:
+            raise DataError("--sequence-length is required without a CONFIG (instances are cut at that length)")
+        if bool(paths) == bool(mix):
+            raise DataError("give token files/directories as PATHS, or --mix DIR, or a training CONFIG")
+        source = open_dataset(list(paths) or None, sequence_length=sequence_length, mix=mix, dtype=dtype)
+    return dataset_stats(
+        source, global_batch_size=global_batch_size, duration=duration, document_lengths=document_lengths
+    )
 
 
 def format_stats(stats: DatasetStats) -> str:

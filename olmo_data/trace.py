@@ -22,15 +22,19 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from olmo_data.doc_index import DocIndex
 from olmo_data.errors import DataError
-from olmo_data.inspect import DocIndex, order_location, read_train_config
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
-from olmo_data.order import batches_per_epoch, build_order, load_order, order_path_for_epoch
+from olmo_data.manifest import DTYPES
+from olmo_data.order import batches_per_epoch, build_order, load_order, order_location, order_path_for_epoch
+from olmo_data.tokenizer import data_tokenizer
+from olmo_data.train_config import duration_steps, read_train_config
 
 SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
 
@@ -192,8 +196,6 @@ def find_tokens(
 
 def _scan_chunk(task: tuple[str, str, int, int, np.ndarray]) -> tuple[str, int, list[int]]:
     """Start offsets of `seq` that begin in tokens [lo, hi) of one token file."""
-    from olmo_data.manifest import DTYPES
-
     path, dtype, lo, hi, seq = task
     tokens = np.memmap(path, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<"), mode="r")
     window = np.asarray(tokens[lo : min(hi + len(seq) - 1, len(tokens))])
@@ -208,8 +210,6 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray]) -> tuple[str, int, 
 
 def run_steps(cfg: dict[str, Any], source: InstanceSource) -> int:
     """How many steps the config's run trains (its max_duration)."""
-    from olmo_data.stats import duration_steps
-
     gbs = int(cfg["global_train_batch_size"])
     if cfg.get("max_duration") is None:
         raise DataError("the config has no max_duration; give the steps to look at with --steps A..B")
@@ -333,6 +333,68 @@ def _hit(
 def open_run(config: str) -> tuple[dict[str, Any], InstanceSource]:
     cfg = read_train_config(config)
     return cfg, open_from_config(cfg)
+
+
+def trace_run(
+    config: str,
+    *,
+    document_ids: Sequence[str] = (),
+    document_list: str | None = None,
+    source_glob: str | None = None,
+    text: str | None = None,
+    tokens: str | None = None,
+    tokenizer: str | None = None,
+    steps: str | None = None,
+    world_size: int | None = None,
+    order: str | None = None,
+    processes: int = 1,
+    progress: bool | None = None,
+) -> TraceReport:
+    """`trace` with the targets named as `olmo-data trace` takes them: documents by id (`document_ids`, and a
+    `document_list` file of ids, one per line), every document of source files matching `source_glob`, or one
+    passage, as `text` (encoded with the data's own tokenizer, or `tokenizer`, checked against the manifest) or as
+    `tokens` ("ID,ID,..."). `steps` is "A..B" (1-based, inclusive) or one step "N"; default the whole run."""
+    ids = list(document_ids)
+    if document_list is not None:
+        try:
+            ids += [x.strip() for x in Path(document_list).read_text().splitlines() if x.strip()]
+        except OSError as e:
+            raise DataError(f"{document_list}: cannot read the id list ({e.strerror})") from e
+    searches = (text is not None) + (tokens is not None)
+    if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
+        raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
+    cfg, source = open_run(config)
+    scan = None
+    if text is not None or tokens is not None:
+        if tokens is not None:
+            sequence, name = parse_token_ids(tokens), tokens
+        else:
+            sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
+        targets, scan = find_tokens(source, sequence, name=name, processes=processes, progress=progress)
+    else:
+        targets = find_documents(source, ids, source_glob)
+    report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
+    report.scan = scan
+    return report
+
+
+def parse_token_ids(value: str) -> list[int]:
+    """`--tokens`: token ids separated by commas (spaces allowed)."""
+    try:
+        return [int(x) for x in value.replace(" ", "").split(",") if x]
+    except ValueError as e:
+        raise DataError(f"--tokens {value!r}: expected token ids separated by commas") from e
+
+
+def parse_steps(value: str | None) -> tuple[int, int] | None:
+    """`--steps`: "A..B" (1-based steps, inclusive) or one step "N"; None (the whole run) when not given."""
+    if value is None:
+        return None
+    a, sep, b = value.partition("..")
+    try:
+        return (int(a), int(b)) if sep else (int(a), int(a))
+    except ValueError as e:
+        raise DataError(f"--steps {value!r}: expected A..B (1-based steps, inclusive) or one step N") from e
 
 
 def format_trace(report: TraceReport, *, max_targets: int = 20) -> str:

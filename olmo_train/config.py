@@ -550,9 +550,9 @@ def _get_dotted(cfg: Any, dotted: str) -> Any:
 def parse_duration(value: int | str) -> tuple[float, str]:
     """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs").
 
-    The same rule as `olmo-data stats --duration` (one parser, in olmo_data.stats), with the config key named.
+    The same rule as `olmo-data stats --duration` (one parser, in olmo_data.train_config), with the config key named.
     """
-    from olmo_data.stats import parse_duration as parse
+    from olmo_data.train_config import parse_duration as parse
 
     try:
         return parse(value)

@@ -13,9 +13,10 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.doc_index import DocIndex
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.inspect import DocIndex, format_report, inspect_batch
+from olmo_data.inspect import format_report, inspect_batch
 from olmo_data.instances import open_from_config
 from olmo_data.order import build_config_orders
 from olmo_data.remote import RemoteReader
@@ -434,7 +435,7 @@ def test_inspect_over_http_matches_local(tmp_path: Path, tokens_dir: str, fresh_
 
 
 def test_config_errors(tmp_path: Path) -> None:
-    from olmo_data.inspect import read_train_config
+    from olmo_data.train_config import read_train_config
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("global_train_batch_size: many\n")

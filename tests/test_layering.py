@@ -5,6 +5,7 @@ checkpoint, and no private name imported from another module."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -257,3 +258,13 @@ def test_each_package_states_its_api(package: str) -> None:
         cwd=ROOT,
     )
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """pyproject.toml lists the packages by name: a new subpackage missing there works in an editable install and
+    is absent from a wheel."""
+    block = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S)
+    assert block, "pyproject.toml: no packages = [...] list"
+    listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
+    folders = {m for m in MODULES if MODULES[m].name == "__init__.py"}
+    assert folders == listed, (sorted(folders - listed), sorted(listed - folders))

@@ -12,8 +12,9 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.doc_index import DocIndex
 from olmo_data.errors import DataError
-from olmo_data.inspect import DocIndex, inspect_batch
+from olmo_data.inspect import inspect_batch
 from olmo_data.instances import open_dataset
 from olmo_data.mixture import build_mix, parse_spec, select_instances
 from olmo_data.order import build_config_orders

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from olmo_data.inspect import DocIndex, inspect_batch
+from olmo_data.doc_index import DocIndex
+from olmo_data.inspect import inspect_batch
 from olmo_data.order import build_config_orders
 from olmo_data.tokenize import TokenizeOptions, tokenize
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from olmo_data.doc_index import DocIndex
 from olmo_data.errors import DataError
-from olmo_data.inspect import DocIndex, inspect_batch
+from olmo_data.inspect import inspect_batch
 from olmo_data.instances import open_dataset
 from olmo_data.io import local_copy
 from olmo_data.order import build_config_orders

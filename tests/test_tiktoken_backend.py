@@ -21,8 +21,9 @@ import pytest
 
 from olmo_data.documents import read_documents
 from olmo_data.errors import DataError
-from olmo_data.tiktoken_backend import byte_level_alphabet, load_tiktoken_file, try_tiktoken
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
+from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file, try_tiktoken
+from olmo_data.tokenizer.tiktoken_plan import byte_level_alphabet
 from tests.conftest import SHARED_TOKENIZERS, shared_tokenizer
 
 SHARED = ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"]
@@ -225,7 +226,7 @@ def _rank_order_trap(tmp_path: Path) -> str:
 def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _rank_order_trap(tmp_path)
     assert load_tokenizer(path, "hf").encode("return") == [256, ord("t"), ord("u"), ord("r"), ord("n")]
-    with caplog.at_level(logging.WARNING, logger="olmo_data.tiktoken_backend"):
+    with caplog.at_level(logging.WARNING, logger="olmo_data.tokenizer.tiktoken_backend"):
         tok = load_tokenizer(path, "auto")
     assert tok.backend == "hf"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -247,7 +248,7 @@ def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: 
     }
     path = tmp_path / "empty-match.json"
     path.write_text(json.dumps(data))
-    with caplog.at_level(logging.WARNING, logger="olmo_data.tiktoken_backend"):
+    with caplog.at_level(logging.WARNING, logger="olmo_data.tokenizer.tiktoken_backend"):
         assert load_tokenizer(str(path), "auto").backend == "hf"
     assert "tiktoken failed: PanicException" in caplog.text
     with pytest.raises(DataError, match="empty-match.json: .* self-check probe .*tiktoken failed: PanicException"):

@@ -12,7 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from olmo_data.inspect import DocIndex, inspect_batch
+from olmo_data.doc_index import DocIndex
+from olmo_data.inspect import inspect_batch
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.mixture import build_mix, parse_spec
 from olmo_data.order import batches_per_epoch, build_config_orders, build_order, load_order, order_path_for_epoch
@@ -128,7 +129,7 @@ def test_a_passage_is_found_where_inspect_batch_shows_it(tokens: Path, tmp_path:
     assert (3, 5, 40, 52) in places
     assert got["scan"]["tokens"] > 0
     # the same as text, encoded with the tokenizer the manifest records
-    from olmo_data.inspect import data_tokenizer
+    from olmo_data.tokenizer import data_tokenizer
 
     tok = data_tokenizer(None, open_from_config(cfg))
     start = next(

@@ -23,9 +23,9 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instances import InstanceSource, Manifests, open_dataset
+from olmo_data.instances import InstanceSource, open_dataset
 from olmo_data.io import is_remote
-from olmo_data.manifest import MANIFEST_NAME
+from olmo_data.manifest import MANIFEST_NAME, Manifests
 from olmo_data.order import (
     batches_per_epoch,
     default_order_location,
@@ -35,7 +35,7 @@ from olmo_data.order import (
     rank_slice,
     step_position,
 )
-from olmo_data.stats import duration_steps
+from olmo_data.train_config import duration_steps
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, barrier
 from olmo_train.train.documents import DocumentStarts, boundary_token

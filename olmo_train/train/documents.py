@@ -10,8 +10,10 @@ import numpy as np
 
 from olmo_data.chat import FORMAT
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, Manifests, TokenFile, read_arrays
+from olmo_data.instances import InstanceSource, read_arrays
 from olmo_data.io import file_size
+from olmo_data.manifest import Manifests
+from olmo_data.token_files import TokenFile
 
 
 def boundary_token(eos_token_id: int | None, token_files: list[str], manifests: Manifests | None = None) -> int:

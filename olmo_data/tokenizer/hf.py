@@ -1,0 +1,72 @@
+"""The Hugging Face `tokenizers` backend: every tokenizer.json loads here, and it is the reference the tiktoken
+backend is checked against."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from olmo_data.errors import DataError
+from olmo_data.io import hub_offline_mode, hub_reachable
+from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
+
+
+def find_special(hf: Any, candidates: Sequence[str]) -> int | None:
+    """The id of the first of `candidates` the vocabulary has: tokenizer.json files do not say which is EOS."""
+    for tok in candidates:
+        tid = hf.token_to_id(tok)
+        if tid is not None:
+            return int(tid)
+    return None
+
+
+def load_hf(spec: str) -> tuple[Any, str, str, str]:
+    """Load a `tokenizers.Tokenizer` from a path or hub id; returns (tokenizer, name, sha256 of its JSON, JSON)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if os.path.isfile(spec):
+        with open(spec, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+            hf = HFTokenizer.from_str(text)
+        except Exception as e:
+            raise DataError(f"{spec}: not a Hugging Face tokenizer.json ({e})") from e
+        return hf, os.path.basename(spec), hashlib.sha256(data).hexdigest(), text
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
+        return load_hf(os.path.join(spec, "tokenizer.json"))
+    if os.path.sep in spec and not spec.count("/") == 1 or spec.endswith(".json"):
+        raise DataError(f"{spec}: tokenizer file not found")
+    if not hub_offline_mode() and not hub_reachable():
+        raise DataError(
+            f"{spec}: no such tokenizer file or directory here, and the Hugging Face hub cannot be reached to load it "
+            "as a hub id (offline?); check the name, or give a local tokenizer.json path"
+        )
+    try:
+        hf = HFTokenizer.from_pretrained(spec)
+    except Exception as e:
+        raise DataError(
+            f"{spec}: could not load tokenizer from the Hugging Face hub ({type(e).__name__}: {e}). "
+            "Offline? Give a local tokenizer.json path instead."
+        ) from e
+    text = hf.to_str()
+    return hf, spec, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
+
+
+def load_hf_tokenizer(spec: str) -> tuple[Tokenizer, str]:
+    """The `hf`-backed Tokenizer of `spec`, and the tokenizer.json it was loaded from (the tiktoken backend reads
+    it again to build its equivalent, and serialising the HF tokenizer back would cost start-up time)."""
+    hf, name, sha, json_text = load_hf(spec)
+    tok = Tokenizer(
+        name=name,
+        sha256=sha,
+        vocab_size=int(hf.get_vocab_size(with_added_tokens=True)),
+        backend="hf",
+        eos_token_id=find_special(hf, EOS_CANDIDATES),
+        bos_token_id=find_special(hf, BOS_CANDIDATES),
+        pad_token_id=find_special(hf, PAD_CANDIDATES),
+        hf=hf,
+    )
+    return tok, json_text

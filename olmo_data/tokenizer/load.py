@@ -1,0 +1,47 @@
+"""`load_tokenizer`: one entry point for every backend, picking the fastest one that gives identical ids."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from olmo_data.errors import DataError
+from olmo_data.tokenizer.base import Backend, Tokenizer
+from olmo_data.tokenizer.hf import load_hf_tokenizer
+from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file, try_tiktoken
+from olmo_data.tokenizer.tiktoken_cache import load_checked
+
+
+def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
+    """Load `spec` (a `tokenizer.json` path, a `.tiktoken` ranks file, or a Hugging Face hub id) and pick the
+    fastest backend that gives identical ids.
+
+    `auto` uses tiktoken where an exact equivalent can be built and passes the start-up self-check, else HF
+    `tokenizers`; `tiktoken` insists on it (error when impossible); `hf` always uses `tokenizers`.
+    """
+    if backend not in ("auto", "tiktoken", "hf"):
+        raise DataError(f"unknown tokenizer backend {backend!r}; expected auto, tiktoken or hf")
+    spec = os.path.expanduser(str(spec))
+    tok = _load(spec, backend)
+    tok.path = os.path.abspath(spec) if os.path.exists(spec) else spec
+    return tok
+
+
+def _load(spec: str, backend: Backend) -> Tokenizer:
+    if spec.endswith(".tiktoken"):
+        if backend == "hf":
+            raise DataError(f"{spec}: a .tiktoken ranks file runs on the tiktoken backend only; use auto")
+        return load_tiktoken_file(spec)
+    if backend != "hf":
+        local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
+        if os.path.isfile(local):
+            with open(local, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            cached = load_checked(digest, os.path.basename(local))
+            if cached is not None:
+                return cached
+    tok, json_text = load_hf_tokenizer(spec)
+    if backend == "hf":
+        return tok
+    fast = try_tiktoken(tok, strict=backend == "tiktoken", json_text=json_text)
+    return fast if fast is not None else tok

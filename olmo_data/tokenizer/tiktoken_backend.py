@@ -1,0 +1,232 @@
+"""tiktoken backend: the same ids as HF `tokenizers` for byte-level BPE vocabularies, several times faster.
+
+A tokenizer.json is reduced to a `Plan` (`tiktoken_plan`, which says why this can be exact and refuses what
+cannot be reproduced), run by a `TiktokenEncoder` (`tiktoken_encoder`), and even then a start-up self-check
+here compares both backends on probe strings; any difference falls back to `tokenizers` (`auto`) or is an error
+(`--backend tiktoken`). A plan that passed is cached (`tiktoken_cache`). A `.tiktoken` ranks file (with its JSON
+sidecar) loads here too, on this backend only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import unicodedata
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from olmo_data.errors import DataError
+from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
+from olmo_data.tokenizer.tiktoken_cache import save_checked
+from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder, build_encoding
+from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, fold_space_runs, plan_from_json
+
+log = logging.getLogger(__name__)
+
+
+def _probes(plan: Plan) -> list[tuple[str, str]]:
+    """(label, text) pairs where a wrong split regex, normalisation or added-token rule would show."""
+    added = sorted({*plan.raw_tokens, *plan.normalized_tokens}, key=lambda t: (-len(t), t))[:40]
+    specials = "".join(f"x{t}y {t}{t}\n{t} " for t in added)
+    spaces = "".join(f"a{' ' * n}b\n{' ' * n}c{' ' * n}\n" for n in range(1, 60))
+    probes = [
+        ("contractions", "It's I'm we'll you're they've he'd IT'S WE'LL YOU'RE I'D 's 't 're 'S 'T"),
+        ("numbers", "1 12 123 1234 12345 3.14159 1,000,000 0x1F 2024-01-02 ٣٤٥ ⅷ ½ 10^9"),
+        (
+            "whitespace",
+            "a  b   c    d\t\te\n\nf \n g\r\n h      \n\n\n    i \u00a0j\u2003k\u3000l\x0bm\x0c  ",
+        ),
+        ("space runs", spaces),
+        ("leading and trailing space", "   start and end   "),
+        ("code", "def f(x):\n    if x:  # note\n        return {'a': [1, 2.5e-3, None]}\n\treturn x<<2\n"),
+        ("markup", '<div class="x">y</div> https://example.com/a?b=c&d=e#f `code` **bold** $x^2$'),
+        ("unicode", "naïve café Ünïcödé — “quotes” … 日本語のテキスト 中文 한국어 Русский العربية עברית ไทย"),
+        (
+            "NFD",
+            unicodedata.normalize("NFD", "café résumé naïve Ångström Ελληνικά ḱṷṓn") + " a\u0301 o\u0308",
+        ),
+        ("emoji", "👍🏽 👨‍👩‍👧‍👦 🇺🇸 ❤️ 😀😀😀 ☃ \U0001f9ea"),
+        ("controls", "\x00\x01\x1b[31m red\x7f \ufeffbom \u200bzw\u200d"),
+        ("special tokens in text", specials or "no added tokens"),
+        ("long word", "a" * 300 + " " + "ab" * 200 + " " + "😀" * 50),
+        ("empty", ""),
+    ]
+    # A sample of the vocabulary itself, one token a line: where rank order and merge order disagree, the
+    # pieces that show it are mostly vocabulary entries.
+    tokens = [t for t, _ in sorted(plan.ranks.items(), key=lambda kv: kv[1]) if len(t) > 1]
+    words = []
+    for t in tokens[:: max(1, len(tokens) // 5000)]:
+        try:
+            words.append(t.decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    probes.append(("vocabulary sample", "\n".join(words)))
+    return probes
+
+
+def _tiktoken_failure(e: BaseException) -> bool:
+    # A split regex that can match the empty string makes tiktoken panic, and pyo3's PanicException is a
+    # BaseException; we turn it into a fallback (or a DataError) like any other failure.
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+
+
+def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], hf: Any, plan: Plan) -> str | None:
+    """The label of the first probe where `encoder` and `tokenizers` differ, or None when all agree."""
+    probes = _probes(plan)
+    theirs = hf.encode_batch_fast([t for _, t in probes], add_special_tokens=False)
+    for (label, text), expected in zip(probes, theirs, strict=True):
+        try:
+            ours = encoder([text])[0]
+        except BaseException as e:
+            if not _tiktoken_failure(e):
+                raise
+            return f"{label} (tiktoken failed: {type(e).__name__}: {e})"
+        if ours != expected.ids:
+            return label
+    return None
+
+
+def try_tiktoken(
+    tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS, json_text: str | None = None
+) -> Tokenizer | None:
+    """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact.
+
+    `json_text` is the tokenizer.json the HF tokenizer was loaded from, when the caller has it: serialising the HF
+    tokenizer again costs a noticeable part of start-up for large vocabularies.
+    """
+
+    def refuse(reason: str) -> None:
+        if strict:
+            raise DataError(
+                f"{tok.name}: the tiktoken backend cannot reproduce this tokenizer: {reason}; "
+                "use --backend hf (or auto, which falls back by itself)"
+            )
+        log.debug("%s: not using tiktoken: %s", tok.name, reason)
+
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        refuse("tiktoken is not installed")
+        return None
+    try:
+        plan = plan_from_json(json.loads(json_text if json_text is not None else tok.hf.to_str()))
+        fast = fold_space_runs(plan)
+        encoder = TiktokenEncoder(build_encoding(tok.name, fast), fast, num_threads)
+    except Unsupported as e:
+        refuse(str(e))
+        return None
+    except (ValueError, KeyError, TypeError) as e:  # a regex or vocabulary tiktoken rejects
+        refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
+        return None
+    differs = self_check(encoder, tok.hf, plan)
+    if differs is not None:
+        if strict:
+            raise DataError(
+                f"{tok.name}: tiktoken and tokenizers give different ids on the self-check probe "
+                f"{differs!r}; use --backend hf or auto"
+            )
+        log.warning(
+            "%s: tiktoken self-check differs from tokenizers on probe %r; using the hf backend",
+            tok.name,
+            differs,
+        )
+        return None
+    checked = Tokenizer(
+        name=tok.name,
+        sha256=tok.sha256,
+        vocab_size=tok.vocab_size,
+        backend="tiktoken",
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+        hf=tok.hf,
+        _encode_batch=encoder,
+    )
+    if json_text is not None:  # loaded from a file: later loads of the same bytes can skip the work above
+        save_checked(checked, fast)
+    return checked
+
+
+def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError("expected two fields")
+            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+        except ValueError as e:
+            raise DataError(f"{path}:{n}: expected 'BASE64_TOKEN RANK' ({e})") from None
+    if not ranks:
+        raise DataError(f"{path}: no ranks in file; expected lines 'BASE64_TOKEN RANK'")
+    return ranks
+
+
+def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer:
+    """A `.tiktoken` ranks file plus its `<path>.json` sidecar (`pat_str`, `special_tokens`) as a Tokenizer.
+
+    The ranks file alone does not say how text is split or which special tokens exist: a sidecar is required.
+    Special tokens found in the text become their ids, as `tokenizers` does with a tokenizer.json.
+    """
+    sidecar = path + ".json"
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: tiktoken ranks file not found")
+    if not os.path.isfile(sidecar):
+        raise DataError(
+            f"{path}: a .tiktoken ranks file needs a sidecar {sidecar} holding the split regex and the "
+            'special tokens, e.g. {"pat_str": "...", "special_tokens": {"<|endoftext|>": 100257}}'
+        )
+    with open(path, "rb") as f:
+        data = f.read()
+    ranks = _read_ranks(path, data)
+    missing = [b for b in UTF8_BYTES if bytes([b]) not in ranks]
+    if missing:
+        raise DataError(f"{path}: byte 0x{missing[0]:02x} has no rank; every single byte needs one")
+    try:
+        with open(sidecar, encoding="utf-8") as side:
+            meta = json.load(side)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{sidecar}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("pat_str"), str):
+        raise DataError(f"{sidecar}: expected an object with a string 'pat_str' (the split regex)")
+    specials = meta.get("special_tokens", {})
+    if not isinstance(specials, dict) or not all(isinstance(v, int) for v in specials.values()):
+        raise DataError(f"{sidecar}: 'special_tokens' must map token strings to integer ids")
+    plan = Plan(pat_str=meta["pat_str"], ranks=ranks, raw_tokens=dict(specials))
+    name = os.path.basename(path)
+    try:
+        enc = build_encoding(name, plan)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({type(e).__name__}: {e})") from None
+    encoder = TiktokenEncoder(enc, plan, num_threads)
+    try:
+        encoder(["Hello,  world! It's 2024.\n\tcafé 😀"])
+    except BaseException as e:
+        if not _tiktoken_failure(e):
+            raise
+        raise DataError(
+            f"{sidecar}: tiktoken fails on a test string with this pat_str ({type(e).__name__}: {e}); "
+            "the pattern must not match the empty string"
+        ) from None
+
+    def find(candidates: Sequence[str]) -> int | None:
+        return next((specials[c] for c in candidates if c in specials), None)
+
+    return Tokenizer(
+        name=name,
+        # the identity covers the split regex and special tokens too: changing either changes the ids
+        sha256=hashlib.sha256(data + json.dumps(meta, sort_keys=True).encode()).hexdigest(),
+        vocab_size=enc.max_token_value + 1,
+        backend="tiktoken",
+        eos_token_id=find(EOS_CANDIDATES),
+        bos_token_id=find(BOS_CANDIDATES),
+        pad_token_id=find(PAD_CANDIDATES),
+        hf=None,
+        _encode_batch=encoder,
+        _decode=encoder.decode,
+    )
