@@ -15,7 +15,7 @@ request was seen before, so a run's faults do not depend on thread timing: the s
 faults under the same seed. `Faults.down` makes every request fail with a 503 (a server that stays down), and
 `Faults.down_after` does so from the n-th request on (a server that goes down in the middle of a run).
 
-Used by the tests (`tests/test_remote_reads.py`) and the benchmark (`benchmarks/remote_reads.py`).
+Used by the tests (`tests/data/test_remote_reads.py`) and the benchmark (`benchmarks/remote_reads.py`).
 """
 
 from __future__ import annotations

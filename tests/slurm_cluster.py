@@ -117,9 +117,9 @@ _uninterrupted: dict[str, Path] = {}
 
 
 def uninterrupted_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny 2-process run of tests/test_train_e2e.py in one go (`torchrun --standalone`), once per session:
+    """The tiny 2-process run of tests/train/test_train_e2e.py in one go (`torchrun --standalone`), once per session:
     what every launcher test must reproduce bit for bit. Its folder holds `tokens/`, `config.yaml` and `run/`."""
-    from tests.test_train_e2e import launch, tiny_config, write_tokens  # torch: only for the training tests
+    from tests.train.test_train_e2e import launch, tiny_config, write_tokens  # torch: only for the training tests
 
     if "run" not in _uninterrupted:
         tmp = tmp_path_factory.mktemp("uninterrupted")

@@ -1,7 +1,7 @@
 """`compile: true` compiles each block whole: no graph breaks with any of the training options a block sees (plain
 causal attention, the document mask with per-document positions, FlexAttention's block mask, activation
 checkpointing around it). Dynamo decides the graph breaks before any backend runs, so `torch._dynamo.explain`
-checks on CPU what `TORCH_LOGS=graph_breaks` would show on a GPU; the fp8 case is in tests/test_float8.py."""
+checks on CPU what `TORCH_LOGS=graph_breaks` would show on a GPU; the fp8 case is in tests/nn/test_float8.py."""
 
 from __future__ import annotations
 

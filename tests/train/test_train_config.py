@@ -11,7 +11,7 @@ import yaml
 
 from olmo_train.config import ConfigError, load_config, parse_duration, parse_overrides, save_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, obj: object) -> Path:

@@ -659,7 +659,7 @@ def test_the_regimes_script(tmp_path: Path, demo_corpus: list[str], demo_tokeniz
     from olmo_data.tokenize import TokenizeOptions, tokenize
 
     tokenize(demo_corpus[:2], tmp_path / "tokens", TokenizeOptions(tokenizer=demo_tokenizer, backend="hf"))
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

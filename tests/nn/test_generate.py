@@ -19,7 +19,7 @@ from olmo_train.convert import load_model
 from olmo_train.generate import GenerationOutput, KVCache, Sampling, generate
 from olmo_train.nn import Transformer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny(seed: int = 0, **kw: Any) -> Transformer:

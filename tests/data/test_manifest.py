@@ -13,7 +13,7 @@ import pytest
 
 from olmo_data.errors import DataError
 from olmo_data.manifest import read_manifest, resolve_dtype
-from tests.test_remote import s3_server  # noqa: F401  (a fixture)
+from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
 
 
 @pytest.fixture

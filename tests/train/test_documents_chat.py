@@ -23,7 +23,7 @@ from olmo_train.nn import Transformer, doc_ids_from_eos
 from olmo_train.train import DocumentStarts, labels_for, main
 from olmo_train.train.loop import forward_loss_sum
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEQ = 160
 EOS = 0  # the demo tokenizer's <|endoftext|>
 

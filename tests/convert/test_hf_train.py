@@ -26,7 +26,7 @@ from olmo_data.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEQ = 64
 
 

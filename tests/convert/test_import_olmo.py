@@ -33,7 +33,7 @@ from olmo_train.nn import Transformer
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VOCAB, ROWS, SEQ = 2048, 2112, 64  # the demo tokenizer's vocabulary; OLMo pads the embedding to a multiple of 64
 
 

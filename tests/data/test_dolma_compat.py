@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from olmo_data.tokenize import TokenizeOptions, tokenize
-from tests.test_tokenize import read_output
+from tests.data.test_tokenize import read_output
 
 DOLMA = os.environ.get("OLMO_DATA_DOLMA") or shutil.which("dolma")
 

@@ -175,7 +175,7 @@ def test_killed_run_reruns_to_the_same_output(demo_tokenizer: str, tmp_path: Pat
         f"tokenize(sys.argv[1:-1], sys.argv[-1], TokenizeOptions(tokenizer={demo_tokenizer!r}, backend='hf'))"
     )
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-c", code, *corpus, str(killed)], cwd=Path(__file__).parents[1])
+    proc = subprocess.Popen([sys.executable, "-c", code, *corpus, str(killed)], cwd=Path(__file__).parents[2])
     deadline = time.time() + 60
     while not (killed / ".progress" / "00001.json").exists() and time.time() < deadline:
         time.sleep(0.005)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import REPO, SlurmCluster, free_port, local_slurm, uninterrupted_run
-from tests.test_train_e2e import GBS, SEQ, STEPS, metrics, tiny_config
+from tests.train.test_train_e2e import GBS, SEQ, STEPS, metrics, tiny_config
 
 # rank 0 pauses this long inside every checkpoint write (a test hook): the signal arrives mid-run, not after it
 SAVE_PAUSE = "1"

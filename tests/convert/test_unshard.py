@@ -24,7 +24,7 @@ from olmo_train.convert import unshard
 from olmo_train.distributed import Dist
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer
-from tests.test_train_e2e import GBS, SEQ, launch, metrics, tiny_config, write_tokens
+from tests.train.test_train_e2e import GBS, SEQ, launch, metrics, tiny_config, write_tokens
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 SMALL = {"d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 64, "max_sequence_length": 16}

@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GBS, SEQ, STEPS = 8, 32, 6
 
 

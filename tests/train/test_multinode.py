@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm_cluster import REPO, free_port, uninterrupted_run
-from tests.test_train_e2e import STEPS, metrics, tiny_config
+from tests.train.test_train_e2e import STEPS, metrics, tiny_config
 
 
 @pytest.mark.slow

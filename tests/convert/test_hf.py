@@ -41,7 +41,7 @@ from olmo_train.train import build_optimizer
 
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 VOCAB = 2048  # the demo tokenizer's
 BASE: dict[str, Any] = {"d_model": 64, "n_heads": 4, "n_layers": 3, "vocab_size": VOCAB, "max_sequence_length": 64}
