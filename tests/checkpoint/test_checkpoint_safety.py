@@ -38,8 +38,8 @@ from olmo_train.convert import export_hf, unshard
 from olmo_train.distributed import Dist
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer
-from tests.train.test_train_e2e import REPO, launch, tiny_config, write_tokens
 from tests.convert.test_unshard import save_both
+from tests.train.test_train_e2e import REPO, launch, tiny_config, write_tokens
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 SHARD = "__0_0.distcp"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from olmo_data.tokenize import TokenizeOptions, tokenize
-from tests.helpers import docs, write_jsonl
 from tests.data.test_tokenize import read_output
+from tests.helpers import docs, write_jsonl
 
 
 def test_tokenize_over_http_equals_local(http_root: tuple[Path, str], demo_tokenizer: str, tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from olmo_data.instances import open_dataset
 from olmo_data.io import local_copy
 from olmo_data.order import build_config_orders
 from olmo_data.remote import RemoteOptions, RemoteReader, coalesce
-from tests.flaky_server import KINDS, Faults, FlakyServer
 from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
+from tests.flaky_server import KINDS, Faults, FlakyServer
 
 # no merging of neighbours unless a test is about it: each range is then a request of its own that can fail
 QUICK = RemoteOptions(concurrency=8, backoff_s=0.001, max_backoff_s=0.01, deadline_s=10, coalesce_gap=0)
