@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from olmo_data.errors import DataError
+from olmo_train.config_values import problems, shown
 
 
 class ConfigError(DataError):
@@ -240,8 +241,9 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         raw = loaded or {}
-    for key, value in parse_overrides(list(overrides)):
-        _set_dotted(raw, key, value)
+    for key, text in _split_overrides(overrides):  # a string key keeps its text: --run_name=007 is not 7
+        value = _parse_scalar(text)
+        _set_dotted(raw, key, text if value is not None and _is_text_key(key) else value)
     cfg = _build(TrainConfig, raw, prefix="")
     _check(cfg, require_data=require_data)
     return cfg
@@ -250,7 +252,12 @@ def load_config(
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     """`--a.b=1 --c [x,y] --flag` -> [("a.b", 1), ("c", ["x", "y"]), ("flag", True)]; values parsed as
     YAML."""
-    out: list[tuple[str, Any]] = []
+    return [(key, _parse_scalar(text)) for key, text in _split_overrides(args)]
+
+
+def _split_overrides(args: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, the value's text as typed) for each override."""
+    out: list[tuple[str, str]] = []
     i = 0
     while i < len(args):
         arg = args[i]
@@ -263,10 +270,20 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
                 i += 1
             else:
                 text = "true"
-        key = key.replace("-", "_")
-        out.append((key, _parse_scalar(text)))
+        out.append((key.replace("-", "_"), text))
         i += 1
     return out
+
+
+def _is_text_key(dotted: str) -> bool:
+    """Whether a dotted key is a string field (`run_name`, `wandb.group`), whose override is its text as typed."""
+    tp: Any = TrainConfig
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(tp) if dataclasses.is_dataclass(tp) else {}
+        if part not in hints:
+            return False
+        tp = hints[part]
+    return tp is str or tp == (str | None)
 
 
 def _parse_scalar(text: str) -> Any:
@@ -291,7 +308,7 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "the config"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping of keys, got {raw!r}")
+        raise ConfigError(f"{where}: expected a mapping of keys, got {shown(raw)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
@@ -324,13 +341,13 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 return _coerce(option, value, key)
             except ConfigError as e:
                 errors.append(e)
-        raise ConfigError(f"config key {key!r}: got {value!r}, expected {_type_name(tp)}")
+        raise ConfigError(f"config key {key!r}: got {shown(value)}, expected {_type_name(tp)}")
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, str) and item is str:
             value = [value]  # a single path where a list was expected
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key {key!r}: got {value!r}, expected a list ({_type_name(tp)}), e.g. [a,b]")
+            raise ConfigError(f"config key {key!r}: got {shown(value)}, expected a list ({_type_name(tp)}), e.g. [a,b]")
         return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, prefix=f"{key}.")  # type: ignore[arg-type]
@@ -353,9 +370,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # `run_name: 2024`
+            return str(value)
     else:
         raise ConfigError(f"config key {key!r}: unsupported annotation {tp!r}")
-    raise ConfigError(f"config key {key!r}: got {value!r} ({type(value).__name__}), expected {_type_name(tp)}")
+    raise ConfigError(f"config key {key!r}: got {shown(value)} ({type(value).__name__}), expected {_type_name(tp)}")
 
 
 def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
@@ -364,7 +383,9 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         if value is not None and value not in choices:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"config key {dotted!r}: got {value!r}, expected one of {list(choices)}{hint}")
+            raise ConfigError(f"config key {dotted!r}: got {shown(value)}, expected one of {list(choices)}{hint}")
+    for problem in problems(cfg)[:1]:  # before any arithmetic on them (n_heads: 0 would divide by zero below)
+        raise ConfigError(problem)
     parse_duration(cfg.max_duration)
     _check_relora(cfg)
     _check_float8(cfg)
@@ -558,7 +579,7 @@ def parse_duration(value: int | str) -> tuple[float, str]:
         return parse(value)
     except DataError as e:
         raise ConfigError(
-            f"config key 'max_duration': got {value!r}, expected steps (1000), tokens ('2e9T') or epochs ('1ep'), "
+            f"config key 'max_duration': got {shown(value)}, expected steps (1000), tokens ('2e9T') or epochs ('1ep'), "
             "more than 0"
         ) from e
 

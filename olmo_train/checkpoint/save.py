@@ -155,8 +155,11 @@ def _point(link: Path, target: str) -> None:
 
 
 def _prune(folder: Path, unsharded: bool, keep: int) -> None:
+    """Remove all but the newest `keep` complete checkpoints of a kind (-1: keep all). The one just saved always
+    stays: a keep of 0 (refused in a config) means 1 here, never none."""
     if keep < 0:
         return
+    keep = max(keep, 1)
     complete = [(step, path) for step, is_unsharded, path in list_checkpoints(folder) if is_unsharded == unsharded]
     for _, path in sorted(complete)[: max(0, len(complete) - keep)]:
         log.info("removing old checkpoint %s (keeping the last %d)", path, keep)

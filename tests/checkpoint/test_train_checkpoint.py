@@ -86,3 +86,13 @@ def test_interrupted_download_is_not_reused(
     for name in ("trainer_state.json", "model.pt", "optim.pt"):
         assert (local / name).read_bytes() == (remote / name).read_bytes(), f"{name}: a partial download was reused"
     assert sorted(p.name for p in local.iterdir()) == ["model.pt", "optim.pt", "trainer_state.json"]
+
+
+def test_a_keep_count_of_zero_never_removes_the_checkpoint_just_saved(tmp_path: Path) -> None:
+    """A config refuses keep=0; called with it anyway, pruning keeps the newest (it deleted every checkpoint,
+    `latest` pointing at nothing)."""
+    for step in (2, 3):
+        tmp = save.begin_save(tmp_path, f"step{step}", SINGLE)
+        save.finish_save(tmp_path, f"step{step}", tmp, ckpt.TrainerState(step=step), "latest", 0, SINGLE)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step3"]
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step3"

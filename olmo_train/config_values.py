@@ -1,0 +1,89 @@
+"""Config values checked by what they mean, key by key, before anything is written or started.
+
+A value of the right type can still be nonsense: `max_grad_norm: -1` clips every gradient to a negative norm (the
+run trains uphill), `model.n_layers: -1` builds a model with no layers, `save_num_checkpoints_to_keep: 0` deletes
+the checkpoint just saved. Each rule here names its key; `config.py` refuses the first broken one.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+# sizes and counts: at least 1 (None, where allowed, keeps its meaning: "derived" or "off")
+POSITIVE = (
+    "model.d_model",
+    "model.n_heads",
+    "model.n_kv_heads",
+    "model.n_layers",
+    "model.mlp_hidden_size",
+    "model.vocab_size",
+    "model.embedding_size",
+    "model.max_sequence_length",
+    "console_log_interval",
+    "save_interval",
+    "save_interval_unsharded",
+    "eval_interval",
+    "stop_at",
+    "scheduler.t_max",
+)
+# quantities that must be above zero: a zero would divide or make the run meaningless
+ABOVE_ZERO = ("max_grad_norm", "model.rope_theta", "model.layer_norm_eps", "optimizer.eps", "peak_flops_per_device")
+NON_NEGATIVE = (
+    "seed",
+    "optimizer.learning_rate",
+    "optimizer.weight_decay",
+    "model.init_std",
+    "scheduler.t_warmup",
+    "scheduler.alpha_f",
+    "scheduler.warmup_min_lr",
+)
+KEEP_COUNTS = ("save_num_checkpoints_to_keep", "save_num_unsharded_checkpoints_to_keep")
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 120, 60
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """A value as an error message shows it: at most `limit` characters, however large or deeply nested it is
+    (a YAML of nested aliases expands to billions of elements if printed whole)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def problems(cfg: Any) -> list[str]:
+    """Every value of `cfg` (a TrainConfig) that breaks its key's rule, as messages naming the key."""
+    out = []
+    for key in POSITIVE:
+        value = _get(cfg, key)
+        if value is not None and value < 1:
+            out.append(f"config key {key!r}: must be positive, got {shown(value)}")
+    for key in ABOVE_ZERO:
+        value = _get(cfg, key)
+        if value is not None and not value > 0:  # `not >` also refuses NaN
+            hint = " (or null for no clipping)" if key == "max_grad_norm" else ""
+            out.append(f"config key {key!r}: must be above 0{hint}, got {shown(value)}")
+    for key in NON_NEGATIVE:
+        value = _get(cfg, key)
+        if not value >= 0:
+            out.append(f"config key {key!r}: must be 0 or more, got {shown(value)}")
+    for key in KEEP_COUNTS:
+        value = _get(cfg, key)
+        if value == 0 or value < -1:
+            out.append(
+                f"config key {key!r}: got {value}; -1 keeps every checkpoint, N >= 1 the newest N (0 would delete "
+                "the checkpoint just saved too)"
+            )
+    betas = cfg.optimizer.betas
+    if len(betas) == 2 and not all(0 <= b < 1 for b in betas):
+        out.append(f"config key 'optimizer.betas': each must be in [0, 1), got {shown(betas)}")
+    for i, ev in enumerate(cfg.evaluators):
+        if ev.max_batches is not None and ev.max_batches < 1:
+            out.append(f"config key 'evaluators[{i}].max_batches': must be positive, got {ev.max_batches}")
+    return out
