@@ -376,9 +376,11 @@ class RemoteReader:
         if status != 206:
             raise _Transient(f"HTTP {status} to a ranged GET")
         got = _content_range(headers.get("Content-Range"))
-        if got is not None and got[2] is not None and got[2] <= end:
+        if got is None:  # a 206 must say which bytes it holds (RFC 9110): without it, they may be any
+            raise _Transient(f"206 without a readable Content-Range ({headers.get('Content-Range')!r})")
+        if got[2] is not None and got[2] <= end:
             raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
-        if got is not None and (got[0], got[1]) != (start, end):
+        if (got[0], got[1]) != (start, end):
             raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
@@ -425,8 +427,12 @@ class RemoteReader:
         end = start + length - 1
         obj = self._s3_call(lambda: self._s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}"))
         got = _content_range(obj.get("ContentRange"))
-        if got is not None and got[2] is not None and got[2] <= end:
+        if got is None:  # the bytes of a ranged read must say which they are, as over HTTP
+            raise _Transient(f"ranged GET answered without a readable ContentRange ({obj.get('ContentRange')!r})")
+        if got[2] is not None and got[2] <= end:
             raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
+        if (got[0], got[1]) != (start, end):
+            raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
         body = self._s3_call(lambda: self._s3_body(obj))
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")

@@ -46,6 +46,9 @@ class Faults:
     down: bool = False  # every request answered 503 (with `retry_after`)
     down_after: int | None = None  # the server goes down (as `down`) once it has seen this many requests
     ignore_range: bool = False  # answer ranged GETs with 200 and the whole file, as some servers do
+    # answer ranged GETs with 206 and the asked length, but no Content-Range and the bytes from offset 0 (a lie
+    # only the missing header gives away)
+    lie_range: bool = False
 
 
 class FlakyServer:
@@ -160,7 +163,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = end - start + 1 + {"short": -1, "long": 1}.get(fault or "", 0)
         self.send_response(status)
         self.send_header("Content-Length", str(length))
-        if status == 206:
+        if status == 206 and faults.lie_range:
+            start, end = 0, end - start
+        elif status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
         if not body:

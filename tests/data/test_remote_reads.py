@@ -84,6 +84,20 @@ def test_server_that_ignores_range_still_works(files: dict[str, bytes], server: 
     assert server.range_requests == 0  # every answer was a 200 with the whole file
 
 
+def test_a_206_that_does_not_say_its_range_is_never_trusted(files: dict[str, bytes], server: FlakyServer) -> None:
+    """206, the asked length, no Content-Range and the bytes from offset 0: the length alone would pass them as
+    the asked range (inspect-batch printed another batch's fingerprint, the trainer trained on it). Refused after
+    its retries, naming the URL and the range."""
+    server.faults = Faults(lie_range=True)
+    reader = RemoteReader(RemoteOptions(concurrency=2, attempts=3, backoff_s=0.001, max_backoff_s=0.01))
+    with pytest.raises(DataError, match=rf"{server.url}/b.bin: ranged read of bytes 10..19 failed after 3 attempts "):
+        reader.read(f"{server.url}/b.bin", 10, 10)
+    with pytest.raises(DataError, match=r"206 without a readable Content-Range \(None\)"):
+        reader.read(f"{server.url}/b.bin", 10, 10)
+    server.faults = Faults()
+    assert reader.read(f"{server.url}/b.bin", 10, 10) == files["b.bin"][10:20]
+
+
 def test_coalescing_merges_neighbours_and_keeps_its_cap() -> None:
     ranges = [("f", 100, 10), ("g", 0, 4), ("f", 0, 50), ("f", 50, 20), ("f", 1000, 8), ("f", 105, 2)]
     assert coalesce(ranges, gap=0, max_bytes=1 << 20) == [
