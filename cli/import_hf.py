@@ -32,13 +32,13 @@ def import_hf(model: str, destination: Path, check: bool) -> None:
       torchrun --nproc-per-node 8 -m olmo_train runs/olmo2-1b/config.yaml --data.paths=[runs/sft-data] \\
           --save_folder=runs/olmo2-1b-sft --max_duration=1000 --global_train_batch_size=64
     """
-    from olmo_train.checkpoint import read_config
+    from olmo_train.checkpoint import TOKENIZER_FILE, read_config
     from olmo_train.convert import import_hf as run_import
 
     t0 = time.perf_counter()
     dest = run_import(model, destination, check=check)
     m = read_config(dest).model
-    tokenizer_note = "with tokenizer" if (dest / "tokenizer.json").is_file() else "no tokenizer"
+    tokenizer_note = "with tokenizer" if (dest / TOKENIZER_FILE).is_file() else "no tokenizer"
     click.echo(
         f"{dest}: {m.n_layers} layers, d_model {m.d_model}, vocab {m.vocab_size}, {tokenizer_note}"
         f"{', checked' if check else ''} ({time.perf_counter() - t0:.1f} s); train with "

@@ -36,14 +36,14 @@ def import_olmo(checkpoint: str, destination: Path, tokenizer: str | None) -> No
       torchrun --nproc-per-node 8 -m olmo_train runs/olmo2-1b-step10000/config.yaml --data.paths=[runs/tokens] \\
           --save_folder=runs/olmo2-1b-continued --max_duration=1000
     """
-    from olmo_train.checkpoint import read_config
+    from olmo_train.checkpoint import TOKENIZER_FILE, read_config
     from olmo_train.convert import import_olmo as run_import
 
     t0 = time.perf_counter()
     dest = run_import(checkpoint, destination, tokenizer=tokenizer)
     m = read_config(dest).model
     kind = "OLMo-2 block" if m.norm_after else f"pre-norm {m.layer_norm_type} block"
-    tokenizer_note = "with tokenizer" if (dest / "tokenizer.json").is_file() else "no tokenizer"
+    tokenizer_note = "with tokenizer" if (dest / TOKENIZER_FILE).is_file() else "no tokenizer"
     click.echo(
         f"{dest}: {m.n_layers} layers, d_model {m.d_model}, vocab {m.vocab_size}, {kind}, {tokenizer_note} "
         f"({time.perf_counter() - t0:.1f} s); train with --load_path={dest} --reset_trainer_state (see "

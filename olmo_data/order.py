@@ -264,7 +264,7 @@ def load_order(
     """
     path = str(path)
     info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
-    dtype = np.dtype(info["dtype"]) if info else np.dtype(np.uint32)
+    dtype = _stored_dtype(path, info, np.dtype(np.uint32))
     local = path
     if is_remote(path):
         from cached_path import cached_path
@@ -278,6 +278,20 @@ def load_order(
     if os.path.getsize(local) == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(local, dtype=dtype.newbyteorder("<"), mode="r")
+
+
+def _stored_dtype(path: str, info: dict[str, Any] | None, default: np.dtype[Any]) -> np.dtype[Any]:
+    """The order's entry type as its side file states it, which must be one an order is written in: any other
+    (a float, a narrower int) would read every entry as another instance without a word."""
+    if not info:
+        return default
+    name = info.get("dtype")
+    if name not in ("uint32", "uint64"):
+        raise DataError(
+            f"{side_file(path)}: dtype {name!r}; an order holds uint32 (or, past 2**32 instances, "
+            "uint64) entries. The side file is damaged: build the order again"
+        )
+    return np.dtype(str(name))
 
 
 def _checked_info(
@@ -334,11 +348,16 @@ def read_order_range(
             "data.order_path to the order file"
         )
     info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
-    dtype = np.dtype(info["dtype"]) if info else order_dtype(num_instances or 0)
+    dtype = _stored_dtype(path, info, order_dtype(num_instances or 0))
     try:
         length = file_size(path) // dtype.itemsize
     except Exception as e:
         raise DataError(f"{path}: order file not found or unreadable ({type(e).__name__}: {e})") from e
+    if info and "num_instances" in info and int(info["num_instances"]) != length:
+        raise DataError(
+            f"{path}: holds {length:,} entries of {dtype}, but its side file records {int(info['num_instances']):,}; "
+            "the order or its side file is damaged: build the order again"
+        )
     if stop > length:
         raise DataError(
             f"{path}: the order holds {length} instances, fewer than the {stop} needed; the step is past "

@@ -50,13 +50,13 @@ class ModelConfig:
     weight_tying: bool = False
     init_std: float = 0.02
     flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
-    activation_checkpointing: bool = False  # recompute each block's activations in backward (olmo_train/recompute)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (olmo_train/nn/recompute)
     activation_checkpointing_policy: str = "full"  # full (keep block inputs only) | selective (keep matmuls, attention)
     loss_chunk_tokens: int | None = None  # tokens per chunk of the output head + loss; None: 128 MiB of fp32 logits
-    document_masking: bool = False  # attend only within each document of a packed instance (olmo_train/documents)
+    document_masking: bool = False  # attend only within each document of a packed instance (olmo_train/nn/documents)
     document_positions: bool = False  # with document_masking: rotary positions restart at each document
     eos_token_id: int | None = None  # ends a document, for document_masking; None: the data manifests' eos_token_id
-    document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/documents
+    document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/nn/documents
 
 
 @dataclass
@@ -154,7 +154,7 @@ class ReLoRAConfig:
 
 @dataclass
 class Float8Config:
-    """fp8 training of the block linears through torchao's float8 linear layers (the `gpu` extra, olmo_train/float8):
+    """fp8 training of the block linears through torchao's float8 linear layers (the `gpu` extra, olmo_train/nn/float8):
     the matmuls run in fp8 with dynamic scales, the weights stay in full precision. The output head and linears whose
     sizes are not multiples of 16 stay in high precision (bf16 on GPUs). Fast on GPUs with fp8 tensor cores
     (H100-class); elsewhere torchao emulates the fp8 arithmetic, which is slower than bf16 and only useful for tests."""
@@ -490,7 +490,7 @@ def _check_relora(cfg: TrainConfig) -> None:
 
 def _check_float8(cfg: TrainConfig) -> None:
     """fp8 settings that torchao cannot honour are refused here, by key, rather than deep inside the conversion (the
-    device-dependent checks, torchao present, fp8 hardware, are made when the model is converted: olmo_train/float8)."""
+    device-dependent checks, torchao present, fp8 hardware, are made when the model is converted: nn/float8.py)."""
     f = cfg.float8
     if not f.enabled:
         for name in ("recipe", "fsdp_float8_all_gather", "emulate"):

@@ -26,7 +26,7 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_train.convert import load_model
-from olmo_train.nn.model import Transformer
+from olmo_train.nn import Transformer
 
 log = logging.getLogger(__name__)
 

@@ -187,6 +187,28 @@ def test_no_private_name_from_another_module() -> None:
     assert not bad, bad
 
 
+def _declared_all(package: str) -> set[str]:
+    for node in ast.parse(MODULES[package].read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if getattr(target, "id", None) == "__all__" and getattr(node, "value", None) is not None:
+            return set(ast.literal_eval(node.value))  # type: ignore[arg-type]
+    return set()
+
+
+def test_other_packages_are_reached_through_their_api() -> None:
+    """From outside a subpackage, a module imports what its `__init__` lists (a name, or a submodule it lists
+    as part of its API, like `nn.lora`), so a move inside the subpackage does not ripple."""
+    bad = []
+    for m in MODULES:
+        for target, _, line in imports(m):
+            package = target.rpartition(".")[0]
+            if package.count(".") < 1 or package not in MODULES or m == package or m.startswith(package + "."):
+                continue  # a top-level package's own modules, or a sibling inside the same subpackage
+            if target.rpartition(".")[2] not in _declared_all(package):
+                bad.append(f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}, not through {package}")
+    assert not bad, bad
+
+
 @pytest.mark.parametrize("folder", sorted(set(PACKAGES.values())))
 def test_no_source_file_over_600_lines(folder: str) -> None:
     long = {

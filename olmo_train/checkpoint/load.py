@@ -123,17 +123,19 @@ def load_checkpoint(
         model_sd = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
         if optim is not None and (path / EXACT_FILE).is_file():  # a resume takes the exact state over the merged
             model_sd = {**model_sd, **torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)}
+        _refuse_extra_tensors(path, set(model_sd), set(model.state_dict()))
         set_model_state_dict(model, model_sd, options=opts)
         if optim is not None:
             optim_sd = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
             set_optimizer_state_dict(model, optim, optim_sd, options=opts)
     elif optim is None:
         model_sd = get_model_state_dict(model)
-        _refuse_extra_tensors(path, model_sd)
+        _refuse_extra_tensors(path, _stored_model_keys(path), set(model_sd))
         safety.load_sharded(path, {"model": model_sd})
         set_model_state_dict(model, model_sd)
     else:
         model_sd, optim_sd = get_state_dict(model, optim)
+        _refuse_extra_tensors(path, _stored_model_keys(path), set(model_sd))
         safety.load_sharded(path, {"model": model_sd, "optim": optim_sd})
         set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
     rng_path = path / rng_file(d.rank)
@@ -151,15 +153,20 @@ def agree_on_checkpoint(candidate: Path | None) -> Path | None:
     return Path(chosen) if isinstance(chosen, str) else None
 
 
-def _refuse_extra_tensors(path: Path, model_sd: dict[str, Any]) -> None:
-    """Weights alone from a sharded checkpoint: DCP reads only the tensors the model asks for, so a checkpoint
-    holding more (a ReLoRA run's adapters, loaded without its hooks) would give the model unmerged weights
-    without a word. Refused instead, naming what the model has no place for."""
+def _stored_model_keys(path: Path) -> set[str]:
+    """The model tensors a sharded checkpoint holds, by state-dict key, from its metadata."""
     stored = safety.read_metadata(path / DCP_METADATA).state_dict_metadata
-    extra = sorted(k.removeprefix("model.") for k in stored if k.startswith("model.") and k[6:] not in model_sd)
+    return {k.removeprefix("model.") for k in stored if k.startswith("model.")}
+
+
+def _refuse_extra_tensors(path: Path, stored: set[str], wanted: set[str]) -> None:
+    """A load reads the tensors the model asks for: a checkpoint holding more (another model's, or a ReLoRA run's
+    adapters loaded without its hooks, which would leave the model with unmerged weights) would load in part
+    without a word. Refused instead, naming what the model has no place for."""
+    extra = sorted(stored - wanted)
     if extra:
         raise DataError(
             f"{path}: holds model tensors this model has no place for ({', '.join(extra[:3])}, ...: {len(extra)} in "
-            "all); its weights would load incompletely. Load it through the trainer, or read its plain weights "
-            "with olmo_train.convert.read_model_state"
+            "all), so it would load in part; it is a checkpoint of another model config (a ReLoRA run's needs its "
+            "relora settings; olmo_train.convert.read_model_state gives any checkpoint's plain weights)"
         )

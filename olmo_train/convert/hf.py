@@ -24,7 +24,7 @@ from olmo_data.errors import DataError
 from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_files import CONFIG_JSON, local_model_dir, read_hf_weights, read_json, tokenizer_vocab_size
 from olmo_train.convert.tables import ConfigField, TensorTable, expected_shapes, renamer, to_our_state, to_their_state
-from olmo_train.nn.model import mlp_hidden_size
+from olmo_train.nn import mlp_hidden_size
 
 log = logging.getLogger(__name__)
 

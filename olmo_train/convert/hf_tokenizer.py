@@ -43,14 +43,14 @@ def export_tokenizer(
     own = source / ckpt.TOKENIZER_FILE
     if recorded is None and own.is_file():
         where = f"the checkpoint's {ckpt.TOKENIZER_FILE}"
-        tok = load_hf_tokenizer(str(own))
+        tok = shippable_tokenizer(str(own))
         recorded = {"name": own.name, "path": str(own), "sha256": tok.sha256}
         recorded.update(special_ids(source / "tokenizer_config.json", tok))
     if recorded is None and given is None:
         log.warning("no tokenizer: the run's data has no manifest naming one; pass --tokenizer to include one")
         return None, dict.fromkeys(SPECIAL)
     if given is not None:
-        tok = load_hf_tokenizer(given)
+        tok = shippable_tokenizer(given)
         if recorded and tok.sha256 != recorded["sha256"]:
             if not force:
                 raise DataError(
@@ -66,7 +66,7 @@ def export_tokenizer(
                 f"{where} records tokenizer {recorded.get('name')!r} at {path or '(no path)'}, which is not here; "
                 f"pass --tokenizer with that tokenizer.json (sha256 {recorded['sha256']})"
             )
-        tok = load_hf_tokenizer(path)
+        tok = shippable_tokenizer(path)
         if tok.sha256 != recorded["sha256"]:
             if not force:
                 raise DataError(
@@ -95,7 +95,7 @@ def special_ids(path: Path, tok: Tokenizer) -> dict[str, Any]:
     return out
 
 
-def load_hf_tokenizer(spec: str) -> Tokenizer:
+def shippable_tokenizer(spec: str) -> Tokenizer:
     """A tokenizer that transformers can ship: a tokenizer.json (local, or a hub id where a network exists)."""
     if spec.endswith(".tiktoken"):
         raise DataError(f"{spec}: transformers needs a tokenizer.json, not a .tiktoken ranks file")

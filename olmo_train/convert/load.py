@@ -28,8 +28,8 @@ from olmo_train.convert import olmo_native
 from olmo_train.convert.hf import read_hf_dir
 from olmo_train.convert.hf_files import CONFIG_JSON
 from olmo_train.distributed import Dist
+from olmo_train.nn import Transformer
 from olmo_train.nn.lora import merge_state
-from olmo_train.nn.model import Transformer
 
 log = logging.getLogger(__name__)
 

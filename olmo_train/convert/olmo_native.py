@@ -27,7 +27,7 @@ from olmo_data.io import is_remote
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
 from olmo_train.config import ModelConfig
-from olmo_train.convert.hf_tokenizer import load_hf_tokenizer, write_tokenizer
+from olmo_train.convert.hf_tokenizer import shippable_tokenizer, write_tokenizer
 from olmo_train.convert.tables import ConfigField, Fused, TensorTable, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
 
@@ -381,7 +381,7 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
     ckpt.refuse_existing(dest)
     t0 = time.perf_counter()
     model, config = read_olmo_config(checkpoint)  # refused before the (large) weights are fetched
-    tok = load_hf_tokenizer(tokenizer) if tokenizer is not None else None
+    tok = shippable_tokenizer(tokenizer) if tokenizer is not None else None
     rows = model.embedding_size or model.vocab_size
     if tok is not None and tok.vocab_size > rows:
         raise DataError(

@@ -18,7 +18,7 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_train.config import ModelConfig
-from olmo_train.nn.model import Transformer
+from olmo_train.nn import Transformer
 
 
 @dataclass(frozen=True)

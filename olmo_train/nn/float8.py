@@ -7,7 +7,7 @@ rest of the trainer, and every tool that reads a checkpoint, neither needs nor i
 
 What is converted, and why the rest is not: the linears inside the blocks whose sizes are multiples of 16 (the fp8
 GEMMs need it). The output head stays in high precision (bf16 on GPUs): its logits feed the loss directly, and the
-chunked loss (olmo_train/loss.py) multiplies by its weight without calling the module, so a converted head would not
+chunked loss (olmo_train/nn/loss.py) multiplies by its weight without calling the module, so a converted head would not
 even run in fp8. Embeddings and norms are no matmuls.
 
 `Float8Linear` keeps the module's name and its `weight` parameter, so the state dict has the same keys as the plain

@@ -187,7 +187,7 @@ class Block(nn.Module):
         self.attention_norm = build_norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
         self.mlp_norm = build_norm(cfg, cfg.d_model)
-        # model.activation_checkpointing: the policy (olmo_train/recompute). Applied inside forward, so that a
+        # model.activation_checkpointing: the policy (olmo_train/nn/recompute). Applied inside forward, so that a
         # compiled block compiles the checkpoint with it (the policy then holds for the compiled kernels too) and
         # FSDP2's hooks gather the weights around both the forward and its recomputation.
         self.recompute = cfg.activation_checkpointing_policy if cfg.activation_checkpointing else None

@@ -382,7 +382,7 @@ def test_dataset_reader_serves_instances_and_masks(demo_tokenizer: str, tmp_path
 def test_output_is_identical_whatever_the_process_count(
     demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack: bool
 ) -> None:
-    monkeypatch.setattr(chat, "CHUNK_CONVERSATIONS", 16)  # many chunks, so workers interleave
+    monkeypatch.setattr("olmo_data.chat.prepare.CHUNK_CONVERSATIONS", 16)  # many chunks, so workers interleave
     src = write_jsonl(tmp_path / "in.jsonl", realistic_conversations(120, seed=1))
     for n in (1, 2):
         prepare_chat([src], tmp_path / f"p{n}", ChatOptions(demo_tokenizer, seq_len=128, pack=pack), processes=n)

@@ -258,3 +258,29 @@ def test_both_shuffle_paths_give_the_same_order(monkeypatch: pytest.MonkeyPatch)
     assert fast.dtype == slow.dtype == np.uint32
     np.testing.assert_array_equal(fast, slow)
     np.testing.assert_array_equal(slow, olmo_permutation(5000, 21, 2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint16", "int16", "int64"])
+def test_a_side_file_that_lies_about_the_dtype_is_refused(tmp_path: Path, dtype: str) -> None:
+    """With "float32" every entry read as instance 0, with uint16 the batches interleaved zeros: exit 0 both
+    times. Refused instead, naming the side file."""
+    ds = open_dataset(_dataset(tmp_path), sequence_length=10)
+    path = ensure_order(str(tmp_path / "run" / "train_data"), ds, seed=6, epoch=0)
+    info = json.loads(Path(side_file(path)).read_text())
+    Path(side_file(path)).write_text(json.dumps({**info, "dtype": dtype}))
+    message = rf"{side_file(path)}: dtype '{dtype}'; an order holds uint32"
+    with pytest.raises(DataError, match=message):
+        read_order_range(path, 0, 8, expected_fingerprint=ds.fingerprint())
+    with pytest.raises(DataError, match=message):
+        load_order(path)
+
+
+def test_an_order_whose_length_differs_from_its_side_file_is_refused(tmp_path: Path) -> None:
+    ds = open_dataset(_dataset(tmp_path), sequence_length=10)
+    path = ensure_order(str(tmp_path / "run" / "train_data"), ds, seed=6, epoch=0)
+    info = json.loads(Path(side_file(path)).read_text())
+    Path(side_file(path)).write_text(json.dumps({**info, "num_instances": 64}))
+    with pytest.raises(
+        DataError, match=r"global_indices.npy: holds 65 entries of uint32, but its side file records 64"
+    ):
+        read_order_range(path, 0, 8)
