@@ -138,7 +138,10 @@ CONFIG_FIELDS: tuple[ConfigField, ...] = (
         "n_kv_heads",
         int,
         export=lambda m: m.n_kv_heads or m.n_heads,
-        read=lambda hf: hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        # absent (None) means as many as the attention heads; a 0 is not "absent" but broken, refused below
+        read=lambda hf: (
+            hf["num_attention_heads"] if hf.get("num_key_value_heads") is None else hf["num_key_value_heads"]
+        ),
     ),
     ConfigField("max_position_embeddings", "max_sequence_length", int),
     ConfigField("rope_theta", "rope_theta", float, read=_rope_theta),
@@ -219,6 +222,8 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
         if raw is None or isinstance(raw, bool) != (f.kind is bool):
             raise DataError(f"{source}: {f.theirs} is {raw!r}; expected a {f.kind.__name__}")
         values[f.ours] = f.kind(raw)
+        if f.kind is int and values[f.ours] < 1:
+            raise DataError(f"{source}: {f.theirs} is {raw!r}; it must be a positive number")
     heads, kv_heads = values["n_heads"], values["n_kv_heads"]
     head_dim = values["d_model"] // heads
     if values["d_model"] % heads or hf.get("head_dim", head_dim) != head_dim:

@@ -332,6 +332,9 @@ def test_bad_transformers_models_are_refused(exported: dict[str, tuple[Path, Pat
         variant("head-dim", head_dim=32): r"head_dim 32 with hidden_size 64 and num_attention_heads 4",
         variant("small-vocab", vocab_size=1024): r"2048 tokens, but the model's embedding has 1024 rows",
         variant("fewer-layers", num_hidden_layers=2): r"does not account for, e\.g\. \['model\.layers\.2\.",
+        # a 0 used to read as "absent", importing a GQA model as one without (issue 27)
+        variant("no-kv-heads", num_key_value_heads=0): r"num_key_value_heads is 0; it must be a positive number",
+        variant("no-layers", num_hidden_layers=-1): r"num_hidden_layers is -1; it must be a positive number",
         str(tmp_path / "nothing" / "here"): r"no such model directory",
     }
     for model, match in cases.items():
