@@ -275,7 +275,7 @@ def load_order(
             raise DataError(f"{path}: cannot fetch the order file ({type(e).__name__}: {e})") from e
     elif not os.path.exists(path):
         raise DataError(f"{path}: order file not found; build it with `olmo-data build-order` or check the path")
-    if os.path.getsize(local) == 0:
+    if _checked_length(path, info, dtype, os.path.getsize(local)) == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(local, dtype=dtype.newbyteorder("<"), mode="r")
 
@@ -292,6 +292,17 @@ def _stored_dtype(path: str, info: dict[str, Any] | None, default: np.dtype[Any]
             "uint64) entries. The side file is damaged: build the order again"
         )
     return np.dtype(str(name))
+
+
+def _checked_length(path: str, info: dict[str, Any] | None, dtype: np.dtype[Any], size: int) -> int:
+    """The number of entries in an order file of `size` bytes, which must be the count its side file records."""
+    length = size // dtype.itemsize
+    if info and "num_instances" in info and int(info["num_instances"]) != length:
+        raise DataError(
+            f"{path}: holds {length:,} entries of {dtype}, but its side file records {int(info['num_instances']):,}; "
+            "the order or its side file is damaged: build the order again"
+        )
+    return length
 
 
 def _checked_info(
@@ -350,14 +361,10 @@ def read_order_range(
     info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
     dtype = _stored_dtype(path, info, order_dtype(num_instances or 0))
     try:
-        length = file_size(path) // dtype.itemsize
+        size = file_size(path)
     except Exception as e:
         raise DataError(f"{path}: order file not found or unreadable ({type(e).__name__}: {e})") from e
-    if info and "num_instances" in info and int(info["num_instances"]) != length:
-        raise DataError(
-            f"{path}: holds {length:,} entries of {dtype}, but its side file records {int(info['num_instances']):,}; "
-            "the order or its side file is damaged: build the order again"
-        )
+    length = _checked_length(path, info, dtype, size)
     if stop > length:
         raise DataError(
             f"{path}: the order holds {length} instances, fewer than the {stop} needed; the step is past "

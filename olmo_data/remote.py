@@ -375,13 +375,7 @@ class RemoteReader:
             return body[start : end + 1]
         if status != 206:
             raise _Transient(f"HTTP {status} to a ranged GET")
-        got = _content_range(headers.get("Content-Range"))
-        if got is None:  # a 206 must say which bytes it holds (RFC 9110): without it, they may be any
-            raise _Transient(f"206 without a readable Content-Range ({headers.get('Content-Range')!r})")
-        if got[2] is not None and got[2] <= end:
-            raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
-        if (got[0], got[1]) != (start, end):
-            raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
+        _check_range(headers.get("Content-Range"), "206 without a readable Content-Range", start, end)
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
         return body
@@ -426,13 +420,7 @@ class RemoteReader:
         bucket, key = url[5:].split("/", 1)
         end = start + length - 1
         obj = self._s3_call(lambda: self._s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}"))
-        got = _content_range(obj.get("ContentRange"))
-        if got is None:  # the bytes of a ranged read must say which they are, as over HTTP
-            raise _Transient(f"ranged GET answered without a readable ContentRange ({obj.get('ContentRange')!r})")
-        if got[2] is not None and got[2] <= end:
-            raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
-        if (got[0], got[1]) != (start, end):
-            raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
+        _check_range(obj.get("ContentRange"), "ranged GET answered without a readable ContentRange", start, end)
         body = self._s3_call(lambda: self._s3_body(obj))
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
@@ -520,6 +508,18 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return 1.0
+
+
+def _check_range(header: str | None, missing: str, start: int, end: int) -> None:
+    """The bytes of a ranged read must say which they are (RFC 9110; S3 alike): without a readable range, or with
+    another one, they may be any bytes of the file and are never used; a range cut by the file's end is final."""
+    got = _content_range(header)
+    if got is None:
+        raise _Transient(f"{missing} ({header!r})")
+    if got[2] is not None and got[2] <= end:
+        raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
+    if (got[0], got[1]) != (start, end):
+        raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
 
 
 def _content_range(value: str | None) -> tuple[int, int, int | None] | None:

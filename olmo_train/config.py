@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from olmo_data.errors import DataError
-from olmo_train.config_values import problems, shown
+from olmo_train.config_values import get_dotted, problems, shown
 
 
 class ConfigError(DataError):
@@ -379,7 +379,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
     for dotted, choices in CHOICES.items():
-        value = _get_dotted(cfg, dotted)
+        value = get_dotted(cfg, dotted)
         if value is not None and value not in choices:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -433,7 +433,7 @@ _NEEDS = (
 
 def _check_needs(cfg: TrainConfig) -> None:
     for key, default, switch in _NEEDS:
-        if _get_dotted(cfg, key) != default and not _get_dotted(cfg, switch):
+        if get_dotted(cfg, key) != default and not get_dotted(cfg, switch):
             raise ConfigError(f"config key {key!r}: set, but {switch} is not, so it would do nothing; set {switch}")
 
 
@@ -560,12 +560,6 @@ def check_cycles_divide(cfg: TrainConfig, total_steps: int) -> None:
             f"config key 'relora.cycle_length': {cycle} steps does not divide the run ({total_steps} steps, "
             f"max_duration={cfg.max_duration!r}); choose a cycle length that does, or change max_duration"
         )
-
-
-def _get_dotted(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
 
 
 def parse_duration(value: int | str) -> tuple[float, str]:

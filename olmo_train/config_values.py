@@ -51,7 +51,8 @@ def shown(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _get(cfg: Any, dotted: str) -> Any:
+def get_dotted(cfg: Any, dotted: str) -> Any:
+    """The value of a dotted config key (`model.n_heads`) in a config object."""
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
@@ -61,20 +62,20 @@ def problems(cfg: Any) -> list[str]:
     """Every value of `cfg` (a TrainConfig) that breaks its key's rule, as messages naming the key."""
     out = []
     for key in POSITIVE:
-        value = _get(cfg, key)
+        value = get_dotted(cfg, key)
         if value is not None and value < 1:
             out.append(f"config key {key!r}: must be positive, got {shown(value)}")
     for key in ABOVE_ZERO:
-        value = _get(cfg, key)
+        value = get_dotted(cfg, key)
         if value is not None and not value > 0:  # `not >` also refuses NaN
             hint = " (or null for no clipping)" if key == "max_grad_norm" else ""
             out.append(f"config key {key!r}: must be above 0{hint}, got {shown(value)}")
     for key in NON_NEGATIVE:
-        value = _get(cfg, key)
+        value = get_dotted(cfg, key)
         if not value >= 0:
             out.append(f"config key {key!r}: must be 0 or more, got {shown(value)}")
     for key in KEEP_COUNTS:
-        value = _get(cfg, key)
+        value = get_dotted(cfg, key)
         if value == 0 or value < -1:
             out.append(
                 f"config key {key!r}: got {value}; -1 keeps every checkpoint, N >= 1 the newest N (0 would delete "

@@ -187,12 +187,13 @@ def test_no_private_name_from_another_module() -> None:
     assert not bad, bad
 
 
-def _declared_all(package: str) -> set[str]:
+def _declared_all(package: str) -> set[str] | None:
+    """The names a package's `__init__` lists in `__all__` (None: it has no `__all__`)."""
     for node in ast.parse(MODULES[package].read_text()).body:
         target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
         if getattr(target, "id", None) == "__all__" and getattr(node, "value", None) is not None:
             return set(ast.literal_eval(node.value))  # type: ignore[arg-type]
-    return set()
+    return None
 
 
 def test_other_packages_are_reached_through_their_api() -> None:
@@ -204,7 +205,7 @@ def test_other_packages_are_reached_through_their_api() -> None:
             package = target.rpartition(".")[0]
             if package.count(".") < 1 or package not in MODULES or m == package or m.startswith(package + "."):
                 continue  # a top-level package's own modules, or a sibling inside the same subpackage
-            if target.rpartition(".")[2] not in _declared_all(package):
+            if target.rpartition(".")[2] not in (_declared_all(package) or set()):
                 bad.append(f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}, not through {package}")
     assert not bad, bad
 
@@ -259,14 +260,7 @@ def test_checkpoint_file_names_are_spelled_in_one_module() -> None:
 @pytest.mark.parametrize("package", [m for m in MODULES if MODULES[m].name == "__init__.py"])
 def test_each_package_states_its_api(package: str) -> None:
     """`__all__` lists the package's public names, and each one is there to import."""
-    tree = ast.parse(MODULES[package].read_text())
-    declared = [
-        node.value
-        for node in tree.body
-        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets))
-        or (isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "__all__")
-    ]
-    assert declared, f"{MODULES[package].relative_to(ROOT)}: no __all__"
+    assert _declared_all(package) is not None, f"{MODULES[package].relative_to(ROOT)}: no __all__"
     if package.startswith("olmo_cli"):
         return  # the click entry point: importing it checks for a foreign olmo_data first
     r = subprocess.run(

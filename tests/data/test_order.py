@@ -280,7 +280,8 @@ def test_an_order_whose_length_differs_from_its_side_file_is_refused(tmp_path: P
     path = ensure_order(str(tmp_path / "run" / "train_data"), ds, seed=6, epoch=0)
     info = json.loads(Path(side_file(path)).read_text())
     Path(side_file(path)).write_text(json.dumps({**info, "num_instances": 64}))
-    with pytest.raises(
-        DataError, match=r"global_indices.npy: holds 65 entries of uint32, but its side file records 64"
-    ):
+    message = r"global_indices.npy: holds 65 entries of uint32, but its side file records 64"
+    with pytest.raises(DataError, match=message):
         read_order_range(path, 0, 8)
+    with pytest.raises(DataError, match=message):
+        load_order(path)
