@@ -132,11 +132,14 @@ class DocIndex:
             stamp = f"{os.path.abspath(metadata)}|{st.st_size}|{st.st_mtime_ns}"
         return hashlib.sha256(f"v{DOCINDEX_VERSION}|{stamp}".encode()).hexdigest()[:24]
 
-    def index_for(self, token_path: str, metadata: str | None = None) -> FileIndex | None:
+    def index_for(
+        self, token_path: str, metadata: str | None = None, num_tokens: int | None = None
+    ) -> FileIndex | None:
         """The side index of a token file, building it on first use; None when the file has no metadata.
 
         `metadata` is the file's `.csv.gz` when known (`TokenFile.metadata_path`, from the manifest); else it is
-        looked up beside the token file.
+        looked up beside the token file. With `num_tokens` (the token file's length) every row must end within
+        the file: a row running past it would attribute every later instance to that one document.
         """
         with self._lock:
             if token_path in self._files:
@@ -149,12 +152,16 @@ class DocIndex:
                     build_doc_index(metadata, directory)
                     self.built += 1
                 index = FileIndex(directory)
+                if num_tokens is not None:
+                    check_rows_within(index, metadata, token_path, num_tokens)
             self._files[token_path] = index
             return index
 
-    def lookup(self, token_path: str, start: int, end: int, metadata: str | None = None) -> list[DocumentSpan] | None:
+    def lookup(
+        self, token_path: str, start: int, end: int, metadata: str | None = None, num_tokens: int | None = None
+    ) -> list[DocumentSpan] | None:
         """The documents overlapping tokens [start, end) of a token file, in order; None without metadata."""
-        index = self.index_for(token_path, metadata)
+        index = self.index_for(token_path, metadata, num_tokens)
         if index is None:
             return None
         first = int(np.searchsorted(index.ends, start, side="right"))  # first document ending after `start`
@@ -167,6 +174,18 @@ class DocIndex:
                 DocumentSpan(doc_id, src, loc, d_start, d_end, lo - start, min(d_end, end) - start, lo - d_start)
             )
         return out
+
+
+def check_rows_within(index: FileIndex, metadata: str, token_path: str, num_tokens: int) -> None:
+    """Refuse a metadata file with a row ending past its token file's last token, naming the row (1-based)."""
+    past = np.flatnonzero(np.asarray(index.ends) > num_tokens)
+    if len(past):
+        row = int(past[0])
+        raise DataError(
+            f"{metadata}: row {row + 1} ends at token {int(index.ends[row])}, past the end of its token file "
+            f"{token_path} ({num_tokens} tokens); the metadata does not belong to these tokens or is damaged: "
+            "re-run tokenize"
+        )
 
 
 def build_doc_index(metadata: str, directory: Path) -> None:

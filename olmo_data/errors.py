@@ -4,6 +4,23 @@ Every message names the file (and line, row or key) and says what was expected, 
 without reading our code. The CLI prints these messages without a traceback.
 """
 
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+__all__ = ["DataError", "shown"]
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 120, 60
+
 
 class DataError(Exception):
     """Bad input or a mismatch between what a directory holds and what was asked."""
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """A value as an error message shows it: at most `limit` characters, however large or deeply nested it is
+    (a YAML of nested aliases expands to billions of elements if printed whole)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -175,7 +175,11 @@ def inspect_batch(
                 label_mask=masks[p] if masks is not None else None,
                 source=loc.source,
                 documents=docs.lookup(
-                    loc.path, loc.token_offset, loc.token_offset + L, source.files[loc.file_index].metadata_path
+                    loc.path,
+                    loc.token_offset,
+                    loc.token_offset + L,
+                    source.files[loc.file_index].metadata_path,
+                    source.files[loc.file_index].num_tokens,
                 ),
                 text=decoder.decode(ids.tolist()) if decoder is not None else None,
             )

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote, read_bytes
 
 MANIFEST_NAME = "manifest.json"
@@ -59,12 +59,72 @@ def read_manifest(directory: str) -> dict[str, Any] | None:
         raise DataError(f"{path}: not valid JSON ({e}); the directory's manifest is damaged") from e
     if not isinstance(manifest, dict) or "dtype" not in manifest:
         raise DataError(f"{path}: not an olmo-data manifest (no 'dtype' key)")
-    if manifest.get("version", 0) > MANIFEST_VERSION:
+    version = manifest.get("version", 0)
+    if _is_int(version) and version > MANIFEST_VERSION:
         raise DataError(
             f"{path}: manifest version {manifest['version']} is newer than this tool understands "
             f"({MANIFEST_VERSION}); upgrade olmo-data"
         )
+    problem = field_problem(manifest)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}; the directory's manifest is damaged: re-run the command that wrote it")
     return dict(manifest)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(value: Any, least: int = 0) -> bool:
+    return _is_int(value) and value >= least
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value != "")
+
+
+def _relative(value: Any) -> bool:
+    """A file name inside the directory: a manifest never points elsewhere (`../x` or `/x` would read, and a
+    resumed tokenize write, files that are not the directory's)."""
+    return isinstance(value, str) and value != "" and not value.startswith("/") and ".." not in value.split("/")
+
+
+def field_problem(manifest: dict[str, Any]) -> str | None:
+    """The first manifest field of the wrong type or value, described by key; None when every field read is
+    sound. Every later stage reads these fields as given (a dtype picks the reader, a count sizes a file), so a
+    damaged one must stop here, by name, not as a KeyError or a misread file further on."""
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("dtype", manifest["dtype"], manifest["dtype"] in DTYPES, f"one of {sorted(DTYPES)}"),
+        ("version", manifest.get("version", 0), _count(manifest.get("version", 0)), "an integer"),
+        ("format", manifest.get("format"), _optional_str(manifest.get("format")), "a string"),
+    ]
+    for key in ("sequence_length", "instance_length"):
+        value = manifest.get(key)
+        checks.append((key, value, value is None or _count(value, 1), "a positive integer"))
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        value = manifest.get(key)
+        checks.append((key, value, value is None or _count(value), "a token id (0 or more) or null"))
+    for key in ("tokenizer", "totals", "options"):
+        value = manifest.get(key)
+        checks.append((key, value, value is None or isinstance(value, dict), "a mapping"))
+    files = manifest.get("files", [])
+    checks.append(("files", files, isinstance(files, list), "a list of file entries"))
+    for key, value, ok, expected in checks:
+        if not ok:
+            return f"{key} must be {expected}, got {shown(value)}"
+    for k, entry in enumerate(files):
+        where = f"files[{k}]"
+        if not isinstance(entry, dict):
+            return f"{where} must be a mapping, got {shown(entry)}"
+        if not _relative(entry.get("path")):
+            return f"{where}.path must be a file name inside the directory, got {shown(entry.get('path'))}"
+        for key in ("tokens", "documents"):
+            if entry.get(key) is not None and not _count(entry[key]):
+                return f"{where}.{key} must be a count (0 or more), got {shown(entry[key])}"
+        for key in ("metadata", "label_mask"):
+            if entry.get(key) is not None and not _relative(entry[key]):
+                return f"{where}.{key} must be a file name inside the directory, got {shown(entry[key])}"
+    return None
 
 
 NOT_FOUND_CODES = {"NoSuchKey", "NotFound", "404", "403", "AccessDenied"}

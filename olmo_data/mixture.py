@@ -371,6 +371,13 @@ def load_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> Lo
             raise DataError(
                 f"{sel_path}: holds {len(sel)} ids but {file} says {s['selected_instances']}; re-run `olmo-data mix`"
             )
+        if sel.ndim != 1 or sel.dtype.kind not in "iu":
+            raise DataError(f"{sel_path}: a selection is a 1-D array of instance ids, not {sel.dtype} {sel.shape}")
+        if len(sel) and (int(sel[0]) < 0 or bool(np.any(sel[1:] < sel[:-1]))):
+            raise DataError(
+                f"{sel_path}: the selection of source {s['name']} is not sorted instance ids from 0 (an id "
+                "below 0 or out of order would read another source's instances); re-run `olmo-data mix`"
+            )
         source_instances = sum(f.num_tokens // sequence_length for f in files[lo:])
         if len(sel) and int(sel[-1]) >= source_instances:
             raise DataError(

@@ -90,7 +90,7 @@ def dataset_stats(
     lengths: list[np.ndarray] = []
     for k, f in enumerate(source.files):
         n = f.num_tokens // L
-        index = docs.index_for(f.path, f.metadata_path) if docs is not None else None
+        index = docs.index_for(f.path, f.metadata_path, f.num_tokens) if docs is not None else None
         if index is not None:
             lengths.append(np.asarray(index.ends) - np.asarray(index.starts))
         files.append(

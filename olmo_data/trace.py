@@ -114,7 +114,7 @@ def find_documents(
     found: set[bytes] = set()
     out: list[Target] = []
     for k, f in enumerate(source.files):  # a file a mix lists in two sources is two places to look
-        index = docs.index_for(f.path, f.metadata_path)
+        index = docs.index_for(f.path, f.metadata_path, f.num_tokens)
         if index is None:
             continue
         rows: list[int] = []

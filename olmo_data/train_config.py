@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, shown
 from olmo_data.io import read_yaml
 
 
@@ -30,29 +30,29 @@ def read_train_config(path: str) -> dict[str, Any]:
     for section in ("model", "data"):
         raw[section] = raw.get(section) or {}
         if not isinstance(raw[section], dict):
-            raise DataError(f"{path}: {section} must be a mapping of keys, got {raw[section]!r}")
+            raise DataError(f"{path}: {section} must be a mapping of keys, got {shown(raw[section])}")
     raw["model"].setdefault("max_sequence_length", 1024)
     for key in ("seed", "global_train_batch_size"):
         if not isinstance(raw[key], int) or isinstance(raw[key], bool):
-            raise DataError(f"{path}: {key} must be an integer, got {raw[key]!r}")
+            raise DataError(f"{path}: {key} must be an integer, got {shown(raw[key])}")
     length = raw["model"]["max_sequence_length"]
     if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
-        raise DataError(f"{path}: model.max_sequence_length must be a positive integer, got {length!r}")
+        raise DataError(f"{path}: model.max_sequence_length must be a positive integer, got {shown(length)}")
     if not isinstance(raw["save_folder"], str):
-        raise DataError(f"{path}: save_folder must be a string (a directory), got {raw['save_folder']!r}")
+        raise DataError(f"{path}: save_folder must be a string (a directory), got {shown(raw['save_folder'])}")
     data = raw["data"]
     for key in ("paths", "label_mask_paths"):
         value = data.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(p, str) for p in value)):
             raise DataError(
-                f"{path}: data.{key} must be a list of paths (strings), got {value!r}; "
+                f"{path}: data.{key} must be a list of paths (strings), got {shown(value)}; "
                 f"write it as a YAML list, e.g. {key}: [runs/demo/tokens]"
             )
     for key in ("mix", "order_path"):
         if data.get(key) is not None and not isinstance(data[key], str):
-            raise DataError(f"{path}: data.{key} must be a path (a string), got {data[key]!r}")
+            raise DataError(f"{path}: data.{key} must be a path (a string), got {shown(data[key])}")
     if data.get("dtype") is not None and data["dtype"] not in ("uint16", "uint32"):
-        raise DataError(f"{path}: data.dtype must be uint16 or uint32, got {data['dtype']!r}")
+        raise DataError(f"{path}: data.dtype must be uint16 or uint32, got {shown(data['dtype'])}")
     return raw
 
 
@@ -60,18 +60,18 @@ def parse_duration(value: int | str) -> tuple[float, str]:
     """OLMo's max_duration: an int of steps, `...T` tokens or `...ep` epochs -> (amount, unit)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
-            raise DataError(f"duration {value!r}: must be positive")
+            raise DataError(f"duration {shown(value)}: must be positive")
         return float(value), "steps"
     text = str(value).strip()
     m = re.fullmatch(r"([0-9.eE+_]+)\s*(T|ep)?", text)
     if not m:
-        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)")
+        raise DataError(f"duration {shown(value)}: expected steps (1000), tokens (2e9T) or epochs (3ep)")
     try:
         amount = float(m.group(1).replace("_", ""))
     except ValueError as e:
-        raise DataError(f"duration {value!r}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
+        raise DataError(f"duration {shown(value)}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
     if not amount > 0:
-        raise DataError(f"duration {value!r}: must be positive")
+        raise DataError(f"duration {shown(value)}: must be positive")
     return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from olmo_data.errors import DataError
-from olmo_train.config_values import get_dotted, problems, shown
+from olmo_data.errors import DataError, shown
+from olmo_train.config_values import get_dotted, problems
 
 
 class ConfigError(DataError):

@@ -7,8 +7,9 @@ the checkpoint just saved. Each rule here names its key; `config.py` refuses the
 
 from __future__ import annotations
 
-import reprlib
 from typing import Any
+
+from olmo_data.errors import shown
 
 # sizes and counts: at least 1 (None, where allowed, keeps its meaning: "derived" or "off")
 POSITIVE = (
@@ -39,16 +40,6 @@ NON_NEGATIVE = (
     "scheduler.warmup_min_lr",
 )
 KEEP_COUNTS = ("save_num_checkpoints_to_keep", "save_num_unsharded_checkpoints_to_keep")
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 120, 60
-
-
-def shown(value: Any, limit: int = 200) -> str:
-    """A value as an error message shows it: at most `limit` characters, however large or deeply nested it is
-    (a YAML of nested aliases expands to billions of elements if printed whole)."""
-    text = _SHORT.repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def get_dotted(cfg: Any, dotted: str) -> Any:

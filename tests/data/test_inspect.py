@@ -518,3 +518,30 @@ def test_a_step_past_max_duration_is_flagged(tmp_path: Path, tokens_dir: str, mo
     assert "never trained" not in inside.output
     assert "note: the run trains 4 steps (its max_duration), so it never trained step 5" in past.output
     assert inspect_batch(config, step=5).run_steps == 4
+
+
+def test_metadata_row_past_its_token_file_is_refused(tmp_path: Path, tokens_dir: str) -> None:
+    """A `.csv.gz` row ending past its token file would attribute every later instance to one document."""
+    import shutil
+
+    from olmo_data.trace import find_documents
+
+    data = tmp_path / "tokens"
+    shutil.copytree(tokens_dir, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    first = manifest["files"][0]
+    tokens = len(np.fromfile(data / first["path"], dtype=manifest["dtype"]))
+    csv_path = data / first["path"].replace(".npy", ".csv.gz")
+    rows = gzip.open(csv_path, "rt").read().splitlines()
+    start, _end, *rest = rows[-1].split(",")
+    rows[-1] = ",".join([start, str(tokens + 1000), *rest])
+    with gzip.open(csv_path, "wt") as f:
+        f.write("\n".join(rows) + "\n")
+    config = write_config(tmp_path, str(data / first["path"]))  # its metadata is found beside it
+    cfg = yaml.safe_load(Path(config).read_text())
+    build_config_orders(cfg)
+    expected = rf"{csv_path.name}: row {len(rows)} ends at token {tokens + 1000}, past the end of its token file"
+    with pytest.raises(DataError, match=expected):
+        inspect_batch(config, step=1, doc_index=DocIndex(str(tmp_path / "cache")))
+    with pytest.raises(DataError, match=expected):
+        find_documents(open_from_config(cfg), ids=["nope"], doc_index=DocIndex(str(tmp_path / "cache2")))

@@ -85,3 +85,48 @@ def test_remote_order_side_file_failure_is_not_missing(server: tuple[Path, str])
         DataError, match=rf"{url}/broken/global_indices.json: read failed after \d+ attempts .*HTTP 500"
     ):
         read_order_info(f"{url}/broken/global_indices.npy")
+
+
+GOOD_MANIFEST = {
+    "format": "olmo-data.tokens",
+    "version": 1,
+    "dtype": "uint16",
+    "eos_token_id": 0,
+    "files": [{"path": "part-0.npy", "metadata": "part-0.csv.gz", "tokens": 256, "documents": 3}],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dtype": "float32"}, r"dtype must be one of \['uint16', 'uint32'\], got 'float32'"),
+        ({"version": "1"}, r"version must be an integer, got '1'"),
+        ({"eos_token_id": -1}, r"eos_token_id must be a token id \(0 or more\) or null, got -1"),
+        ({"sequence_length": 0}, r"sequence_length must be a positive integer, got 0"),
+        ({"tokenizer": "gpt2"}, r"tokenizer must be a mapping, got 'gpt2'"),
+        ({"files": {"path": "x"}}, r"files must be a list of file entries"),
+        ({"files": ["part-0.npy"]}, r"files\[0\] must be a mapping, got 'part-0.npy'"),
+        ({"files": [{"path": "../other/part-0.npy"}]}, r"files\[0\].path must be a file name inside the directory"),
+        ({"files": [{"path": "/etc/part-0.npy"}]}, r"files\[0\].path must be a file name inside the directory"),
+        (
+            {"files": [{"path": "a.npy", "tokens": "256"}]},
+            r"files\[0\].tokens must be a count \(0 or more\), got '256'",
+        ),
+        ({"files": [{"path": "a.npy", "tokens": -5}]}, r"files\[0\].tokens must be a count"),
+        ({"files": [{"path": "a.npy", "metadata": 7}]}, r"files\[0\].metadata must be a file name inside the"),
+    ],
+)
+def test_manifest_fields_are_checked_by_type_and_value(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    """A damaged manifest field stops at the manifest, by key (a dtype of float32 was a KeyError further on)."""
+    from olmo_data.instances import open_dataset
+
+    (tmp_path / "manifest.json").write_text(json.dumps(GOOD_MANIFEST))
+    np_tokens = tmp_path / "part-0.npy"
+    np_tokens.write_bytes(bytes(512))
+    assert read_manifest(str(tmp_path)) == GOOD_MANIFEST
+    (tmp_path / "manifest.json").write_text(json.dumps({**GOOD_MANIFEST, **change}))
+    full = rf"manifest.json: {message}.*the directory's manifest is damaged"
+    with pytest.raises(DataError, match=full):
+        read_manifest(str(tmp_path))
+    with pytest.raises(DataError, match=full):
+        open_dataset(paths=[str(tmp_path)], sequence_length=64)

@@ -277,6 +277,33 @@ def test_rewritten_selection_is_refused(tmp_path: Path, sources: dict[str, list[
         open_dataset(mix=str(dest), sequence_length=SEQ)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda ids: np.concatenate([[-1], ids[1:]]), r"not sorted instance ids from 0"),
+        (lambda ids: ids[::-1].copy(), r"not sorted instance ids from 0"),
+        (lambda ids: ids.astype(np.float64), r"a selection is a 1-D array of instance ids, not float64"),
+    ],
+)
+def test_selection_ids_are_checked_even_when_their_sha256_agrees(
+    tmp_path: Path, sources: dict[str, list[str]], change: Any, message: str
+) -> None:
+    """A selection with an id of -1 would read the previous source's last instance; its recorded sha256 only
+    says the file is the one written, so the ids themselves are checked too."""
+    import hashlib
+
+    dest = tmp_path / "mix"
+    build_mix(parse_spec(spec(sources, shares={"web": 0.5, "code": 0.5})), str(dest))
+    manifest = json.loads((dest / "mix.json").read_text())
+    second = manifest["sources"][1]
+    path = dest / second["selection"]
+    np.save(path, change(np.load(path)))
+    second["selection_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (dest / "mix.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=rf"{second['selection']}: .*{message}"):
+        open_dataset(mix=str(dest), sequence_length=SEQ)
+
+
 def test_mix_cli_flags_and_help() -> None:
     res = CliRunner().invoke(main, ["mix", "--help"])
     assert res.exit_code == 0
