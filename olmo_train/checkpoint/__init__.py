@@ -19,6 +19,7 @@ from olmo_train.checkpoint.files import (
     refuse_existing,
     write_imported,
 )
+from olmo_train.checkpoint.integrity import read_trainer_state
 from olmo_train.checkpoint.layout import (
     CHECKSUMS,
     CONFIG,
@@ -35,7 +36,6 @@ from olmo_train.checkpoint.layout import (
     is_unsharded,
     latest_checkpoint,
     list_checkpoints,
-    read_trainer_state,
     rng_file,
     step_dir,
 )

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, sha256_file, write_json_atomic
-from olmo_train.checkpoint.layout import CHECKSUMS
+from olmo_train.checkpoint.layout import CHECKSUMS, TRAINER_STATE, TrainerState
 from olmo_train.checkpoint.safety import confined
 
 VERSION = 1
@@ -224,6 +224,19 @@ def read_checksums(directory: Path) -> dict[str, Record] | None:
         ):
             raise DataError(f"{path}: the entry of {name} is not {{'size': int, 'sha256': hex}}; {AGAIN}")
     return files
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    """A complete checkpoint's trainer state, its bytes checked against checksums.json before they are parsed
+    (a damaged file is named as damaged, not as a JSON error or, worse, read as another step)."""
+    state_path = path / TRAINER_STATE
+    if not state_path.is_file():
+        raise DataError(f"{path}: not a complete checkpoint (no {TRAINER_STATE}); give a stepN directory")
+    data = state_path.read_bytes()
+    records = read_checksums(path)
+    if records is not None and TRAINER_STATE in records and record_of(data) != records[TRAINER_STATE]:
+        raise _differs(str(state_path), record_of(data), records[TRAINER_STATE])
+    return TrainerState.parse(data, state_path)
 
 
 def check_record(path: Path, expected: Record) -> None:

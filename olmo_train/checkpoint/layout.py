@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, shown
 from olmo_data.io import json_bytes
 
 TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
@@ -76,16 +76,34 @@ class TrainerState:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in known})
 
+    @classmethod
+    def parse(cls, data: bytes, where: Path) -> TrainerState:
+        """The state in the bytes of trainer_state.json, each field checked by type and value: a resume sets the
+        step, the data position and the seed from them, so a string step or a negative count must stop here by
+        key, not as a TypeError mid-resume or (for `verify`) not at all."""
+        try:
+            obj = json.loads(data)
+        except ValueError as e:
+            raise DataError(f"{where}: not valid JSON ({e}); the checkpoint is damaged") from e
+        if not isinstance(obj, dict):
+            raise DataError(f"{where}: expected a mapping of trainer state fields, got {shown(obj)}")
+        for f in fields(cls):
+            if f.name not in obj:
+                continue
+            value = obj[f.name]
+            if f.type == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= (f.name == "world_size")
+                expected = "an integer of 1 or more" if f.name == "world_size" else "an integer of 0 or more"
+            else:
+                ok = isinstance(value, str) or (value is None and "None" in str(f.type))
+                expected = "a string" + (" or null" if "None" in str(f.type) else "")
+            if not ok:
+                raise DataError(f"{where}: {f.name} must be {expected}, got {shown(value)}; the checkpoint is damaged")
+        return cls.from_json(obj)
+
     def to_bytes(self) -> bytes:
         """The bytes of trainer_state.json (known before they are written, so checksums.json can list them)."""
         return json_bytes(asdict(self))
-
-
-def read_trainer_state(path: Path) -> TrainerState:
-    state_path = path / TRAINER_STATE
-    if not state_path.is_file():
-        raise DataError(f"{path}: not a complete checkpoint (no {TRAINER_STATE}); give a stepN directory")
-    return TrainerState.from_json(json.loads(state_path.read_text()))
 
 
 def list_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:

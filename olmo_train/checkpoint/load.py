@@ -39,7 +39,6 @@ from olmo_train.checkpoint.layout import (
     TRAINER_STATE,
     TrainerState,
     is_unsharded,
-    read_trainer_state,
     rng_file,
 )
 from olmo_train.checkpoint.save import set_rng_state
@@ -78,9 +77,11 @@ def _load_rng(path: Path) -> dict[str, Any] | None:
 
 def check_files(path: Path, *, weights_only: bool = False, rank: int = 0, world_size: int = 1) -> list[str]:
     """Before anything of a complete checkpoint is read: its files against its checksums.json (each of
-    `world_size` ranks a share; the optimizer state left out with `weights_only`), and a sharded one's metadata
-    read safely and each shard it names present and long enough. Returns the shard names (none if unsharded)."""
+    `world_size` ranks a share; the optimizer state left out with `weights_only`), its trainer state's fields,
+    and a sharded one's metadata read safely and each shard it names present and long enough. Returns the shard
+    names (none if unsharded)."""
     records = integrity.verify(path, skip=[OPTIM_FILE] if weights_only else [], rank=rank, world_size=world_size)
+    integrity.read_trainer_state(path)  # its fields by type and value: a copy or an export carries them on
     shards: list[str] = []
     if is_unsharded(path):
         reads = [MODEL_FILE, *([] if weights_only or not (path / OPTIM_FILE).is_file() else [OPTIM_FILE])]
@@ -106,7 +107,7 @@ def load_checkpoint(
 ) -> TrainerState:
     """Load weights (and optimizer state unless `optim` is None) from a sharded or unsharded checkpoint, once its
     files are checked (`check_files`); no file of it is unpickled freely."""
-    state = read_trainer_state(path)
+    state = integrity.read_trainer_state(path)
     if is_unsharded(path) and optim is not None and not (path / OPTIM_FILE).is_file():
         # weights only (`unshard --model-only`)
         raise DataError(

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -158,10 +158,30 @@ def storage_extents(metadata: Metadata) -> dict[str, int]:
     return needed
 
 
+def check_declared_sizes(metadata_file: Path, metadata: Metadata) -> None:
+    """Every tensor piece the metadata declares must fit the bytes it says store it: a piece of 4 TB "stored" in
+    4 MB would make a load allocate the 4 TB before reading anything (pieces written through a compressing
+    storage extension are not bounded this way)."""
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if not isinstance(entry, TensorStorageMetadata):
+            continue
+        itemsize = torch.empty(0, dtype=entry.properties.dtype).element_size()
+        for chunk in entry.chunks:
+            info = metadata.storage_data.get(MetadataIndex(fqn, chunk.offsets))
+            need = chunk.sizes.numel() * itemsize
+            if info is not None and not getattr(info, "transform_descriptors", None) and info.length < need:
+                raise DataError(
+                    f"{metadata_file}: tensor {fqn} declares a piece of {list(chunk.sizes)} {entry.properties.dtype} "
+                    f"({need} bytes) stored in {info.length} bytes; the metadata is damaged or forged (copy the "
+                    "checkpoint again)"
+                )
+
+
 def check_shard_files(metadata_file: Path, metadata: Metadata) -> list[str]:
     """The shard file names, each checked to exist and to be long enough for every piece the metadata places in
     it; a missing or truncated shard is refused by name before any tensor is read."""
     directory = metadata_file.parent
+    check_declared_sizes(metadata_file, metadata)
     needed = storage_extents(metadata)
     for name, size in sorted(needed.items()):
         shard = shard_path(metadata_file, name)

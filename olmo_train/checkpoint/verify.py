@@ -16,7 +16,7 @@ from olmo_data.io import is_remote
 from olmo_train.checkpoint import integrity, safety
 from olmo_train.checkpoint.fetch import localize
 from olmo_train.checkpoint.files import checkpoint_kind
-from olmo_train.checkpoint.layout import CHECKSUMS, DCP_METADATA, RNG_DIR, read_trainer_state
+from olmo_train.checkpoint.layout import CHECKSUMS, DCP_METADATA, RNG_DIR
 from olmo_train.checkpoint.load import check_files
 from olmo_train.distributed import Dist
 
@@ -38,7 +38,7 @@ def verify_checkpoint(spec: str, *, strict: bool = False) -> str:
         tensors = _check_tensors_stored(path / DCP_METADATA)
     for pt in sorted(path.glob("*.pt")) + sorted(path.glob(f"{RNG_DIR}/*.pt")):
         _check_plain(pt)
-    state = read_trainer_state(path)
+    state = integrity.read_trainer_state(path)
     if records is None:
         checked = f"not checked: no {CHECKSUMS} (saved before checksums existed)"
     else:

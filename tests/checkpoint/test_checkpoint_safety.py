@@ -288,6 +288,49 @@ def test_truncated_shard_is_refused(sharded: Path, tmp_path: Path) -> None:
     refused_everywhere(sharded, tmp_path, f"{sharded / SHARD}: truncated ({size // 2} bytes, checksums.json records")
 
 
+def test_tensor_declared_larger_than_its_storage_is_refused(sharded: Path, tmp_path: Path) -> None:
+    """Metadata declaring a 4 TB tensor stored in a few bytes: a load would allocate the 4 TB first."""
+    import dataclasses
+
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    metadata = safety.read_metadata(sharded / ".metadata")
+    fqn = "model.embeddings.weight"
+    entry = metadata.state_dict_metadata[fqn]
+    huge = torch.Size([2**20, 2**20])
+    chunk = ChunkStorageMetadata(offsets=entry.chunks[0].offsets, sizes=huge)
+    metadata.state_dict_metadata[fqn] = dataclasses.replace(entry, size=huge, chunks=[chunk])
+    forge(sharded, ".metadata", pickle.dumps(metadata))
+    refused_everywhere(
+        sharded, tmp_path, f"{sharded / '.metadata'}: tensor {fqn} declares a piece of [1048576, 1048576] torch.float32"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("step", "5", "step must be an integer of 0 or more, got '5'"),
+        ("tokens_seen", -1, "tokens_seen must be an integer of 0 or more, got -1"),
+        ("world_size", 0, "world_size must be an integer of 1 or more, got 0"),
+        ("seed", True, "seed must be an integer of 0 or more, got True"),
+        ("data_fingerprint", 7, "data_fingerprint must be a string, got 7"),
+    ],
+)
+def test_trainer_state_of_the_wrong_type_is_refused_by_field(
+    sharded: Path, tmp_path: Path, field: str, value: Any, message: str
+) -> None:
+    state = json.loads((sharded / "trainer_state.json").read_text())
+    forge(sharded, "trainer_state.json", json.dumps({**state, field: value}).encode())
+    refused_everywhere(sharded, tmp_path, f"{sharded / 'trainer_state.json'}: {message}")
+
+
+def test_damaged_trainer_state_is_named_by_its_checksum_before_it_is_parsed(sharded: Path, tmp_path: Path) -> None:
+    path = sharded / "trainer_state.json"
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"{", b"[", 1))  # same length, no longer JSON
+    refused_everywhere(sharded, tmp_path, f"{path}: sha256 ")
+
+
 def test_corrupt_unsharded_file_is_refused(saved: tuple[Path, Path], tmp_path: Path) -> None:
     checkpoint = tmp_path / "step1-unsharded"
     shutil.copytree(saved[1], checkpoint)
