@@ -187,12 +187,19 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; finished files get the usual permissions
+        usual_mode(tmp_path)  # mkstemp makes 0600
         os.replace(tmp_path, final)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def usual_mode(path: str | os.PathLike[str]) -> None:
+    """Give a finished file the permissions a plain `open` would (0666 less the umask): writers that go through a
+    private temporary file (mkstemp, safetensors) leave 0600, so one output file of many would be unreadable to
+    the rest of a team."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def _current_umask() -> int:

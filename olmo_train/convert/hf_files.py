@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from olmo_data.errors import DataError
+from olmo_data.io import usual_mode
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ def write_safetensors(
     for n, (name, shard) in enumerate(zip(names, shards, strict=True), 1):
         log.info("writing %s (%d of %d, %d tensors)", name, n, len(names), len(shard))
         save_file(shard, str(directory / name), metadata={"format": "pt"})
+        usual_mode(directory / name)  # safetensors writes 0600
     if len(shards) > 1:
         total = sum(t.numel() * t.element_size() for t in hf_state.values())
         weight_map = {key: name for name, shard in zip(names, shards, strict=True) for key in shard}

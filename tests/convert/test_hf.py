@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -145,6 +146,16 @@ def test_transformers_gives_our_logits_and_tokens(
     diff = float((got - expected).abs().max())
     print(f"{shape}: max abs logit difference {diff:.3g} (logits up to {float(expected.abs().max()):.3g})")
     assert got.dtype == torch.float32 and diff <= 1e-5
+
+
+def test_exported_files_all_get_the_usual_mode(exported: dict[str, tuple[Path, Path]]) -> None:
+    """safetensors writes its files 0600; an export is shared, so each of its files gets what `open` gives."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for _source, hf_dir in exported.values():
+        modes = {p.name: p.stat().st_mode & 0o777 for p in hf_dir.iterdir() if p.is_file()}
+        assert any(name.endswith(".safetensors") for name in modes)
+        assert set(modes.values()) == {0o666 & ~umask}, modes
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
