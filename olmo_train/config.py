@@ -189,6 +189,7 @@ class TrainConfig:
     eval_interval: int | None = None
     evaluators: list[EvaluatorConfig] = field(default_factory=list)
     compile: bool = False  # torch.compile each block
+    deterministic: bool = False  # GPU: deterministic kernels (slower); CPU runs repeat without it
     peak_flops_per_device: float | None = None  # for MFU; None: guessed from the GPU's name
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

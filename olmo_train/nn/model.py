@@ -138,7 +138,13 @@ class Attention(nn.Module):
             y = flex(q, k, v, block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
             y = y.transpose(1, 2).reshape(B, T, C)
         elif plain and self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-            y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            y = flash_attn_func(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                causal=True,
+                deterministic=torch.are_deterministic_algorithms_enabled(),  # `deterministic: true`
+            )
             y = y.reshape(B, T, C)
         else:
             S = k.shape[2]

@@ -42,6 +42,7 @@ from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, lab
 from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.train.optim import build_optimizer, learning_rate, set_learning_rate
 from olmo_train.train.relora import RELORA_LOAD
+from olmo_train.train.reproducible import make_reproducible
 
 log = logging.getLogger("olmo_train")
 
@@ -250,6 +251,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         datefmt="%H:%M:%S",
         force=True,
     )
+    make_reproducible(cfg.deterministic)  # the thread count, before the first matmul
     if cfg.model.document_masking:  # before anything is written
         check_trainable(cfg.model.document_attention, d.device)
     save_folder = Path(cfg.save_folder)
