@@ -187,7 +187,7 @@ def test_document_masking_under_fsdp_trains_as_one_process(tmp_path: Path, demo_
 
 
 FLEX_UNDER_FSDP = """
-import sys, torch
+import os, sys, torch
 from torch.distributed.fsdp import fully_shard
 from olmo_train.config import ModelConfig
 from olmo_train.nn import doc_ids_from_eos
@@ -208,7 +208,7 @@ for attention in ("mask", "flex"):
     with torch.no_grad():
         out[attention] = net(ids, doc_ids=doc_ids_from_eos(ids, 0))
 torch.testing.assert_close(out["flex"], out["mask"], rtol=0, atol=1e-5)
-print("equal", torch.distributed.get_rank())
+os.write(1, f"equal {torch.distributed.get_rank()}\\n".encode())  # one write: the two ranks' lines never interleave
 """
 
 
