@@ -27,8 +27,9 @@ REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 
 
 def default_cache_dir() -> str:
-    """Where derived files are kept (document indexes, fetched orders, checked tokenizers): $OLMO_DATA_CACHE, else
-    ~/.cache/olmo-data. Everything there can be deleted at any time; it is rebuilt on demand."""
+    """Where derived files are kept (document indexes, fetched orders, checked tokenizers, downloaded checkpoints):
+    $OLMO_DATA_CACHE, else ~/.cache/olmo-data. Everything there can be deleted at any time; it is rebuilt on
+    demand."""
     return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
 
 
@@ -123,6 +124,22 @@ def local_copy(path: str, directory: str | os.PathLike[str]) -> Iterator[str]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def cached_download(url: str) -> Path:
+    """A local copy of the remote file `url` in the cache ($OLMO_DATA_CACHE/downloads), fetched by
+    `olmo_data.remote` (a stalled server times out, retries are counted and bounded, redirects too) under a
+    temporary name renamed when complete, so a file under its own name there is always whole. A copy is reused
+    while the remote file keeps its size (one HEAD request): a file rewritten in place at the same size is not
+    noticed, which suits checkpoints and models, written once."""
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    target = Path(default_cache_dir()) / "downloads" / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}"
+    reader = remote_reader()
+    if target.is_file() and target.stat().st_size == reader.size(url):
+        return target
+    with atomic_path(target) as tmp:
+        reader.download(url, tmp)
+    return target
 
 
 def s3_client() -> Any:

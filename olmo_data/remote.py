@@ -11,9 +11,11 @@ Networks fail: a 503, a 429 asking to come back later, a connection reset mid-bo
 than asked. Those are retried with exponential back-off and jitter, bounded in attempts and in total time, and
 counted (`RemoteReader.retries`, which the trainer logs as a metric). A response whose length or range is not
 the one asked for is never used. A failure that retrying cannot fix (404, a range past the end of the file), or
-the last failed attempt, is a `DataError` naming the URL and the byte range. (urllib3's and botocore's own retries
-are turned off: they know nothing of a body of the wrong length, count nothing we could log, and differ per
-scheme; one loop here serves every scheme the same way.)
+the last failed attempt, is a `DataError` naming the URL and the byte range. A server that stalls fails its attempt
+after `timeout_s` of silence; redirects are followed up to a bound, past which the request fails at once, named as
+too many redirects (a loop does not end by retrying). (urllib3's and botocore's own retries are turned off: they
+know nothing of a body of the wrong length, count nothing we could log, and differ per scheme; one loop here
+serves every scheme the same way.)
 
 http(s):// goes through urllib3 pool managers whose connection pool per host is as large as the concurrency;
 s3:// through one boto3 client (thread-safe, pool of the same size, its own retries off so that ours are the
@@ -54,7 +56,8 @@ class RemoteOptions:
     backoff_s: float = 0.1  # delay before the first retry, doubled after each one (times a jitter of 0.5-1)
     max_backoff_s: float = 10.0  # cap of one delay, Retry-After included
     deadline_s: float = 120.0  # a request is given up once it has been tried for this long
-    timeout_s: float = 60.0  # connect and read timeout of one attempt
+    timeout_s: float = 60.0  # connect timeout, and longest silence while reading, of one attempt
+    redirects: int = 5  # HTTP redirects followed per request; more is a loop (or a chain), refused at once
     coalesce_gap: int = 64 * 1024  # merge ranges of a file separated by at most this many bytes...
     max_request_bytes: int = 16 * 2**20  # ...while the merged request stays this small
     cache_entries: int = 4096  # recently read ranges kept in memory (repeated looks at a batch are free)
@@ -75,8 +78,10 @@ class RemoteOptions:
         return cls(**changes)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.attempts < 1:
-            raise DataError(f"remote reads need concurrency >= 1 and attempts >= 1, got {self}")
+        if self.concurrency < 1 or self.attempts < 1 or self.redirects < 0 or self.timeout_s <= 0:
+            raise DataError(
+                f"remote reads need concurrency >= 1, attempts >= 1, redirects >= 0 and timeout_s > 0, got {self}"
+            )
 
 
 class _Transient(Exception):
@@ -183,19 +188,24 @@ class RemoteReader:
         announced is retried like a short range."""
         return self._with_retries(url, "read", partial(self._read_all_once, url), None)
 
-    def download(self, url: str, destination: str, chunk_bytes: int = 8 * 2**20) -> None:
-        """Copy a remote file to a local path in ranged chunks, `concurrency` at a time, each retried on its own:
-        a reset in the middle of a large file costs one chunk, not the whole transfer. Memory stays under
-        `concurrency` chunks."""
+    def download(
+        self, url: str, destination: str | os.PathLike[str] | Callable[[bytes], Any], chunk_bytes: int = 8 * 2**20
+    ) -> None:
+        """Copy a remote file to a local path, or give its bytes in order to a `write` function (a stream that hashes
+        them), in ranged chunks, `concurrency` at a time, each retried on its own: a reset in the middle of a large
+        file costs one chunk, not the whole transfer; a stall fails an attempt after `timeout_s` of silence. Memory
+        stays under `concurrency` chunks."""
+        if isinstance(destination, (str, os.PathLike)):
+            with open(destination, "wb") as f:
+                return self.download(url, f.write, chunk_bytes)
         total = self.size(url)
         window = max(1, self.options.concurrency) * chunk_bytes
-        with open(destination, "wb") as f:
-            for lo in range(0, total, window):
-                hi = min(total, lo + window)
-                spans = [(url, s, min(chunk_bytes, hi - s)) for s in range(lo, hi, chunk_bytes)]
-                batch = _Batch()
-                for block in self._run([partial(self._fetch_with_retries, *r, batch) for r in spans]):
-                    f.write(block)
+        for lo in range(0, total, window):
+            hi = min(total, lo + window)
+            spans = [(url, s, min(chunk_bytes, hi - s)) for s in range(lo, hi, chunk_bytes)]
+            batch = _Batch()
+            for block in self._run([partial(self._fetch_with_retries, *r, batch) for r in spans]):
+                destination(block)
 
     def stats(self) -> dict[str, int]:
         """Counters to log: requests that succeeded and failed attempts that were retried."""
@@ -328,8 +338,17 @@ class RemoteReader:
                     maxsize=self.options.concurrency,
                     block=True,
                     timeout=urllib3.Timeout(connect=self.options.timeout_s, read=self.options.timeout_s),
-                    # no retries of its own (ours are counted and logged), but redirects are followed
-                    retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5),
+                    # no retries of its own (ours are counted and logged), but redirects are followed, up to a
+                    # bound past which the last 3xx is returned to us (_http_request names it, unretried)
+                    retries=urllib3.Retry(
+                        total=None,
+                        connect=0,
+                        read=0,
+                        status=0,
+                        other=0,
+                        redirect=self.options.redirects,
+                        raise_on_redirect=False,
+                    ),
                 )
                 self._pools[proxy] = urllib3.ProxyManager(proxy, **kw) if proxy else urllib3.PoolManager(**kw)
             return self._pools[proxy]
@@ -347,8 +366,14 @@ class RemoteReader:
                 method, url, headers={"Accept-Encoding": "identity", **headers}, preload_content=False
             )
             try:
-                if r.status >= 400:
+                location = r.get_redirect_location()  # a redirect still to follow once the bound is spent
+                if r.status >= 400 or location:
                     r.drain_conn()  # a connection goes back to the pool only once its response is read
+                if location:  # a loop gives the same answer next time: not retried
+                    raise _Permanent(
+                        f"too many redirects ({self.options.redirects}), the last to {location}: a redirect loop, or "
+                        "a chain longer than OLMO_DATA_REMOTE_REDIRECTS"
+                    )
                 if r.status in RETRY_STATUS or r.status >= 500:
                     raise _Transient(f"HTTP {r.status}", _retry_after(r.headers.get("Retry-After")))
                 if r.status >= 400:  # the cause's `code` tells "not found" (manifest.is_not_found_error)
@@ -364,6 +389,8 @@ class RemoteReader:
             raise _Permanent(f"{type(e).__name__}: {e}") from e
         except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, or a body cut short
             reason = getattr(e, "reason", None) or e
+            if isinstance(reason, urllib3.exceptions.TimeoutError):  # a stalled server: say how long we waited
+                raise _Transient(f"no answer for {self.options.timeout_s:g} s ({type(reason).__name__})") from e
             raise _Transient(f"connection failed ({type(reason).__name__})") from e
 
     def _http_range(self, url: str, start: int, length: int) -> bytes:

@@ -15,6 +15,11 @@ request was seen before, so a run's faults do not depend on thread timing: the s
 faults under the same seed. `Faults.down` makes every request fail with a 503 (a server that stays down), and
 `Faults.down_after` does so from the n-th request on (a server that goes down in the middle of a run).
 
+Faults of chosen files, by the end of their path (`""` names every file): `stall` sends the headers and half the
+body of a GET, then nothing, keeping the connection open (a server hung mid-body, which only a read timeout
+ends); `redirect_loop` answers every request with a 302 to the same URL; `redirect_hops` sends each request
+through a chain of that many 302s before serving it (a chain a client should follow, up to its bound).
+
 Used by the tests (`tests/data/test_remote_reads.py`) and the benchmark (`benchmarks/remote_reads.py`).
 """
 
@@ -49,6 +54,10 @@ class Faults:
     # answer ranged GETs with 206 and the asked length, but no Content-Range and the bytes from offset 0 (a lie
     # only the missing header gives away)
     lie_range: bool = False
+    stall: str | None = None  # GETs of paths ending so send half their body, then stay silent for `stall_s`
+    stall_s: float = 60.0
+    redirect_loop: str | None = None  # requests of paths ending so are redirected to themselves, forever
+    redirect_hops: int = 0  # every request is redirected this many times (?hop=1, ?hop=2, ...) before served
 
 
 class FlakyServer:
@@ -69,12 +78,14 @@ class FlakyServer:
         self._server = _Server(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self.closing = threading.Event()  # ends the stalls when the server stops
 
     def __enter__(self) -> FlakyServer:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -135,7 +146,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         fault = server.fault_for(f"{self.command} {self.path} {header}")
         if faults.latency_s:
             time.sleep(faults.latency_s)
-        path = server.root / self.path.split("?", 1)[0].lstrip("/")
+        name, _, query = self.path.partition("?")
+        if self._redirected(name, query):
+            return
+        path = server.root / name.lstrip("/")
         if not path.resolve().is_relative_to(server.root.resolve()) or not path.is_file():
             self._empty(404)
             return
@@ -178,7 +192,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(data[: len(data) // 2], faults.bandwidth)
             self._hang_up()
             return
+        if faults.stall is not None and name.endswith(faults.stall):
+            server.count("stall", False, self.path)
+            self._send(data[: len(data) // 2], faults.bandwidth)
+            self.wfile.flush()
+            server.closing.wait(faults.stall_s)  # silent, the connection open: only the client's timeout ends it
+            self._hang_up()
+            return
         self._send(data, faults.bandwidth)
+
+    def _redirected(self, name: str, query: str) -> bool:
+        """Answer with a 302 when a redirect fault applies to this request (True: answered)."""
+        faults = self.flaky.faults
+        hop = int(query.removeprefix("hop=")) if query.startswith("hop=") else 0
+        if faults.redirect_loop is not None and name.endswith(faults.redirect_loop):
+            location = self.path  # itself: a loop
+        elif hop < faults.redirect_hops:
+            location = f"{name}?hop={hop + 1}"
+        else:
+            return False
+        self.flaky.count("redirect", False, self.path)
+        self._empty(302, {"Location": location})
+        return True
 
     def _empty(self, status: int, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)

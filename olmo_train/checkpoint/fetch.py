@@ -1,7 +1,10 @@
 """A checkpoint given as a path or a URL, as a local directory whose files can be trusted to be the recorded ones.
 
-A remote checkpoint is copied into a cache entry of its own through cached-path; every name is confined to that
-entry and every file checked against checksums.json while it is copied, before it gets its name.
+A remote checkpoint is copied into a cache entry of its own ($OLMO_DATA_CACHE/checkpoints) through
+`olmo_data.remote`, the reader the data path uses: its requests time out when a server stalls, are retried a
+bounded number of times, follow a bounded number of redirects, and fail with one line naming the URL, so a
+load never hangs. Every name is confined to the entry and every file checked against checksums.json while it is
+downloaded, under a temporary name; only a complete, checked file gets its own name.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import os
 from pathlib import Path
 
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
+from olmo_data.io import default_cache_dir, is_remote
+from olmo_data.manifest import is_not_found_error
+from olmo_data.remote import remote_reader
 from olmo_train.checkpoint import integrity, safety
 from olmo_train.checkpoint.layout import CHECKSUMS, CONFIG, DCP_METADATA, MODEL_FILE, OPTIM_FILE, TRAINER_STATE
 from olmo_train.distributed import Dist, barrier
@@ -21,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def localize(load_path: str, d: Dist) -> Path:
-    """A local directory holding the checkpoint at `load_path` (remote ones fetched through cached-path)."""
+    """A local directory holding the checkpoint at `load_path` (remote ones downloaded into the cache)."""
     if not is_remote(load_path):
         path = Path(load_path).expanduser()
         if not path.is_dir():
@@ -38,43 +43,48 @@ def localize(load_path: str, d: Dist) -> Path:
     return local
 
 
+def cache_entry(url: str) -> Path:
+    """Where the checkpoint at `url` is downloaded: a directory of its own, named by the URL's hash."""
+    return Path(default_cache_dir()) / "checkpoints" / f"checkpoint-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
+
+
 def download(url: str) -> Path:
     """The checkpoint at `url`, copied into a cache entry of its own. Its checksums.json names the files to fetch
     (a checkpoint saved before it existed: its metadata does); each name is checked to stay inside the entry
-    before anything is fetched or written, and each file against its record while it is copied, before it gets
+    before anything is fetched or written, and each file against its record while it is downloaded, before it gets
     its name, so a damaged download is never used and a crafted one writes nowhere else."""
-    from cached_path import cached_path
-
-    def fetch(name: str) -> Path:
-        try:
-            return Path(cached_path(f"{url}/{name}"))
-        except Exception as e:
-            raise DataError(f"load_path {url}: cannot fetch {name} ({type(e).__name__}: {e})") from e
+    reader = remote_reader()
 
     def place(name: str) -> None:
         target = safety.confined(dest, name, url)
         expected = records.get(name) if records else None
         if target.exists() and (expected is None or target.stat().st_size == expected["size"]):
-            return  # a file is only ever complete under its own name: copied aside, checked, then renamed
+            return  # a file is only ever complete under its own name: downloaded aside, checked, then renamed
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.part-{os.getpid()}")
         try:
-            integrity.copy_checked(fetch(name), partial, expected, f"{url}/{name}")
+            # a failed download is the reader's DataError: one line that begins with the file's URL
+            source = f"{url}/{name}"
+            integrity.write_checked(partial, expected, source, lambda write: reader.download(source, write))
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
 
     def present(name: str) -> bool:
+        """Whether the server has `name`: only "not found" is an absence; a stall or an outage is an error."""
         try:
-            fetch(name)
+            reader.size(f"{url}/{name}")
             return True
-        except DataError:
-            return False
+        except DataError as e:
+            if is_not_found_error(e):
+                return False
+            raise
 
-    state = fetch(TRAINER_STATE)
-    dest = state.parent / f"checkpoint-{hashlib.sha256(url.encode()).hexdigest()[:16]}"
-    dest.mkdir(exist_ok=True)
+    dest = cache_entry(url)
+    dest.mkdir(parents=True, exist_ok=True)
     records: dict[str, integrity.Record] | None = None
+    if not present(TRAINER_STATE):
+        raise DataError(f"load_path {url}: no {TRAINER_STATE} there; give the URL of a checkpoint directory")
     if present(CHECKSUMS):
         place(CHECKSUMS)
         records = integrity.read_checksums(dest)

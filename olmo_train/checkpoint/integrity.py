@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
@@ -298,15 +298,18 @@ def require_listed(directory: Path, files: dict[str, Record], reads: Iterable[st
             raise DataError(f"{directory / name}: not listed in {CHECKSUMS}, so it cannot be checked; {AGAIN}")
 
 
-def copy_checked(source: Path, target: Path, expected: Record | None, label: str) -> None:
-    """Copy `source` (a downloaded file) to `target`, refusing it under its `label` (its URL) unless its bytes are
-    the recorded ones. A refused source is removed, so that the next attempt downloads it anew."""
+def write_checked(
+    target: Path, expected: Record | None, label: str, fill: Callable[[Callable[[bytes], Any]], None]
+) -> None:
+    """Write `target` by `fill(write)` (a download giving its bytes in order), hashed as they pass, and refuse it
+    under its `label` (its URL) unless they are the recorded ones: a refused file is removed, never kept, so a
+    damaged download is neither used nor mistaken for a finished one later."""
     if expected is None:
-        shutil.copyfile(source, target)
+        with open(target, "wb") as f:
+            fill(f.write)
         return
-    with open(source, "rb") as src, hashing_open(target) as (stream, record):
-        shutil.copyfileobj(src, stream, _CHUNK)
+    with hashing_open(target) as (stream, record):
+        fill(stream.write)
     if record != expected:
-        source.unlink(missing_ok=True)
         target.unlink(missing_ok=True)
         raise _differs(label, record, expected)

@@ -23,7 +23,9 @@ import torch
 import yaml
 
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
+from olmo_data.io import cached_download, is_remote
+from olmo_data.manifest import is_not_found_error
+from olmo_data.remote import remote_reader
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
 from olmo_train.config import ModelConfig
@@ -272,23 +274,25 @@ def olmo_model_section(model: ModelConfig) -> dict[str, Any]:
 
 
 def _fetch(spec: str, name: str) -> Path:
-    """`name` of the checkpoint at `spec`: the file itself when local, else a download through cached-path."""
+    """`name` of the checkpoint at `spec`: the file itself when local, else a download into the cache (through
+    `olmo_data.remote`: a stalled server fails after its timeout, naming the URL, instead of hanging)."""
     if not is_remote(spec):
         return Path(spec).expanduser() / name
-    from cached_path import cached_path
-
-    url = f"{spec.rstrip('/')}/{name}"
-    try:
-        return Path(cached_path(url))
-    except Exception as e:
-        raise DataError(f"{url}: cannot fetch it ({type(e).__name__}: {e})") from e
+    return cached_download(f"{spec.rstrip('/')}/{name}")
 
 
 def _exists(spec: str, name: str) -> bool:
+    """Whether the checkpoint at `spec` has `name`; remote, only "not found" is an absence (one HEAD request): a
+    server that fails or stalls is an error naming the URL, not a reason to read the checkpoint as another kind."""
+    if not is_remote(spec):
+        return (Path(spec).expanduser() / name).is_file()
     try:
-        return _fetch(spec, name).is_file()
-    except DataError:
-        return False
+        remote_reader().size(f"{spec.rstrip('/')}/{name}")
+        return True
+    except DataError as e:
+        if is_not_found_error(e):
+            return False
+        raise
 
 
 def is_olmo_checkpoint(spec: str) -> bool:

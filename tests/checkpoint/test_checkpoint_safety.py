@@ -103,12 +103,11 @@ def verify_cli(target: str, *args: str) -> tuple[int, str]:
 
 
 def serve(checkpoint: Path, http_root: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    """The checkpoint on the loopback server: (its URL, the download cache root)."""
+    """The checkpoint on the loopback server: (its URL, the folder of checkpoint downloads)."""
     root, url = http_root
     shutil.copytree(checkpoint, root / checkpoint.name)
-    cache = root.parent / "cache"
-    monkeypatch.setattr("cached_path.common.CACHE_DIRECTORY", cache)  # read from the environment at import only
-    return f"{url}/{checkpoint.name}", cache
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(root.parent / "cache"))
+    return f"{url}/{checkpoint.name}", root.parent / "cache" / "checkpoints"
 
 
 def refused_everywhere(checkpoint: Path, tmp_path: Path, match: str) -> None:

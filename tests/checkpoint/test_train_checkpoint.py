@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from olmo_data.remote import RemoteReader
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import fetch, save
 from olmo_train.distributed import Dist
@@ -64,24 +67,24 @@ def test_replacing_a_step_leaves_only_the_new_copy(tmp_path: Path) -> None:
 def test_interrupted_download_is_not_reused(
     tmp_path: Path, http_root: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     root, url = http_root
     remote = root / "step3-unsharded"
     remote.mkdir()
     (remote / "trainer_state.json").write_text(json.dumps({"step": 3}))
     (remote / "model.pt").write_bytes(b"m" * 10_000)
     (remote / "optim.pt").write_bytes(b"o" * 10_000)
-    real_copy = shutil.copyfile
+    real_download = RemoteReader.download
 
-    def interrupted_copy(src: str, dst: str | Path) -> None:
-        data = Path(src).read_bytes()
-        Path(dst).write_bytes(data[: len(data) // 2])
+    def interrupted_download(self: RemoteReader, source: str, write: Callable[[bytes], Any]) -> None:
+        data = self.read_all(source)
+        write(data[: len(data) // 2])
         raise Killed
 
-    monkeypatch.setattr(shutil, "copyfile", interrupted_copy)
+    monkeypatch.setattr(RemoteReader, "download", interrupted_download)
     with pytest.raises(Killed):
         fetch.download(f"{url}/step3-unsharded")
-    monkeypatch.setattr(shutil, "copyfile", real_copy)
+    monkeypatch.setattr(RemoteReader, "download", real_download)
     local = fetch.download(f"{url}/step3-unsharded")
     for name in ("trainer_state.json", "model.pt", "optim.pt"):
         assert (local / name).read_bytes() == (remote / name).read_bytes(), f"{name}: a partial download was reused"

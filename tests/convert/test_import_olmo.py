@@ -382,7 +382,7 @@ def test_load_model_and_import_olmo_from_a_url(
     tmp_path: Path, http_root: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, url = http_root
-    monkeypatch.setattr("cached_path.common.CACHE_DIRECTORY", tmp_path / "cache")
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     hf, section = CASES["olmo1-tied"]()
     write_olmo(root / "step1000-unsharded", olmo_state_of(hf), section)
     ids = probe()
@@ -393,6 +393,39 @@ def test_load_model_and_import_olmo_from_a_url(
     dest = import_olmo(f"{url}/step1000-unsharded/", tmp_path / "ours")
     with torch.no_grad():
         assert max_diff(load_model(dest)[0](ids), expected) <= 1e-5
+
+
+def test_an_olmo_checkpoint_url_that_stalls_or_loops_fails_naming_the_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OLMo's model.pt from a server that stalls mid-body: load_model and import-olmo fail after the configured
+    timeout with one line naming the file's URL (before: cached-path waited as long as the server did), and no
+    model.pt is left in the download cache; a redirect loop on its config is named as one."""
+    import time
+
+    from tests.flaky_server import Faults, FlakyServer
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
+    monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
+    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    hf, section = CASES["olmo1-tied"]()
+    write_olmo(tmp_path / "www" / "step1000-unsharded", olmo_state_of(hf), section)
+    with FlakyServer(tmp_path / "www", Faults(stall="model.pt")) as server:
+        url = f"{server.url}/step1000-unsharded"
+        began = time.monotonic()
+        with pytest.raises(DataError) as e:
+            load_model(url)
+        assert time.monotonic() - began < 5
+        assert str(e.value).startswith(f"{url}/model.pt: ranged read of bytes 0..") and "\n" not in str(e.value)
+        assert "after 2 attempts" in str(e.value) and "no answer for 0.3 s" in str(e.value)
+        with pytest.raises(DataError, match=re.escape(f"{url}/model.pt: ranged read of bytes 0..")):
+            import_olmo(url, tmp_path / "ours")
+        assert not (tmp_path / "ours").exists()
+        assert not [p for p in (tmp_path / "cache").rglob("*") if "model.pt" in p.name]
+        server.faults = Faults(redirect_loop="config.yaml")
+        with pytest.raises(DataError, match=re.escape(f"{url}/config.yaml: size failed (too many redirects (5)")):
+            load_model(url)
 
 
 # ---- OLMo-1 through the trainer ----------------------------------------------------------------------------

@@ -328,3 +328,68 @@ def test_local_copy_of_a_remote_file(files: dict[str, bytes], server: FlakyServe
     assert not list((tmp_path / "dl").iterdir())  # removed afterwards
     with local_copy(str(tmp_path / "www" / "c.bin"), tmp_path / "dl") as path:
         assert path == str(tmp_path / "www" / "c.bin")  # a local file is used in place
+
+
+def test_redirects_are_followed_up_to_their_bound_then_refused_by_name(
+    files: dict[str, bytes], server: FlakyServer
+) -> None:
+    """A chain of redirects as long as the bound is followed; one more is refused at once (not retried: a loop
+    gives the same answer every time), by URL, as "too many redirects (N)", not as a connection failure."""
+    server.faults = Faults(redirect_hops=5)
+    reader = RemoteReader(QUICK)
+    assert reader.read(f"{server.url}/b.bin", 10, 10) == files["b.bin"][10:20]
+    assert reader.size(f"{server.url}/b.bin") == len(files["b.bin"])
+    server.faults = Faults(redirect_hops=6)
+    server.injected.clear()
+    with pytest.raises(DataError) as e:
+        reader.read(f"{server.url}/b.bin", 20, 10)
+    assert str(e.value).startswith(
+        f"{server.url}/b.bin: ranged read of bytes 20..29 failed (too many redirects (5), the last to /b.bin?hop=6: "
+        "a redirect loop, or a chain longer than OLMO_DATA_REMOTE_REDIRECTS)"
+    ), e.value
+    assert server.injected["redirect"] == 6 and reader.retries == 0  # one request: its first answer and 5 followed
+    short = RemoteReader(RemoteOptions(redirects=1, backoff_s=0.001))
+    with pytest.raises(DataError, match=r"c.bin: size failed \(too many redirects \(1\), the last to /c.bin\?hop=2"):
+        short.size(f"{server.url}/c.bin")
+    with pytest.raises(DataError, match=r"redirects >= 0"):
+        RemoteOptions(redirects=-1)
+
+
+def test_a_redirect_loop_is_named_for_a_data_read(
+    files: dict[str, bytes], server: FlakyServer, fresh_reader: RemoteReader
+) -> None:
+    """Token files behind a URL that redirects to itself: the dataset's reads fail at once naming the file and
+    the loop (before: retried for the whole deadline as "connection failed")."""
+    tokens = np.arange(40 * 8, dtype=np.uint16)
+    tokens.tofile(server.root / "tokens.npy")
+    dataset = open_dataset([f"{server.url}/tokens.npy"], sequence_length=8, dtype="uint16")
+    assert dataset[3].tolist() == tokens[24:32].tolist()
+    server.faults = Faults(redirect_loop="tokens.npy")
+    server.injected.clear()
+    began = time.monotonic()
+    with pytest.raises(DataError) as e:
+        dataset.get_batch([5, 6])
+    assert time.monotonic() - began < 2 and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"{server.url}/tokens.npy: ranged read of bytes 80..111 failed (too many redirects")
+    assert server.injected["redirect"] == 6 and fresh_reader.retries == 0
+    with pytest.raises(DataError, match=r"tokens.npy: read failed \(too many redirects \(5\), the last to /tokens"):
+        fresh_reader.read_all(f"{server.url}/tokens.npy")
+
+
+def test_a_server_that_stalls_mid_body_fails_after_the_timeout(
+    files: dict[str, bytes], server: FlakyServer, tmp_path: Path
+) -> None:
+    """Headers and half the body, then silence with the connection open: each attempt ends after `timeout_s`,
+    and the read fails after its attempts naming the URL, the range and the wait (not hangs)."""
+    server.faults = Faults(stall="a.bin")
+    reader = RemoteReader(RemoteOptions(attempts=2, timeout_s=0.3, backoff_s=0.001))
+    began = time.monotonic()
+    with pytest.raises(DataError) as e:
+        reader.read(f"{server.url}/a.bin", 0, 1000)
+    assert 0.6 <= time.monotonic() - began < 3
+    assert str(e.value).startswith(f"{server.url}/a.bin: ranged read of bytes 0..999 failed after 2 attempts in ")
+    assert "(last: no answer for 0.3 s (ReadTimeoutError))" in str(e.value) and "\n" not in str(e.value)
+    assert server.injected["stall"] == 2
+    with pytest.raises(DataError, match=r"a.bin: ranged read of bytes 0..199999 failed after 2 attempts .*no answer"):
+        reader.download(f"{server.url}/a.bin", tmp_path / "copy")
+    assert reader.read(f"{server.url}/b.bin", 0, 10) == files["b.bin"][:10]  # other files are served

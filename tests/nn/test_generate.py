@@ -248,7 +248,7 @@ def test_load_model_from_a_url(
 
     root, url = http_root
     shutil.copytree(trained / name, root / name)
-    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     remote, tok = load_model(f"{url}/{name}")
     local, _ = load_model(trained / name)
     for (key, a), (_, b) in zip(remote.state_dict().items(), local.state_dict().items(), strict=True):

@@ -160,13 +160,8 @@ def test_wandb_offline_keeps_run_id_on_resume(tmp_path: Path, tokens: str, monke
 
 
 @pytest.mark.parametrize("kind", ["step2", "step2-unsharded"])
-def test_load_path_url_through_cached_path(
-    tmp_path: Path, tokens: str, http_root: Any, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shutil
-
-    monkeypatch.setenv("CACHED_PATH_CACHE_ROOT", str(tmp_path / "cache"))
-    monkeypatch.setattr("cached_path.common.CACHE_DIRECTORY", tmp_path / "cache")  # read at import only
+def test_load_path_url(tmp_path: Path, tokens: str, http_root: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     root, url = http_root
     base = config(tmp_path, tokens, save_interval_unsharded=2)
     assert main([str(base), "--stop_at=2"]) == 0
@@ -181,6 +176,41 @@ def test_load_path_url_through_cached_path(
     assert main([str(base)]) == 0  # the base run itself continued locally gives the same step 3
     assert records(tmp_path)[2]["train/loss"] == got[0]["train/loss"]
     assert ref[-1]["step"] == 2
+
+
+def test_load_path_url_that_stalls_mid_body_fails_within_the_timeout(
+    tmp_path: Path, tokens: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server that sends half of model.pt and then nothing: the run stops after the configured timeout per
+    attempt with one line naming the file's URL, trains nothing, and leaves no model.pt in the download cache."""
+    import time
+
+    from olmo_train.checkpoint.fetch import cache_entry
+    from tests.flaky_server import Faults, FlakyServer
+
+    base = config(tmp_path, tokens, save_interval_unsharded=2)
+    assert main([str(base), "--stop_at=2"]) == 0
+    shutil.copytree(tmp_path / "run" / "step2-unsharded", tmp_path / "www" / "step2-unsharded")
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
+    monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
+    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    capsys.readouterr()
+    with FlakyServer(tmp_path / "www", Faults(stall="model.pt")) as server:
+        url = f"{server.url}/step2-unsharded"
+        finetune = config(tmp_path, tokens, "ft.yaml", save_folder=str(tmp_path / "ft"), load_path=url)
+        began = time.monotonic()
+        assert main([str(finetune)]) == 2
+        assert time.monotonic() - began < 10  # before: as long as the server stayed silent
+        assert server.injected["stall"] == 2
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "model.pt" in x)
+    assert line.startswith(f"error: {url}/model.pt: ranged read of bytes 0..") and "after 2 attempts" in line, err
+    assert "Traceback" not in err
+    assert "no answer for 0.3 s (ReadTimeoutError)" in line, err
+    assert not (tmp_path / "ft" / "metrics.jsonl").exists()
+    entry = cache_entry(url)
+    assert (entry / "checksums.json").is_file() and not list(entry.glob("*model.pt*"))
 
 
 def test_signal_handlers_are_restored_after_a_run(tmp_path: Path, tokens: str) -> None:
