@@ -145,6 +145,19 @@ def test_bad_input_fails_with_line_and_leaves_no_output(demo_tokenizer: str, tmp
     assert "b.jsonl:2" in s.bad_examples[0]
 
 
+def test_json_nested_too_deep_is_named_by_line_and_leaves_nothing(demo_tokenizer: str, tmp_path: Path) -> None:
+    """json.loads recurses once per level: a line nested 100k deep was a RecursionError traceback that left the
+    destination's .progress folder behind."""
+    deep = b'{"id": "a", "text": "x", "m": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    bad = write_jsonl(tmp_path / "b.jsonl", docs("fine"), raw_lines=[deep])
+    dest = tmp_path / "out"
+    with pytest.raises(DataError, match=r"b\.jsonl:2: JSON nested too deeply .*--skip-bad-documents"):
+        tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert not dest.exists()
+    s = tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer, skip_bad_documents=True))
+    assert (s.documents, s.skipped_bad) == (1, 1)
+
+
 def test_rerun_with_other_options_is_refused(demo_tokenizer: str, tmp_path: Path) -> None:
     inp = write_jsonl(tmp_path / "a.jsonl", docs("some text"))
     tokenize([inp], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer))
