@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from olmo_data import DataError, __version__
+from olmo_data.interrupts import Interrupted, stop_on_signals
 
 COMMANDS: dict[str, str] = {
     "sample": "olmo_cli.sample:sample",
@@ -28,7 +29,8 @@ COMMANDS: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
-    """Imports a command's module only when that command runs; bad input (DataError) ends in one red line."""
+    """Imports a command's module only when that command runs; bad input (DataError), SIGTERM and Ctrl-C end in
+    one red line (exit status 2, 143 and 130)."""
 
     lazy_commands: dict[str, str] = COMMANDS
 
@@ -45,10 +47,14 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with stop_on_signals():  # SIGTERM and Ctrl-C run the commands' own cleanup, then end here
+                return super().invoke(ctx)
         except DataError as e:  # bad input: a precise message, no traceback
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
+        except Interrupted as e:
+            click.secho(f"stopped by {e}: nothing half-written is left; rerun to finish", fg="red", err=True)
+            sys.exit(e.exit_code)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -20,6 +20,8 @@ from olmo_data.io import open_file, parquet_file
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2")
 JSON_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+# what a line nested deeper than Python's recursion limit is called (json.loads raises RecursionError on it)
+TOO_DEEP = "JSON nested too deeply to read (arrays or objects inside each other thousands of levels deep)"
 
 
 @dataclass
@@ -127,6 +129,9 @@ def _read_jsonl(
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 _fail(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})", bad)
+                continue
+            except RecursionError:  # the C decoder recurses per level: a hostile line must not crash the run
+                _fail(f"{path}:{lineno}: {TOO_DEEP}", bad)
                 continue
             if not isinstance(obj, dict):
                 _fail(f"{path}:{lineno}: expected a JSON object, found {type(obj).__name__}", bad)

@@ -6,10 +6,11 @@ without reading our code. The CLI prints these messages without a traceback.
 
 from __future__ import annotations
 
+import errno
 import reprlib
 from typing import Any
 
-__all__ = ["DataError", "shown"]
+__all__ = ["DataError", "is_disk_full", "shown"]
 
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 120, 60
@@ -24,3 +25,9 @@ def shown(value: Any, limit: int = 200) -> str:
     (a YAML of nested aliases expands to billions of elements if printed whole)."""
     text = _SHORT.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` is a write refused for want of space (or quota): the user's to fix, so commands turn it into a
+    DataError naming the folder, after removing what they had half written."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -17,7 +17,8 @@ import multiprocessing as mp
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from olmo_data.chat.packing import (
 from olmo_data.chat.rows import RowChunk, is_hub_dataset, parse_rows, row_chunks
 from olmo_data.chat.templates import TEMPLATES, encode_conversations
 from olmo_data.documents import file_format
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, is_disk_full
+from olmo_data.interrupts import quiet_worker
 from olmo_data.io import atomic_path, expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
@@ -131,6 +133,7 @@ _worker: dict[str, Any] = {}
 
 def _init_worker(options: ChatOptions, eos: int, tok: Tokenizer | None = None) -> None:
     if tok is None:  # a worker process: N processes on N cores, so no thread pools inside each
+        quiet_worker()  # SIGTERM and Ctrl-C are the parent's to handle: it ends the pool
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
         tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
@@ -162,21 +165,25 @@ def _process(task: RowChunk) -> _Chunk:
 
 def _processed(
     tasks: Iterator[RowChunk], options: ChatOptions, eos: int, tok: Tokenizer, processes: int
-) -> Iterator[_Chunk]:
+) -> Generator[_Chunk, None, None]:
     """Processed chunks in input order; at most 2 x processes chunks in flight, so memory stays bounded."""
     if processes == 1:
         _init_worker(options, eos, tok)
         yield from map(_process, tasks)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizer thread pools do not survive fork
-    with ctx.Pool(processes, initializer=_init_worker, initargs=(options, eos)) as pool:
-        pending: deque[Any] = deque()
+    pool = ProcessPoolExecutor(processes, ctx, initializer=_init_worker, initargs=(options, eos))
+    try:
+        pending: deque[Future[_Chunk]] = deque()
         for task in tasks:
-            pending.append(pool.apply_async(_process, (task,)))
+            pending.append(pool.submit(_process, task))
             if len(pending) >= 2 * processes:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    finally:  # also on failure, interrupt or close: chunks in flight are small, so waiting for them is short, and
+        # no worker is killed mid-write (see olmo_data.interrupts)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -330,10 +337,14 @@ def prepare_chat(
                     f"{options.seq_len}, {counts.bad_rows} bad rows skipped; check the inputs and --sequence-length"
                 )
             (dest / MANIFEST_NAME).unlink(missing_ok=True)  # a stale manifest must never describe new files
-    except BaseException:
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            chunks.close()  # its worker processes end now, not whenever the generator is collected
         if created:
             with contextlib.suppress(OSError):
                 dest.rmdir()
+        if is_disk_full(e):
+            raise DataError(f"{dest}: the disk is full ({e}); free space there and rerun") from e
         raise
 
     L = options.seq_len

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from olmo_data.documents import file_format, numbered_lines, parquet_batches
+from olmo_data.documents import TOO_DEEP, file_format, numbered_lines, parquet_batches
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote, open_file, parquet_file
 
@@ -89,6 +89,8 @@ def parse_rows(task: RowChunk, skip_bad_rows: bool) -> tuple[list[Conversation],
             checked = _check_row(obj)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             checked = f"malformed JSON ({getattr(e, 'msg', e)})"
+        except RecursionError:  # json.loads recurses per nesting level
+            checked = TOO_DEEP
         if isinstance(checked, str):
             if not skip_bad_rows:
                 raise DataError(f"{where}: {checked}{BAD_ROW_HINT}")

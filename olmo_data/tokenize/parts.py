@@ -3,6 +3,7 @@ writes them, each under a temporary name until complete."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -55,11 +56,16 @@ class PartWriter:
         self._npy = self._csv = None
 
     def abort(self) -> None:
+        """Drop the open part's temporaries. Never raises: it runs while an error is on its way up (most often a
+        full disk, which makes closing fail too, as the buffered bytes cannot be written), and that error is the
+        one to report."""
         for f in (self._npy, self._csv):
             if f is not None:
-                f.close()
+                with contextlib.suppress(OSError):
+                    f.close()  # the file descriptor is released even when the final flush fails
         for name in self._names:
-            (self.dest / f".tmp-{name}").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.dest / f".tmp-{name}").unlink(missing_ok=True)
         self._npy = self._csv = None
 
     def write(self, flat: np.ndarray, lengths: Sequence[int], docs: Sequence[Document], src: str) -> None:

@@ -4,6 +4,7 @@ record per input, and writes the manifest once every input is done (see `olmo_da
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from olmo_data import __version__
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, is_disk_full
 from olmo_data.io import expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import MANIFEST_NAME, MANIFEST_VERSION
 from olmo_data.tokenize.options import (
@@ -45,7 +46,9 @@ def tokenize(
 
     A rerun into the same destination with the same inputs and options reuses the inputs already done. Different
     inputs or options are refused, so one directory never mixes two runs. On bad input, this call's own outputs
-    are removed (earlier complete inputs are kept for a rerun) and `DataError` names the file and line.
+    are removed (earlier complete inputs are kept for a rerun) and `DataError` names the file and line. On any
+    other failure (an interrupt; a full disk, reported as a DataError naming the destination) the inputs finished
+    are kept too, and only unfinished inputs' files and temporaries are removed.
 
     With `shard`, only that shard's inputs are tokenized, while other shards may write into the same destination
     at the same time; the manifest is written by the shard that finds every input done when it ends.
@@ -55,22 +58,23 @@ def tokenize(
         raise DataError(f"--processes must be at least 1, got {processes}")
     run = _Run.open(documents, destination, options, must_exist=False)
     dest, progress_dir, inputs = run.dest, run.dest / PROGRESS_DIR, run.inputs
-    progress_dir.mkdir(exist_ok=True)
-    if shard is None:  # alone in the destination: whatever a killed run left is stale
-        remove_stale_temporaries(dest)
-    write_json_atomic(progress_dir / "run.json", run.record)  # every shard writes the same bytes
-
     mine = [i for i in range(len(inputs)) if shard is None or shard.takes(i)]
-    done = _completed(dest, inputs)
-    results = {i: done[i] for i in mine if i in done}
     todo: list[tuple[int, str, int, str]] = []
-    for i in mine:
-        if i not in results:
-            _remove_parts_of(dest, i)  # parts (and temporaries) of an unfinished earlier try
-            todo.append((i, str(inputs[i]["path"]), int(inputs[i]["size"]), str(dest)))
-    reused = len(results)
     written_now: list[int] = []
+    reused = 0
+    tasks = None
     try:
+        progress_dir.mkdir(exist_ok=True)
+        if shard is None:  # alone in the destination: whatever a killed run left is stale
+            remove_stale_temporaries(dest)
+        write_json_atomic(progress_dir / "run.json", run.record)  # every shard writes the same bytes
+        done = _completed(dest, inputs)
+        results = {i: done[i] for i in mine if i in done}
+        for i in mine:
+            if i not in results:
+                _remove_parts_of(dest, i)  # parts (and temporaries) of an unfinished earlier try
+                todo.append((i, str(inputs[i]["path"]), int(inputs[i]["size"]), str(dest)))
+        reused = len(results)
         sizes = [int(inputs[i]["size"]) for i in mine]
         total, reused_bytes = sum(sizes), sum(int(inputs[i]["size"]) for i in results)
         tasks = run_tasks(todo, run.resolved, run.tok, processes, progress, len(mine), reused, total, reused_bytes)
@@ -78,24 +82,23 @@ def tokenize(
             write_json_atomic(progress_dir / f"{result.index:05d}.json", asdict(result))
             results[result.index] = result
             written_now.append(result.index)
+        if shard is not None:  # the others' inputs too, as their records say now that this shard's are written
+            results = {**_completed(dest, inputs), **results}
+        pending = len(inputs) - len(results)
+        if not pending:
+            write_json_atomic(dest / MANIFEST_NAME, run.manifest([results[i] for i in range(len(inputs))]))
     except BaseException as e:
-        if isinstance(e, DataError):  # bad input: leave nothing of this call behind
-            for task in todo:  # finished now, or cut off mid-write when the pool ended: temporaries too
-                _remove_parts_of(dest, task[0])
-            for i in written_now:
-                (progress_dir / f"{i:05d}.json").unlink(missing_ok=True)
-            # (a shard keeps the directory and its run record: other shards may be writing there)
-            if shard is None and run.created:
-                shutil.rmtree(dest, ignore_errors=True)
-            elif shard is None and not any(progress_dir.glob("[0-9]*.json")):  # a fixed rerun starts afresh
-                shutil.rmtree(progress_dir, ignore_errors=True)
+        if tasks is not None:
+            with contextlib.suppress(Exception):
+                tasks.close()  # the workers stop (a failed input already did this) before their files go
+        bad_input = isinstance(e, DataError)
+        _clean_up(run, todo, [] if bad_input else written_now, alone=shard is None)
+        if is_disk_full(e):
+            n = reused + len(written_now)
+            kept = f"{n} finished input{' is' if n == 1 else 's are'} kept and reused" if n else "nothing is kept"
+            raise DataError(f"{dest}: the disk is full ({e}); free space there and rerun: {kept}") from e
         raise
 
-    if shard is not None:  # the others' inputs too, as their records say now that this shard's are written
-        results = {**_completed(dest, inputs), **results}
-    pending = len(inputs) - len(results)
-    if not pending:
-        write_json_atomic(dest / MANIFEST_NAME, run.manifest([results[i] for i in range(len(inputs))]))
     summary = run.summary([results[i] for i in mine], reused, start)
     summary.shard, summary.inputs_pending = (None if shard is None else str(shard)), pending
     return summary
@@ -277,6 +280,27 @@ def _load_done(progress_dir: Path, index: int, inp: dict[str, Any]) -> InputResu
     if data.get("path") != inp["path"] or data.get("size") != inp["size"]:
         return None
     return InputResult(**data)
+
+
+def _clean_up(run: _Run, todo: list[tuple[int, str, int, str]], keep: list[int], alone: bool) -> None:
+    """What a failed call leaves in the destination: the inputs in `keep` (finished and recorded, so that a rerun
+    reuses them), and what was there before it. After bad input `keep` is empty; after a full disk or an interrupt
+    it holds what this call finished. A call alone in the destination that leaves no finished input removes its
+    progress folder too (and the destination, if it made it); a shard keeps them, as others may be writing there.
+
+    Never raises: it runs while an error is on its way up, and that error is the one to report.
+    """
+    dest, progress_dir = run.dest, run.dest / PROGRESS_DIR
+    with contextlib.suppress(OSError):
+        for index, *_ in todo:
+            if index not in keep:
+                _remove_parts_of(dest, index)  # its parts, and the temporaries of a worker cut off mid-write
+                (progress_dir / f"{index:05d}.json").unlink(missing_ok=True)
+        if alone:
+            remove_stale_temporaries(dest)
+            remove_stale_temporaries(progress_dir)  # a progress record cut off mid-write
+            if not any(progress_dir.glob("[0-9]*.json")):  # nothing finished here: nothing to resume
+                shutil.rmtree(dest if run.created else progress_dir, ignore_errors=True)
 
 
 def _remove_parts_of(dest: Path, index: int) -> None:

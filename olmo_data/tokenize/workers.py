@@ -5,10 +5,12 @@ not depend on how many processes there are."""
 from __future__ import annotations
 
 import array
+import contextlib
 import multiprocessing as mp
 import os
 import queue
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
+from olmo_data.interrupts import quiet_worker
 from olmo_data.manifest import DTYPES
 from olmo_data.tokenize.options import InputResult, ResolvedOptions
 from olmo_data.tokenize.parts import PartWriter
@@ -29,13 +32,21 @@ BATCH_CHARS = 1024 * 1024  # ... but bounded in size: memory stays small and the
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(resolved: ResolvedOptions, tok: Tokenizer, progress: Any, threads: int) -> None:
-    """Per-process state. `tok` comes from the parent (inherited through fork, or pickled cheaply)."""
+class Stopped(Exception):
+    """The run is ending (another input failed, or it was interrupted): this input stops where it is."""
+
+
+def _init_worker(resolved: ResolvedOptions, tok: Tokenizer, progress: Any, threads: int, stop: Any = None) -> None:
+    """Per-process state. `tok` comes from the parent (inherited through fork, or pickled cheaply); `stop` is the
+    event the parent sets to end the run early (None in the parent's own process)."""
+    if stop is not None:  # a worker process
+        quiet_worker()
+        progress.cancel_join_thread()  # exiting never waits on progress messages nobody reads any more
     if threads == 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # N processes on N cores: no thread pools inside each
         os.environ["RAYON_NUM_THREADS"] = "1"
     tok.set_num_threads(threads)
-    _worker.update(resolved=resolved, tok=tok, progress=progress)
+    _worker.update(resolved=resolved, tok=tok, progress=progress, stop=stop)
 
 
 def _encode(tok: Tokenizer, texts: list[str], eos: int | None, bos: int | None) -> tuple[np.ndarray, list[int]]:
@@ -58,6 +69,7 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     resolved: ResolvedOptions = _worker["resolved"]
     tok: Tokenizer = _worker["tok"]
     progress = _worker["progress"]
+    stop = _worker["stop"]
     opts = resolved.options
     result = InputResult(index=index, path=path, size=size)
     bad = BadDocuments() if opts.skip_bad_documents else None
@@ -79,6 +91,8 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
 
     def flush() -> None:
         nonlocal chars
+        if stop is not None and stop.is_set():  # checked once a batch: cheap, and soon enough to end promptly
+            raise Stopped(path)
         flat, lengths = _encode(tok, texts, resolved.eos, resolved.bos)
         if flat.size and int(flat.max()) > limit:
             offending = int(np.argmax(flat > limit))
@@ -113,9 +127,10 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
         report(0, 0, 0, end=True)  # the whole file is done, whatever the position could tell
     except BaseException:
         writer.abort()
-        for part in writer.parts:  # parts of an unfinished input are not reusable
-            for key in ("path", "metadata"):
-                (Path(dest) / part[key]).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the error on its way up is the one to report
+            for part in writer.parts:  # parts of an unfinished input are not reusable
+                for key in ("path", "metadata"):
+                    (Path(dest) / part[key]).unlink(missing_ok=True)
         raise
     result.parts = writer.parts
     if bad is not None:
@@ -202,24 +217,30 @@ def run_tasks(
         # fork where there is one: workers start at once and inherit the imported modules; each loads its own
         # tokenizer in the initializer, with thread pools off, so nothing threaded crosses the fork
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        progress_q = ctx.Queue()
+        progress_q, stop = ctx.Queue(), ctx.Event()
         workers = min(processes, len(todo))
         threads = max(1, processes // workers)  # fewer inputs than processes: encode with threads instead
-        with ctx.Pool(workers, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads)) as pool:
-            pending = pool.imap_unordered(_tokenize_input, todo)
-            remaining = len(todo)
-            while remaining:
-                try:
-                    done: InputResult | None = pending.next(timeout=0.2)
-                except mp.TimeoutError:
-                    done = None
+        pool = ProcessPoolExecutor(
+            workers, ctx, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads, stop)
+        )
+        try:
+            running = {pool.submit(_tokenize_input, task) for task in todo}
+            while running:
+                done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
                 while True:
                     try:
                         update(progress_q.get_nowait())
                     except queue.Empty:
                         break
-                if done is not None:
-                    remaining -= 1
-                    yield finish(done)
+                for future in done:
+                    yield finish(future.result())  # a failed input raises its error here
+        except BaseException:  # a failed input, an interrupt, or the caller closing this generator
+            # Workers are asked to stop and waited for, never killed: one killed while it sends a result would hold
+            # the result queue's lock, and a pool's terminate can hang on it. Each stops within a batch and removes
+            # its own temporaries; inputs not started are dropped.
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
     finally:
         bar.close()

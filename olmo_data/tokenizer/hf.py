@@ -22,6 +22,23 @@ def find_special(hf: Any, candidates: Sequence[str]) -> int | None:
     return None
 
 
+def check_one_token_per_id(hf: Any, where: str) -> None:
+    """Refuse a vocabulary that gives one id to two tokens. `tokenizers` loads it silently (and decodes the id as
+    either token), while tiktoken panics on it from Rust, a traceback that names neither the file nor the id; a
+    hand-edited or badly merged tokenizer.json is the usual cause."""
+    vocab = hf.get_vocab(with_added_tokens=False)
+    if len(set(vocab.values())) == len(vocab):
+        return
+    first: dict[int, str] = {}
+    for token, tid in sorted(vocab.items(), key=lambda kv: (kv[1], kv[0])):
+        if tid in first:
+            raise DataError(
+                f"{where}: tokens {first[tid]!r} and {token!r} both have id {tid} in model.vocab; each id must "
+                "name one token: fix the vocabulary (or use the tokenizer it was edited from)"
+            )
+        first[tid] = token
+
+
 def load_hf(spec: str) -> tuple[Any, str, str, str]:
     """Load a `tokenizers.Tokenizer` from a path or hub id; returns (tokenizer, name, sha256 of its JSON, JSON)."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -34,6 +51,7 @@ def load_hf(spec: str) -> tuple[Any, str, str, str]:
             hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise DataError(f"{spec}: not a Hugging Face tokenizer.json ({e})") from e
+        check_one_token_per_id(hf, spec)
         return hf, os.path.basename(spec), hashlib.sha256(data).hexdigest(), text
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
         return load_hf(os.path.join(spec, "tokenizer.json"))
@@ -51,6 +69,7 @@ def load_hf(spec: str) -> tuple[Any, str, str, str]:
             f"{spec}: could not load tokenizer from the Hugging Face hub ({type(e).__name__}: {e}). "
             "Offline? Give a local tokenizer.json path instead."
         ) from e
+    check_one_token_per_id(hf, spec)
     text = hf.to_str()
     return hf, spec, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 

@@ -121,6 +121,11 @@ def try_tiktoken(
     except (ValueError, KeyError, TypeError) as e:  # a regex or vocabulary tiktoken rejects
         refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
         return None
+    except BaseException as e:  # ... or panics on, from Rust (pyo3's PanicException is a BaseException)
+        if type(e).__name__ != "PanicException":
+            raise
+        refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
+        return None
     differs = self_check(encoder, tok.hf, plan)
     if differs is not None:
         if strict:
@@ -151,7 +156,9 @@ def try_tiktoken(
 
 
 def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
+    """The ranks of a `.tiktoken` file, refusing a rank given to two tokens by line (tiktoken panics on it)."""
     ranks: dict[bytes, int] = {}
+    lines: dict[int, int] = {}  # rank -> the line that gave it
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
@@ -159,9 +166,15 @@ def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
         try:
             if len(parts) != 2:
                 raise ValueError("expected two fields")
-            ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
         except ValueError as e:
             raise DataError(f"{path}:{n}: expected 'BASE64_TOKEN RANK' ({e})") from None
+        if rank in lines:
+            raise DataError(
+                f"{path}:{n}: rank {rank} is given to two tokens (line {lines[rank]} too); each rank must name one "
+                "token"
+            )
+        ranks[token], lines[rank] = rank, n
     if not ranks:
         raise DataError(f"{path}: no ranks in file; expected lines 'BASE64_TOKEN RANK'")
     return ranks

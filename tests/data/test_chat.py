@@ -446,6 +446,7 @@ BAD_ROWS = [
     ({"messages": [{"content": "no role"}]}, "message 1 has no 'role'"),
     ({"messages": "hello"}, "field 'messages' is a str, not a list"),
     ('{"messages": [', "malformed JSON"),
+    ('{"messages": []' + ', "m": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON nested too deeply"),
     ("[1, 2]", "expected a JSON object with 'messages', found list"),
     ("null", "expected a JSON object with 'messages', found NoneType"),
 ]

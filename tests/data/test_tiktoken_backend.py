@@ -255,6 +255,20 @@ def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: 
         load_tokenizer(str(path), "tiktoken")
 
 
+@pytest.mark.parametrize("backend", ["auto", "tiktoken", "hf"])
+def test_two_tokens_on_one_id_are_named_on_every_backend(demo_tokenizer: str, tmp_path: Path, backend: str) -> None:
+    """tiktoken panicked from Rust on it (a pyo3 traceback naming neither file nor id); `tokenizers` loaded it
+    silently, and decoded the id as either token."""
+    data = json.loads(Path(demo_tokenizer).read_text())
+    vocab = data["model"]["vocab"]
+    a, b = (t for t, i in vocab.items() if i in (300, 301))
+    vocab[a] = vocab[b] = 301
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=rf"dup\.json: tokens {min(a, b)!r} and {max(a, b)!r} both have id 301"):
+        load_tokenizer(str(path), backend)  # type: ignore[arg-type]
+
+
 def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tmp_path: Path) -> None:
     tok = load_tokenizer(_edited(demo_tokenizer, tmp_path, "lowercase"), "hf")
     assert try_tiktoken(tok, strict=False) is None
@@ -312,6 +326,8 @@ def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
         load_tiktoken_file(_tiny_ranks(tmp_path, good, {"pat_str": "x", "special_tokens": ["<|endoftext|>"]}))
     with pytest.raises(DataError, match="missing.tiktoken: tiktoken ranks file not found"):
         load_tiktoken_file(str(tmp_path / "missing.tiktoken"))
+    with pytest.raises(DataError, match=r"tiny.tiktoken:98: rank 96 is given to two tokens \(line 97 too\)"):
+        load_tiktoken_file(_tiny_ranks(tmp_path, [*good[:97], f"{good[97].split()[0]} 96", *good[98:]], side))
     with pytest.raises(DataError, match="tiny.tiktoken: byte 0x61 has no rank; every single byte needs one"):
         load_tiktoken_file(_tiny_ranks(tmp_path, good[:97] + good[98:], side))
     with pytest.raises(DataError, match="tiny.tiktoken.json: tiktoken fails .* must not match the empty string"):

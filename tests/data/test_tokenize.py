@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,6 +145,19 @@ def test_bad_input_fails_with_line_and_leaves_no_output(demo_tokenizer: str, tmp
     s = tokenize([good, bad], dest, TokenizeOptions(tokenizer=demo_tokenizer, skip_bad_documents=True))
     assert (s.documents, s.skipped_bad) == (2, 1)
     assert "b.jsonl:2" in s.bad_examples[0]
+
+
+def test_json_nested_too_deep_is_named_by_line_and_leaves_nothing(demo_tokenizer: str, tmp_path: Path) -> None:
+    """json.loads recurses once per level: a line nested 100k deep was a RecursionError traceback that left the
+    destination's .progress folder behind."""
+    deep = b'{"id": "a", "text": "x", "m": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    bad = write_jsonl(tmp_path / "b.jsonl", docs("fine"), raw_lines=[deep])
+    dest = tmp_path / "out"
+    with pytest.raises(DataError, match=r"b\.jsonl:2: JSON nested too deeply .*--skip-bad-documents"):
+        tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer))
+    assert not dest.exists()
+    s = tokenize([bad], dest, TokenizeOptions(tokenizer=demo_tokenizer, skip_bad_documents=True))
+    assert (s.documents, s.skipped_bad) == (1, 1)
 
 
 def test_rerun_with_other_options_is_refused(demo_tokenizer: str, tmp_path: Path) -> None:
@@ -325,3 +340,89 @@ def test_read_position_follows_a_gzip_file(tmp_path: Path) -> None:
     seen = [position.bytes() for _ in read_documents(path, position=position)]
     assert seen[0] is not None and 0 < seen[0] < seen[-1] <= os.path.getsize(path)
     assert seen == sorted(seen)  # it only moves forward
+
+
+class _FillingFile:
+    """A token file on a disk that fills up after `room[0]` bytes: writes then fail with ENOSPC, and so does
+    closing, as the buffered bytes cannot be written either (what made the old abort path raise again)."""
+
+    def __init__(self, f: Any, room: list[int]) -> None:
+        self.f, self.room = f, room
+
+    def write(self, data: bytes) -> int:
+        self.room[0] -= len(data)
+        if self.room[0] < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(self.f.write(data))
+
+    def close(self) -> None:
+        self.f.close()
+        if self.room[0] < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_full_disk_is_one_line_naming_the_folder_and_leaves_no_temporaries(
+    demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    from olmo_data.tokenize import PartWriter
+
+    words = "the quick brown fox jumps over the lazy dog and keeps on running".split()
+    inputs = [
+        write_jsonl(tmp_path / f"{k}.jsonl", docs(*(" ".join(words[: 3 + i % 10]) for i in range(300))))
+        for k in range(3)
+    ]
+    opts = TokenizeOptions(tokenizer=demo_tokenizer, backend="hf", max_tokens_per_file=400)
+    opened = PartWriter._open
+    room = [3000]  # bytes of input 1's token files before the disk is full (forked workers inherit the patch)
+
+    def open_on_a_filling_disk(self: PartWriter) -> None:
+        opened(self)
+        if self.input_index == 1:
+            self._npy = _FillingFile(self._npy, room)
+
+    monkeypatch.setattr(PartWriter, "_open", open_on_a_filling_disk)
+    dest = tmp_path / "out"
+    with pytest.raises(DataError, match=rf"{dest}: the disk is full \(\[Errno 28\] .*\); free space there and rerun"):
+        tokenize(inputs, dest, opts, processes=processes)
+    left = sorted(p.name for p in dest.rglob("*")) if dest.exists() else []
+    assert not [n for n in left if n.startswith(".tmp-")], left
+    recorded = {int(p.stem) for p in (dest / ".progress").glob("[0-9]*.json")} if dest.exists() else set()
+    assert 1 not in recorded and {int(n[5:10]) for n in left if n.startswith("part-")} <= recorded, left
+
+    args = ["-t", demo_tokenizer, "--destination", str(dest), "--backend", "hf", "--max-tokens-per-file", "400"]
+    r = CliRunner().invoke(main, ["tokenize", "-d", *inputs, *args, "--processes", str(processes)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert r.output.count("\n") == 1 and f"error: {dest}: the disk is full" in r.output, r.output
+
+    monkeypatch.undo()  # space freed: the rerun finishes, byte-identical to a run that never failed
+    tokenize(inputs, dest, opts, processes=processes)
+    tokenize(inputs, tmp_path / "clean", opts)
+    for part in sorted((tmp_path / "clean").glob("part-*")) + [tmp_path / "clean" / "manifest.json"]:
+        assert (dest / part.name).read_bytes() == part.read_bytes(), part.name
+
+
+def test_a_failed_input_stops_the_other_workers_promptly_and_leaves_nothing(
+    demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool is ended by asking workers to stop and waiting for them, not by killing them (a worker killed while
+    it sends its result holds the result queue's lock, and `Pool.terminate` can then hang): a worker in the middle
+    of a long input must notice within a batch, remove its temporaries, and exit."""
+    from olmo_data.tokenize import workers
+
+    encode = workers._encode
+
+    def slow_encode(*args: Any) -> Any:
+        time.sleep(0.01)  # the long input would take 30 s to finish
+        return encode(*args)
+
+    monkeypatch.setattr(workers, "BATCH_DOCUMENTS", 1)
+    monkeypatch.setattr(workers, "_encode", slow_encode)
+    long = write_jsonl(tmp_path / "long.jsonl", docs(*(f"document number {i}" for i in range(3000))))
+    bad = write_jsonl(tmp_path / "bad.jsonl", docs(*(f"text {i}" for i in range(100))), raw_lines=[b"{bad\n"])
+    dest = tmp_path / "out"
+    start = time.perf_counter()
+    with pytest.raises(DataError, match=r"bad\.jsonl:101: malformed JSON"):
+        tokenize([long, bad], dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=50), processes=2)
+    assert time.perf_counter() - start < 20
+    assert not dest.exists()
