@@ -126,14 +126,16 @@ def local_copy(path: str, directory: str | os.PathLike[str]) -> Iterator[str]:
             os.unlink(tmp)
 
 
-def cached_download(url: str) -> Path:
+def cached_download(url: str, version: str = "") -> Path:
     """A local copy of the remote file `url` in the cache ($OLMO_DATA_CACHE/downloads), fetched by
     `olmo_data.remote` (a stalled server times out, retries are counted and bounded, redirects too) under a
     temporary name renamed when complete, so a file under its own name there is always whole. A copy is reused
-    while the remote file keeps its size (one HEAD request): a file rewritten in place at the same size is not
+    while the remote file keeps its size (one HEAD request) and `version` (what the caller knows of the file's
+    identity, e.g. an order's side file) is the same: a file rewritten in place at the same size is otherwise not
     noticed, which suits checkpoints and models, written once."""
     name = url.rstrip("/").rsplit("/", 1)[-1]
-    target = Path(default_cache_dir()) / "downloads" / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}"
+    key = hashlib.sha256(f"{url}\n{version}".encode() if version else url.encode()).hexdigest()[:16]
+    target = Path(default_cache_dir()) / "downloads" / f"{key}-{name}"
     reader = remote_reader()
     if target.is_file() and target.stat().st_size == reader.size(url):
         return target

@@ -34,7 +34,7 @@ import numpy as np
 from olmo_data import __version__
 from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource, open_from_config
-from olmo_data.io import atomic_path, default_cache_dir, file_size, is_remote, read_bytes, write_json_atomic
+from olmo_data.io import atomic_path, cached_download, file_size, is_remote, read_bytes, write_json_atomic
 from olmo_data.manifest import is_not_found_error
 from olmo_data.remote import remote_reader
 from olmo_data.train_config import read_train_config
@@ -266,13 +266,11 @@ def load_order(
     info = _checked_info(path, expected_fingerprint, seed=seed, epoch=epoch)
     dtype = _stored_dtype(path, info, np.dtype(np.uint32))
     local = path
-    if is_remote(path):
-        from cached_path import cached_path
-
+    if is_remote(path):  # the side file says which order it is (fingerprint, seed, epoch): a rebuilt one is new
         try:
-            local = str(cached_path(path, cache_dir=os.path.join(default_cache_dir(), "orders")))
-        except Exception as e:
-            raise DataError(f"{path}: cannot fetch the order file ({type(e).__name__}: {e})") from e
+            local = str(cached_download(path, json.dumps(info, sort_keys=True) if info else ""))
+        except DataError as e:
+            raise DataError(f"cannot fetch the order file: {e}") from e
     elif not os.path.exists(path):
         raise DataError(f"{path}: order file not found; build it with `olmo-data build-order` or check the path")
     if _checked_length(path, info, dtype, os.path.getsize(local)) == 0:

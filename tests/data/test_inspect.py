@@ -497,12 +497,42 @@ def test_load_remote_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/global_indices.npy"
         np.testing.assert_array_equal(load_order(url, ds.fingerprint()), build_order(1000, 4, 0))
-        assert list((tmp_path / "cache" / "orders").iterdir())  # kept in the cache
+        assert len(list((tmp_path / "cache" / "downloads").iterdir())) == 1  # kept in the cache
         with pytest.raises(DataError, match=r"this order was built for other data"):
             load_order(url, expected_fingerprint="0000")
+        # rebuilt in place with another seed (the same size): its side file says so, and the new one is fetched
+        write_order(str(www / "global_indices.npy"), build_order(1000, 5, 0), seed=5, epoch=0, source=ds)
+        np.testing.assert_array_equal(load_order(url, ds.fingerprint(), seed=5), build_order(1000, 5, 0))
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stalled_order_url_fails_within_the_timeout_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Orders used to come through cached-path, which has no timeout: a stalled server hung the run forever."""
+    import time
+
+    from olmo_data.instances import open_dataset
+    from olmo_data.order import build_order, load_order, write_order
+    from tests.flaky_server import Faults, FlakyServer
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
+    monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
+    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    np.arange(4000, dtype=np.uint16).tofile(tmp_path / "tokens.npy")
+    ds = open_dataset([str(tmp_path / "tokens.npy")], sequence_length=4)
+    (tmp_path / "www").mkdir()
+    write_order(str(tmp_path / "www" / "global_indices.npy"), build_order(1000, 4, 0), seed=4, epoch=0, source=ds)
+    with FlakyServer(tmp_path / "www", Faults(stall="global_indices.npy")) as server:
+        url = f"{server.url}/global_indices.npy"
+        began = time.monotonic()
+        with pytest.raises(DataError, match=rf"cannot fetch the order file: {url}: .*no answer for 0.3 s"):
+            load_order(url, ds.fingerprint())
+        assert time.monotonic() - began < 5
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # nothing partial kept
 
 
 def test_a_step_past_max_duration_is_flagged(tmp_path: Path, tokens_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
