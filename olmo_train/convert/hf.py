@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, shown
 from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_files import CONFIG_JSON, local_model_dir, read_hf_weights, read_json, tokenizer_vocab_size
 from olmo_train.convert.tables import ConfigField, TensorTable, expected_shapes, renamer, to_our_state, to_their_state
@@ -209,7 +210,10 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise DataError(f"{source}: {key} has rope_type {rope_type!r}; only unscaled RoPE ('default') is supported")
-    if float(hf.get("attention_dropout") or 0.0) != 0.0:
+    dropout = hf.get("attention_dropout") or 0.0
+    if not isinstance(dropout, int | float) or isinstance(dropout, bool):
+        raise DataError(f"{source}: attention_dropout is {shown(dropout)}; expected a number")
+    if dropout != 0.0:
         log.warning("%s: attention_dropout %s is dropped: our model has no dropout", source, hf["attention_dropout"])
     values: dict[str, Any] = {}
     fields = CONFIG_FIELDS
@@ -219,11 +223,14 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
         values["layer_norm_eps"] = mt.norm_eps
     for f in fields:
         raw = f.read(hf) if f.read else hf.get(f.theirs)
-        if raw is None or isinstance(raw, bool) != (f.kind is bool):
-            raise DataError(f"{source}: {f.theirs} is {raw!r}; expected a {f.kind.__name__}")
+        # a JSON value of the field's own kind only: int("12") or float("1e-6") would accept a quoted number, and
+        # float("abc") raise a traceback; an int field takes no fraction, a float field no bool
+        numeric = f.kind in (int, float) and isinstance(raw, int | float) and not isinstance(raw, bool)
+        if not (isinstance(raw, bool) if f.kind is bool else numeric and (f.kind is float or float(raw).is_integer())):
+            raise DataError(f"{source}: {f.theirs} is {shown(raw)}; expected a {f.kind.__name__}")
         values[f.ours] = f.kind(raw)
-        if f.kind is int and values[f.ours] < 1:
-            raise DataError(f"{source}: {f.theirs} is {raw!r}; it must be a positive number")
+        if f.kind in (int, float) and not 0 < values[f.ours] < math.inf:
+            raise DataError(f"{source}: {f.theirs} is {shown(raw)}; it must be a positive number")
     heads, kv_heads = values["n_heads"], values["n_kv_heads"]
     head_dim = values["d_model"] // heads
     if values["d_model"] % heads or hf.get("head_dim", head_dim) != head_dim:

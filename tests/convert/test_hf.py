@@ -346,6 +346,15 @@ def test_bad_transformers_models_are_refused(exported: dict[str, tuple[Path, Pat
         # a 0 used to read as "absent", importing a GQA model as one without (issue 27)
         variant("no-kv-heads", num_key_value_heads=0): r"num_key_value_heads is 0; it must be a positive number",
         variant("no-layers", num_hidden_layers=-1): r"num_hidden_layers is -1; it must be a positive number",
+        variant("no-heads", num_attention_heads=0): r"num_attention_heads is 0; it must be a positive number",
+        variant("neg-width", hidden_size=-64): r"hidden_size is -64; it must be a positive number",
+        variant("half-layer", num_hidden_layers=2.5): r"num_hidden_layers is 2.5; expected a int",
+        variant("text-eps", rms_norm_eps="abc"): r"rms_norm_eps is 'abc'; expected a float",
+        variant("quoted-eps", rms_norm_eps="1e-6"): r"rms_norm_eps is '1e-6'; expected a float",
+        variant(
+            "nan-theta", rope_parameters={"rope_type": "default", "rope_theta": float("nan")}
+        ): r"rope_theta is nan",
+        variant("text-dropout", attention_dropout="x"): r"attention_dropout is 'x'; expected a number",
         str(tmp_path / "nothing" / "here"): r"no such model directory",
     }
     for model, match in cases.items():
