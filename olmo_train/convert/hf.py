@@ -225,8 +225,12 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
         raw = f.read(hf) if f.read else hf.get(f.theirs)
         # a JSON value of the field's own kind only: int("12") or float("1e-6") would accept a quoted number, and
         # float("abc") raise a traceback; an int field takes no fraction, a float field no bool
-        numeric = f.kind in (int, float) and isinstance(raw, int | float) and not isinstance(raw, bool)
-        if not (isinstance(raw, bool) if f.kind is bool else numeric and (f.kind is float or float(raw).is_integer())):
+        if f.kind is bool:
+            ok = isinstance(raw, bool)
+        else:
+            numeric = isinstance(raw, int | float) and not isinstance(raw, bool)
+            ok = numeric and (f.kind is float or float(raw).is_integer())
+        if not ok:
             raise DataError(f"{source}: {f.theirs} is {shown(raw)}; expected a {f.kind.__name__}")
         values[f.ours] = f.kind(raw)
         if f.kind in (int, float) and not 0 < values[f.ours] < math.inf:
