@@ -228,8 +228,8 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
         if f.kind is bool:
             ok = isinstance(raw, bool)
         else:
-            numeric = isinstance(raw, int | float) and not isinstance(raw, bool)
-            ok = numeric and (f.kind is float or float(raw).is_integer())
+            ok = isinstance(raw, int | float) and not isinstance(raw, bool)
+            ok = ok and (f.kind is float or float(raw or 0).is_integer())
         if not ok:
             raise DataError(f"{source}: {f.theirs} is {shown(raw)}; expected a {f.kind.__name__}")
         values[f.ours] = f.kind(raw)
