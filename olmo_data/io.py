@@ -68,8 +68,11 @@ def open_file(path: str, mode: str = "rb", *, compression: str = "infer_from_ext
             return gzip.open(path, mode)  # type: ignore[return-value]
     import smart_open
 
+    params = {}
+    if path.startswith(("http://", "https://")):  # a streamed read stalls no longer than a ranged one
+        params = {"timeout": remote_reader().options.timeout_s}
     try:
-        return smart_open.open(path, mode, compression=compression)  # type: ignore[no-any-return]
+        return smart_open.open(path, mode, compression=compression, transport_params=params)  # type: ignore[no-any-return]
     except DataError:
         raise
     except Exception as e:  # remote errors come in many types; name the path in all of them

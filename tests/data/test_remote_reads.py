@@ -393,3 +393,22 @@ def test_a_server_that_stalls_mid_body_fails_after_the_timeout(
     with pytest.raises(DataError, match=r"a.bin: ranged read of bytes 0..199999 failed after 2 attempts .*no answer"):
         reader.download(f"{server.url}/a.bin", tmp_path / "copy")
     assert reader.read(f"{server.url}/b.bin", 0, 10) == files["b.bin"][:10]  # other files are served
+
+
+def test_a_streamed_document_file_that_stalls_fails_tokenize_after_the_timeout(
+    files: dict[str, bytes], server: FlakyServer, tmp_path: Path, demo_tokenizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tokenize streams remote documents (smart-open), which waited as long as a stalled server did: it now gives
+    up after the reader's timeout, in one line naming the URL, and leaves no output."""
+    from olmo_data.tokenize import TokenizeOptions, tokenize
+
+    with gzip.open(tmp_path / "www" / "docs.jsonl.gz", "wt") as f:
+        for i in range(20_000):
+            f.write(json.dumps({"id": str(i), "text": "hello world " * 20}) + "\n")
+    server.faults = Faults(stall="docs.jsonl.gz")
+    monkeypatch.setattr("olmo_data.remote._READER", RemoteReader(RemoteOptions(timeout_s=0.3)))
+    began = time.monotonic()
+    with pytest.raises(DataError, match=rf"{server.url}/docs.jsonl.gz: cannot be read past line \d+ \(ReadTimeout"):
+        tokenize([f"{server.url}/docs.jsonl.gz"], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer))
+    assert time.monotonic() - began < 10
+    assert not (tmp_path / "out").exists()
