@@ -7,6 +7,9 @@ the checkpoint just saved. Each rule here names its key; `config.py` refuses the
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Iterator
 from typing import Any
 
 from olmo_data.errors import shown
@@ -49,9 +52,28 @@ def get_dotted(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
+def float_values(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a config dataclass (nested sections, lists such as `optimizer.betas` and `evaluators`
+    included), by dotted key."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            where = key if i is None else f"{key}[{i}]"
+            if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                yield from float_values(item, f"{where}.")
+            elif isinstance(item, float):
+                yield where, item
+
+
 def problems(cfg: Any) -> list[str]:
     """Every value of `cfg` (a TrainConfig) that breaks its key's rule, as messages naming the key."""
-    out = []
+    # NaN passes every comparison it is not the subject of, and an infinite rate or norm trains into NaNs
+    out = [
+        f"config key {key!r}: must be a finite number, got {value}"
+        for key, value in float_values(cfg)
+        if not math.isfinite(value)
+    ]
     for key in POSITIVE:
         value = get_dotted(cfg, key)
         if value is not None and value < 1:

@@ -19,7 +19,15 @@ BASE = ["--data.paths=[a.npy]", "--model.d_model=64", "--model.n_heads=4"]
     ("override", "message"),
     [
         ("--max_grad_norm=-1", r"'max_grad_norm': must be above 0 \(or null for no clipping\), got -1\.0"),
-        ("--max_grad_norm=.nan", r"'max_grad_norm': must be above 0"),
+        ("--max_grad_norm=.nan", r"'max_grad_norm': must be a finite number, got nan"),
+        ("--max_grad_norm=inf", r"'max_grad_norm': must be a finite number, got inf"),
+        ("--optimizer.learning_rate=nan", r"'optimizer.learning_rate': must be a finite number, got nan"),
+        ("--optimizer.learning_rate=-inf", r"'optimizer.learning_rate': must be a finite number, got -inf"),
+        ("--optimizer.betas=[0.9,nan]", r"'optimizer.betas\[1\]': must be a finite number, got nan"),
+        ("--model.init_std=inf", r"'model.init_std': must be a finite number"),
+        ("--scheduler.alpha_f=-1", r"'scheduler.alpha_f': must be 0 or more, got -1\.0"),
+        ("--relora.alpha=nan", r"'relora.alpha': must be a finite number, got nan"),
+        ("--model.d_model=-64", r"'model.d_model': must be positive, got -64"),
         ("--model.n_layers=-1", r"'model.n_layers': must be positive, got -1"),
         ("--model.n_heads=0", r"'model.n_heads': must be positive, got 0"),
         ("--model.n_kv_heads=0", r"'model.n_kv_heads': must be positive, got 0"),
@@ -44,6 +52,20 @@ def test_what_the_rules_allow_still_loads() -> None:
     )
     assert cfg.max_grad_norm is None and cfg.save_num_checkpoints_to_keep == 1 and cfg.save_interval is None
     assert load_config(None, [*BASE, "--save_num_checkpoints_to_keep=-1"]).save_num_checkpoints_to_keep == -1
+
+
+def test_a_nan_learning_rate_stops_the_trainer_in_one_line_leaving_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from olmo_train.train import main
+
+    (tmp_path / "a.npy").write_bytes(bytes(4096))
+    run = tmp_path / "run"
+    args = [*BASE, f"--data.paths=[{tmp_path / 'a.npy'}]", f"--save_folder={run}", "--optimizer.learning_rate=nan"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == "error: config key 'optimizer.learning_rate': must be a finite number, got nan\n"
+    assert not run.exists()
 
 
 def test_a_string_key_takes_numbers_as_text(tmp_path: Path) -> None:
