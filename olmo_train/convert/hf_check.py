@@ -20,6 +20,7 @@ from olmo_data.errors import DataError
 from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_files import INSTALL_HINT
 from olmo_train.nn import Transformer
+from olmo_train.optional import quietly
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,13 @@ def load_transformers_model(directory: Path, *, loading_info: bool = False, floa
     (checking names and shapes needs no cast, which would double a bf16 export's memory), with its loading info
     if asked."""
     try:
-        from transformers import AutoModelForCausalLM
+        with quietly():
+            from transformers import AutoModelForCausalLM
     except ImportError as e:
         raise DataError(f"loading {directory} with transformers needs it installed: {INSTALL_HINT}") from e
     try:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=loading_info)
+        with quietly():  # transformers imports torchao (when installed) on its first load
+            loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=loading_info)
     except Exception as e:
         raise DataError(f"{directory}: transformers cannot load this model ({type(e).__name__}: {e})") from e
     model, info = loaded if loading_info else (loaded, None)

@@ -22,10 +22,8 @@ Conversion happens before `parallelize`, so `torch.compile` and `fully_shard` se
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,6 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from olmo_train.config import ConfigError, TrainConfig
+from olmo_train.optional import quietly
 
 log = logging.getLogger("olmo_train")
 
@@ -40,25 +39,10 @@ INSTALL = "pip install 'olmo-data[gpu]' (or pip install torchao)"
 FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
 
 
-@contextlib.contextmanager
-def _quiet_import() -> Iterator[None]:
-    """torchao logs a warning for each of its CUDA extensions that a CPU machine cannot load, and torch one for an
-    enum torchao registers: noise at every start of a CPU run. Errors still come through."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 def torchao_float8() -> Any:
     """`torchao.float8`, or a ConfigError that says which extra installs it."""
     try:
-        with _quiet_import():
+        with quietly():
             import torchao.float8 as float8
     except ImportError as e:
         raise ConfigError(f"config key 'float8.enabled': fp8 training needs torchao; install it with {INSTALL}") from e

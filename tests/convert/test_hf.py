@@ -148,6 +148,35 @@ def test_transformers_gives_our_logits_and_tokens(
     assert got.dtype == torch.float32 and diff <= 1e-5
 
 
+def test_export_prints_nothing_from_libraries_it_does_not_use(
+    exported: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """torchao (imported by transformers when installed) printed 'Failed to load ..._C_mxfp8...so' and torch
+    `_pytree` warnings, and transformers a progress bar, on every export: lines a newcomer reads as errors. They
+    are shown with --verbose only."""
+    source, _ = exported["olmo2"]
+    outputs = {}
+    for flags in ([], ["--verbose"]):
+        dest = tmp_path / f"hf{len(flags)}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "olmo_cli.train_main",
+            *flags,
+            "export-hf",
+            str(source),
+            "--destination",
+            str(dest),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outputs[bool(flags)] = proc.stdout + proc.stderr
+    quiet = outputs[False]
+    assert not [line for line in quiet.splitlines() if not line.startswith(("INFO olmo_train", str(tmp_path)))], quiet
+    if importlib.util.find_spec("torchao") is not None:  # what is hidden is still there for --verbose
+        assert "torchao" in outputs[True]
+
+
 def test_exported_files_all_get_the_usual_mode(exported: dict[str, tuple[Path, Path]]) -> None:
     """safetensors writes its files 0600; an export is shared, so each of its files gets what `open` gives."""
     umask = os.umask(0)
