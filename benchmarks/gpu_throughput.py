@@ -45,6 +45,7 @@ def main() -> None:
         "--ac-policy", default="full", choices=["full", "selective"], help="with --activation-checkpointing"
     )
     parser.add_argument("--document-masking", action="store_true", help="attention within documents (EOS-delimited)")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (deterministic: true)")
     parser.add_argument("--mean-doc-tokens", type=int, default=2000, help="synthetic tokens: mean document length")
     parser.add_argument("--tokens", default=None, help="real token files or directories instead of synthetic ones")
     parser.add_argument("--folder", default=None, help="where to write tokens and the run (default: a temp dir)")
@@ -80,6 +81,7 @@ def main() -> None:
         f"--max_duration={args.steps}",
         f"--distributed_strategy={args.strategy}",
         f"--compile={str(args.compile).lower()}",
+        f"--deterministic={str(args.deterministic).lower()}",
         f"--model.activation_checkpointing={str(args.activation_checkpointing).lower()}",
         f"--model.activation_checkpointing_policy={args.ac_policy}",
         f"--save_folder={tmp / 'run'}",
@@ -105,7 +107,7 @@ def main() -> None:
     print(
         f"{name} x{world} | {args.config} | {args.strategy} | batch {gbs}x{L} (micro {mbs}, accum {args.accum}) | "
         f"compile {args.compile} | activation ckpt {args.activation_checkpointing} | flash-attn {flash} | "
-        f"fp8 {args.fp8 or 'off'} | document masking {args.document_masking}"
+        f"fp8 {args.fp8 or 'off'} | document masking {args.document_masking} | deterministic {args.deterministic}"
     )
     print(f"tokens/s (all GPUs): {tps:,.0f} | per GPU: {tps / world:,.0f}", end="")
     if mfu:

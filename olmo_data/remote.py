@@ -389,7 +389,8 @@ class RemoteReader:
             raise _Permanent(f"{type(e).__name__}: {e}") from e
         except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, or a body cut short
             reason = getattr(e, "reason", None) or e
-            if isinstance(reason, urllib3.exceptions.TimeoutError):  # a stalled server: say how long we waited
+            refused = isinstance(reason, urllib3.exceptions.NewConnectionError)  # (a ConnectTimeoutError subclass)
+            if isinstance(reason, urllib3.exceptions.TimeoutError) and not refused:  # stalled: say how long we waited
                 raise _Transient(f"no answer for {self.options.timeout_s:g} s ({type(reason).__name__})") from e
             raise _Transient(f"connection failed ({type(reason).__name__})") from e
 

@@ -251,7 +251,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         datefmt="%H:%M:%S",
         force=True,
     )
-    make_reproducible(cfg.deterministic)  # the thread count, before the first matmul
+    threads = make_reproducible(cfg.deterministic)  # the thread count, before the first matmul
     if cfg.model.document_masking:  # before anything is written
         check_trainable(cfg.model.document_attention, d.device)
     save_folder = Path(cfg.save_folder)
@@ -301,12 +301,15 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     peak = peak_flops(cfg, torch.cuda.get_device_name(d.device) if d.device.type == "cuda" else None)
     total_tokens = total_steps * tokens_per_step
     log.info(
-        "model: %.1fM parameters (%.1fM without embeddings) | world size %d (%s) | data: %d instances of %d "
-        "tokens, %d steps per epoch | training steps %d..%d of %d",
+        "model: %.1fM parameters (%.1fM without embeddings) | world size %d (%s), %d intra-op thread%s each%s | "
+        "data: %d instances of %d tokens, %d steps per epoch | training steps %d..%d of %d",
         inner.num_params() / 1e6,
         inner.num_params(include_embeddings=False) / 1e6,
         d.world_size,
         cfg.distributed_strategy,
+        threads,
+        "" if threads == 1 else "s",
+        ", deterministic kernels" if cfg.deterministic else "",
         data.num_instances,
         L,
         data.batches_per_epoch,

@@ -14,12 +14,9 @@ then stops the run with torch's error naming it, rather than quietly differing.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
-
-log = logging.getLogger(__name__)
 
 CUBLAS_WORKSPACE = ":4096:8"  # the workspace setting cuBLAS needs for deterministic results (CUDA >= 10.2)
 
@@ -35,19 +32,12 @@ def cpu_threads(local_world_size: int) -> int:
 
 
 def make_reproducible(deterministic: bool) -> int:
-    """Fix this process's thread count (returned) and, with `deterministic`, select deterministic GPU kernels.
-    Called before the model is built, so the first matmul already runs under these settings."""
+    """Fix this process's thread count (returned: the start line reports it) and, with `deterministic`, select
+    deterministic GPU kernels. Called before the model is built, so the first matmul already runs under these."""
     threads = cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(threads)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    log.info(
-        "%d intra-op thread%s per process%s",
-        threads,
-        "" if threads == 1 else "s",
-        "; deterministic kernels" if deterministic else "",
-    )
+    torch.use_deterministic_algorithms(deterministic)  # as configured, also when an earlier run in this process
+    torch.backends.cudnn.deterministic = deterministic  # (a test, a notebook) set it otherwise
     return threads

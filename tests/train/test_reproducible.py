@@ -35,7 +35,7 @@ def test_five_fresh_runs_log_identical_numbers(tmp_path: Path) -> None:
     for proc in runs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
-        assert "intra-op thread" in out, out
+        assert "intra-op thread" in out, out  # the start line says how many
 
     def numbers(k: int) -> list[dict[str, object]]:
         lines = metrics(tmp_path / f"run{k}" / "run")
