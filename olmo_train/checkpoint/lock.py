@@ -56,12 +56,17 @@ def _age_s(stamp: str) -> float:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether a process of this pid runs here. A zombie does not: a rank killed with its launcher is left as one
+    where nothing reaps orphans (a container whose first process is not an init)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:  # it exists, as another user's process
-        return True
+        pass
+    with contextlib.suppress(OSError, IndexError):  # Linux: the state follows the command name in parentheses
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+            return False
     return True
 
 

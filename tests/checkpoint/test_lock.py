@@ -202,3 +202,20 @@ def test_a_disabled_lock_is_a_no_op(tmp_path: Path) -> None:
     lock.acquire()
     lock.release()
     assert (tmp_path / WRITER_LOCK).exists()
+
+
+def test_a_zombie_holder_counts_as_dead(tmp_path: Path) -> None:
+    """A rank killed with its launcher stays a zombie where nothing reaps orphans: its pid exists, its run does
+    not."""
+    proc = subprocess.Popen(["true"])
+    deadline = time.time() + 10
+    while "Z" not in Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0]:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    try:
+        write_lock(tmp_path, host=socket.gethostname(), pid=proc.pid)
+        lock = SaveFolderLock(tmp_path, timeout_s=600)
+        lock.acquire()
+        lock.release()
+    finally:
+        proc.wait()

@@ -217,7 +217,7 @@ def test_a_second_launch_beside_a_live_run_is_refused_naming_it(tmp_path: Path) 
         t0 = time.time()
         second = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "olmo_train"]
-            + [str(cfg), "--max_duration=100000"],
+            + [str(cfg), "--max_duration=100000", "--distributed_strategy=fsdp"],
             cwd=REPO,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
             text=True,
