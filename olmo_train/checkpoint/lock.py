@@ -153,9 +153,16 @@ class SaveFolderLock:
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Take the lock, taking over a dead holder's; the save folder must exist."""
+        """Take the lock, taking over a dead holder's; the save folder must exist. Every failure is a DataError,
+        so that `raise_together` stops all ranks with it (another exception would leave them waiting)."""
         if not self.enabled or self.holder is not None:
             return
+        try:
+            self._acquire()
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot take the save folder's lock ({e}); is save_folder writable?") from e
+
+    def _acquire(self) -> None:
         me = Holder.here()
         deadline = time.monotonic() + 60
         while not self._create(me):
@@ -202,10 +209,14 @@ class SaveFolderLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(me.to_bytes())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(me.to_bytes())
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:  # e.g. a full disk: no empty lock left to refuse the next launch
+            self.path.unlink(missing_ok=True)
+            raise
         return True
 
     def _read(self) -> Holder | None:

@@ -5,6 +5,8 @@ its own lock. The runs themselves (a second launch beside a live one) are in tes
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import logging
 import os
@@ -219,3 +221,21 @@ def test_a_zombie_holder_counts_as_dead(tmp_path: Path) -> None:
         lock.release()
     finally:
         proc.wait()
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_empty_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock file is created, then its write fails: it is removed again (an empty one would refuse the next
+    launch as damaged), and the failure is a DataError, which stops every rank together."""
+
+    class FullDisk(io.BytesIO):
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fdopen(fd: int, mode: str) -> FullDisk:
+        os.close(fd)
+        return FullDisk()
+
+    monkeypatch.setattr("olmo_train.checkpoint.lock.os.fdopen", fdopen)
+    with pytest.raises(DataError, match=rf"{WRITER_LOCK}: cannot take the save folder's lock \(.*No space left"):
+        SaveFolderLock(tmp_path, timeout_s=600).acquire()
+    assert list(tmp_path.iterdir()) == []
