@@ -175,6 +175,7 @@ class TrainConfig:
     force_load: bool = False  # accept a checkpoint whose data fingerprint differs from this config's data
     max_duration: int | str = 1000  # steps (int), "…T" tokens or "…ep" epochs
     stop_at: int | None = None  # stop (with a checkpoint) after this step, e.g. to split a run in pieces
+    save_folder_lock_timeout_s: float = 600.0  # a lock holder silent this long is dead; its lock is taken over
     global_train_batch_size: int = 512  # instances per optimizer step, all ranks together
     device_train_microbatch_size: int = 8  # instances per forward/backward on one rank
     device_eval_batch_size: int = 8

@@ -32,7 +32,14 @@ POSITIVE = (
     "scheduler.t_max",
 )
 # quantities that must be above zero: a zero would divide or make the run meaningless
-ABOVE_ZERO = ("max_grad_norm", "model.rope_theta", "model.layer_norm_eps", "optimizer.eps", "peak_flops_per_device")
+ABOVE_ZERO = (
+    "max_grad_norm",
+    "model.rope_theta",
+    "model.layer_norm_eps",
+    "optimizer.eps",
+    "peak_flops_per_device",
+    "save_folder_lock_timeout_s",
+)
 NON_NEGATIVE = (
     "seed",
     "optimizer.learning_rate",

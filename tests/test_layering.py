@@ -27,6 +27,8 @@ CHECKPOINT_NAMES = {
     "latest",
     "latest-unsharded",
     "rng",
+    "metrics.jsonl",
+    "writer.lock",
 }
 # the one module that spells them, and the import of OLMo's own checkpoints (OLMo's files share two of the names)
 NAMES_ALLOWED_IN = {"olmo_train.checkpoint.layout", "olmo_train.convert.olmo_native"}

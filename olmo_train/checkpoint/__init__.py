@@ -2,8 +2,9 @@
 
 Modules: `layout` (every file name, the trainer state), `save`, `load`, `fetch` (a URL as a checked local copy),
 `files` (a finished checkpoint read outside training; the checkpoint an import writes), `verify`, `integrity`
-(checksums.json), `safety` (nothing unpickled freely). The package knows nothing of adapters or of the training
-loop: a model with more than plain weights brings its own `StateSplit` and `LoadHooks`.
+(checksums.json), `safety` (nothing unpickled freely), `lock` (one writer per save folder). The package knows
+nothing of adapters or of the training loop: a model with more than plain weights brings its own `StateSplit` and
+`LoadHooks`.
 """
 
 from olmo_train.checkpoint import integrity, safety
@@ -27,19 +28,23 @@ from olmo_train.checkpoint.layout import (
     EXACT_FILE,
     LATEST,
     LATEST_UNSHARDED,
+    METRICS,
     MODEL_FILE,
     OPTIM_FILE,
     RNG_DIR,
     TOKENIZER_FILE,
     TRAINER_STATE,
+    WRITER_LOCK,
     TrainerState,
     is_unsharded,
     latest_checkpoint,
     list_checkpoints,
+    metrics_aside,
     rng_file,
     step_dir,
 )
 from olmo_train.checkpoint.load import PLAIN, LoadHooks, agree_on_checkpoint, check_files, load_checkpoint
+from olmo_train.checkpoint.lock import SaveFolderLock
 from olmo_train.checkpoint.safety import check_link, read_metadata
 from olmo_train.checkpoint.save import (
     PAUSE_ENV,
@@ -60,6 +65,7 @@ __all__ = [
     "EXACT_FILE",
     "LATEST",
     "LATEST_UNSHARDED",
+    "METRICS",
     "MODEL_FILE",
     "OPTIM_FILE",
     "PAUSE_ENV",
@@ -67,7 +73,9 @@ __all__ = [
     "RNG_DIR",
     "TOKENIZER_FILE",
     "TRAINER_STATE",
+    "WRITER_LOCK",
     "LoadHooks",
+    "SaveFolderLock",
     "StateSplit",
     "TrainerState",
     "agree_on_checkpoint",
@@ -82,6 +90,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "localize",
+    "metrics_aside",
     "plain_state",
     "read_config",
     "read_metadata",

@@ -7,6 +7,8 @@ A save folder holds:
                           rng/rank0.pt, config.yaml, checksums.json, trainer_state.json
   latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
   config.yaml             the run's resolved config
+  metrics.jsonl           one JSON record per step, only ever appended to; metrics.N.jsonl: earlier ones set aside
+  writer.lock             the run writing to the folder (host, pid, Slurm job, heartbeat): one writer at a time
 A checkpoint made by `import-hf` or `import-olmo` is an unsharded one at step 0 with tokenizer.json beside it.
 
 This is the one module that spells these names: the rest of the package (and the trainer, the converters) import
@@ -38,6 +40,8 @@ LATEST_UNSHARDED = "latest-unsharded"
 TMP_PREFIX = ".tmp-"  # a checkpoint being written, renamed into place when complete
 REPLACED_PREFIX = ".replaced-"  # a complete checkpoint moved aside while a new save of the same step takes its name
 SAVING_SUFFIX = ".saving"  # marker of the save test hook's pause
+METRICS = "metrics.jsonl"  # save folder: one JSON record per trained step (train/metrics.py)
+WRITER_LOCK = "writer.lock"  # save folder: who is writing to it (lock.py); removed when that run ends
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 
 
@@ -49,6 +53,11 @@ def step_dir(step: int, unsharded: bool) -> str:
 def rng_file(rank: int) -> str:
     """A rank's RNG state file, relative to its checkpoint."""
     return f"{RNG_DIR}/rank{rank}.pt"
+
+
+def metrics_aside(n: int) -> str:
+    """The name a metrics.jsonl is kept under when a new start cannot simply append to it (n = 1, 2, ...)."""
+    return f"metrics.{n}.jsonl"
 
 
 def latest_link(unsharded: bool) -> str:

@@ -33,6 +33,7 @@ from olmo_train.distributed import (
     gradient_sync,
     init_distributed,
     parallelize,
+    raise_together,
     shutdown,
     tell_launcher,
 )
@@ -237,14 +238,16 @@ def train(cfg: TrainConfig) -> int:
     preempted after saving."""
     d = init_distributed()
     preemption = Preemption()
+    lock = ckpt.SaveFolderLock(Path(cfg.save_folder), cfg.save_folder_lock_timeout_s, enabled=d.is_main)
     try:
-        return _train(cfg, d, preemption)
-    finally:
+        return _train(cfg, d, preemption, lock)
+    finally:  # finished, stopped, preempted or failed: the save folder is free for the next run
+        lock.release()
         preemption.restore()
         shutdown()
 
 
-def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
+def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFolderLock) -> int:
     logging.basicConfig(
         level=logging.INFO if d.is_main else logging.WARNING,
         format=f"%(asctime)s [rank {d.rank}] %(message)s",
@@ -258,6 +261,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     created = not save_folder.exists()
     if d.is_main:
         save_folder.mkdir(parents=True, exist_ok=True)
+    raise_together(lock.acquire)  # one writer per save folder: before anything is written (or removed) there
+    if d.is_main:
         ckpt.remove_stale_temporaries(save_folder)
     barrier()
     seed_everything(cfg.seed)
@@ -271,6 +276,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
             if ev.label not in eval_sets:
                 eval_sets[ev.label] = eval_batches(ev, cfg, d)
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
+        lock.release()
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
         raise
@@ -292,7 +298,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
         data.close()
         barrier()
         return 0
-    metrics = MetricsLog(save_folder / "metrics.jsonl", enabled=d.is_main)
+    metrics = MetricsLog(save_folder / ckpt.METRICS, enabled=d.is_main)
     metrics.start(state.step)
     state.wandb_run_id = metrics.start_wandb(cfg, state.wandb_run_id)
     L = cfg.model.max_sequence_length

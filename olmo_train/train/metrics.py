@@ -1,8 +1,12 @@
 """Where training metrics go: the console, `save_folder/metrics.jsonl`, and Weights & Biases when configured.
 
-metrics.jsonl holds one JSON object per step. A resumed run first drops the entries after the checkpoint it
-resumes from (steps that will be trained again) and then appends, so the file never holds a step twice and
-always reads as one run, however many times it was stopped.
+metrics.jsonl holds one JSON object per step, and is only ever appended to: no run cuts or rewrites a file that
+another wrote. A run continues it when it holds exactly the steps up to the checkpoint resumed from (the usual
+stop or preemption, which saves at its last step); otherwise (steps after that checkpoint, which will be trained
+again, a line cut short by a kill, or a previous run's records before a fresh start) the file is set aside whole
+as metrics.N.jsonl and the new metrics.jsonl begins with a copy of the records up to the checkpoint. So the file
+never holds a step twice and always reads as one run, however many times it was stopped, and every line any run
+wrote is still on disk.
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
 from olmo_data.io import atomic_path
+from olmo_train.checkpoint import metrics_aside
 from olmo_train.config import TrainConfig, config_to_dict
 
 log = logging.getLogger("olmo_train")
@@ -46,6 +53,33 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def _step_of(line: str) -> int:
+    """The step of a complete record line; 0 for anything else (a line cut short by a kill)."""
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return 0
+    return step if isinstance(step, int) and not isinstance(step, bool) else 0
+
+
+def _free_aside(path: Path) -> Path:
+    """The first metrics.N.jsonl not taken: earlier files keep their names, the latest set aside has the highest N."""
+    n = 1
+    while path.with_name(metrics_aside(n)).exists():
+        n += 1
+    return path.with_name(metrics_aside(n))
+
+
+def _copy_aside(path: Path, aside: Path) -> None:
+    """`aside` as a second name of `path`'s file (a hard link: nothing copied, and no moment without either), or
+    a copy where the filesystem has no hard links."""
+    try:
+        os.link(path, aside)
+    except OSError:
+        with atomic_path(aside) as tmp:
+            shutil.copyfile(path, tmp)
+
+
 class MetricsLog:
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
@@ -54,13 +88,23 @@ class MetricsLog:
         self._wandb: Any = None
 
     def start(self, resume_step: int) -> None:
-        """Keep the entries of steps up to `resume_step` (those the checkpoint contains), then append."""
+        """Append after the records of steps up to `resume_step` (those the checkpoint contains); a file holding
+        anything else is set aside whole first (see the module's docstring)."""
         if not self.enabled:
             return
-        kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
-        if self.path.exists() or kept:
+        text = self.path.read_text() if self.path.is_file() else ""
+        kept = [line + "\n" for line in text.splitlines() if 0 < _step_of(line) <= resume_step]
+        if text != "".join(kept):
+            aside = _free_aside(self.path)
+            _copy_aside(self.path, aside)
             with atomic_path(self.path) as tmp:
-                tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+                tmp.write_text("".join(kept))
+            if resume_step:
+                what = f"records past step {resume_step}, where this run resumes (or a line cut short)"
+                goes_on = f"keeps steps 1..{resume_step} and continues"
+            else:
+                what, goes_on = "an earlier run's records, and this run starts at step 1", "starts empty"
+            log.warning("%s holds %s: kept whole as %s; %s %s", self.path, what, aside.name, self.path.name, goes_on)
         self._file = self.path.open("a")
 
     def start_wandb(self, cfg: TrainConfig, run_id: str | None) -> str | None:

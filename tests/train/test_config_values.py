@@ -36,6 +36,7 @@ BASE = ["--data.paths=[a.npy]", "--model.d_model=64", "--model.n_heads=4"]
         ("--optimizer.learning_rate=-0.1", r"'optimizer.learning_rate': must be 0 or more, got -0\.1"),
         ("--optimizer.betas=[0.9,1.5]", r"'optimizer.betas': each must be in \[0, 1\), got \[0\.9, 1\.5\]"),
         ("--seed=-3", r"'seed': must be 0 or more, got -3"),
+        ("--save_folder_lock_timeout_s=0", r"'save_folder_lock_timeout_s': must be above 0, got 0\.0"),
         ("--save_num_checkpoints_to_keep=0", r"'save_num_checkpoints_to_keep': got 0; -1 keeps every checkpoint"),
         ("--save_num_unsharded_checkpoints_to_keep=-2", r"'save_num_unsharded_checkpoints_to_keep': got -2"),
     ],
