@@ -1,0 +1,210 @@
+"""The training config's schema: its sections as typed dataclasses, with OLMo's field names, each default and a
+comment beside each field (which `python -m olmo_train --keys` prints), and the choices of the keys that take one
+of a few values. `config.py` loads, overrides and checks them; this module only says what they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from olmo_data.errors import DataError
+
+
+class ConfigError(DataError):
+    """A config key or value that is wrong; the message names the key, the problem and what to do."""
+
+
+@dataclass
+class ModelConfig:
+    """An OLMo-2-style decoder. Defaults are OLMo-2's choices (RMSNorm, reordered norm, QK-norm, no biases, no
+    tying). OLMo-1 is `layer_norm_type: layer_norm`, `layer_norm_with_affine: false`, `layer_norm_eps: 1e-5`,
+    `attention_layer_norm: false`, `norm_after: false`."""
+
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: as many as n_heads (no GQA)
+    n_layers: int = 12
+    mlp_hidden_size: int | None = None  # SwiGLU hidden size; None: 8/3 * d_model rounded up to a multiple of 128
+    vocab_size: int = 50280
+    embedding_size: int | None = None  # rows of the embedding (vocab padded for speed); None: vocab_size
+    max_sequence_length: int = 1024
+    rope_theta: float = 500_000.0
+    layer_norm_eps: float = 1e-6
+    layer_norm_type: str = "rms"  # rms | layer_norm (OLMo-1's, without bias)
+    layer_norm_with_affine: bool = True  # learned scales in the block and final norms (QK-norm always has them)
+    attention_layer_norm: bool = True  # QK-norm
+    norm_after: bool = True  # OLMo-2's reordered norm; false gives the classic pre-norm block
+    weight_tying: bool = False
+    init_std: float = 0.02
+    flash_attention: bool = True  # use flash-attn when it is installed and the model runs on a GPU
+    activation_checkpointing: bool = False  # recompute each block's activations in backward (olmo_train/nn/recompute)
+    activation_checkpointing_policy: str = "full"  # full (keep block inputs only) | selective (keep matmuls, attention)
+    loss_chunk_tokens: int | None = None  # tokens per chunk of the output head + loss; None: 128 MiB of fp32 logits
+    document_masking: bool = False  # attend only within each document of a packed instance (olmo_train/nn/documents)
+    document_positions: bool = False  # with document_masking: rotary positions restart at each document
+    eos_token_id: int | None = None  # ends a document, for document_masking; None: the data manifests' eos_token_id
+    document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/nn/documents
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    learning_rate: float = 4e-4
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    decay_norm_and_bias: bool = False
+    decay_embeddings: bool = False
+    fused: bool | None = None  # AdamW's fused kernel; None: fused on GPUs, the multi-tensor (foreach) path elsewhere
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`. `cosine_restarts` is
+    ReLoRA's jagged cosine: its cycles are `relora.cycle_length` and `relora.restart_warmup_steps`."""
+
+    # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup | cosine_restarts (ReLoRA)
+    name: str = "cosine_with_warmup"
+    units: str = "steps"  # steps | tokens
+    t_warmup: int = 0
+    t_max: int | None = None  # None: the run's length (max_duration)
+    alpha_f: float = 0.1  # final lr = alpha_f * learning_rate
+    warmup_min_lr: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)
+    label_mask_paths: list[str] | None = None
+    mix: str | None = None
+    dtype: str | None = None
+    order_path: str | None = None  # default: save_folder/train_data/global_indices.npy
+    prefetch_batches: int = 4  # this rank's next batches read in the background (hides remote latency and retries)
+    remote_concurrency: int | None = None  # ranged reads in flight; None: $OLMO_DATA_REMOTE_CONCURRENCY, else 64
+
+
+@dataclass
+class EvaluatorConfig:
+    label: str = "validation"
+    paths: list[str] = field(default_factory=list)
+    dtype: str | None = None
+    max_batches: int | None = None  # None: every instance
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    project: str | None = None
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None  # default: run_name
+    mode: str = "online"  # online | offline
+    tags: list[str] = field(default_factory=list)
+
+
+# the linears of a block that `relora.target` can name: a group name stands for all of its linears
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "attention": ("w_q", "w_k", "w_v", "w_out"),
+    "mlp": ("w_gate", "w_up", "w_down"),
+}
+
+
+@dataclass
+class ReLoRAConfig:
+    """ReLoRA (Lialin et al.): the block linears train through low-rank adapters that are merged into the frozen
+    weights every `merge_every` steps and restarted, so a sequence of low-rank updates adds up to a high-rank one.
+    Setting `rank` turns it on; the flags of the reference implementation are given in parentheses."""
+
+    rank: int | None = None  # (--lora_r) adapter rank; None: full-rank training
+    alpha: float = 32.0  # (--lora_alpha) the update is scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input
+    target: list[str] = field(default_factory=lambda: ["attention", "mlp"])  # groups or w_q, w_k, ... w_down
+    merge_every: int | None = None  # (--relora) merge and restart the adapters after every N steps
+    cycle_length: int | None = None  # (--cycle_length) steps between restarts of cosine_restarts; None: merge_every
+    restart_warmup_steps: int | None = None  # steps of the linear re-warm-up after each restart (cosine_restarts)
+    optimizer_reset: str = "prune"  # at each merge, on the adapters' state: prune | random | zero | none
+    prune_fraction: float | None = None  # (--optimizer_magnitude_pruning) zeroed by prune/random; None: 0.9
+    continue_from: str | None = None  # a full-rank checkpoint or imported model: its weights only, a fresh run
+
+    def cycle(self) -> int | None:
+        """Steps between learning-rate restarts."""
+        return self.cycle_length if self.cycle_length is not None else self.merge_every
+
+    def fraction(self) -> float:
+        """The share of each adapter moment tensor a merge zeroes."""
+        if self.optimizer_reset == "zero":
+            return 1.0
+        if self.optimizer_reset == "none":
+            return 0.0
+        return 0.9 if self.prune_fraction is None else self.prune_fraction
+
+
+@dataclass
+class Float8Config:
+    """fp8 training of the block linears through torchao's float8 linear layers (the `gpu` extra, olmo_train/nn/float8):
+    the matmuls run in fp8 with dynamic scales, the weights stay in full precision. The output head and linears whose
+    sizes are not multiples of 16 stay in high precision (bf16 on GPUs). Fast on GPUs with fp8 tensor cores
+    (H100-class); elsewhere torchao emulates the fp8 arithmetic, which is slower than bf16 and only useful for tests."""
+
+    enabled: bool = False
+    recipe: str = "tensorwise"  # tensorwise (one scale per tensor) | rowwise (a scale per row, more accurate)
+    fsdp_float8_all_gather: bool | None = None  # FSDP2 gathers weights in fp8; None: where possible (tensorwise)
+    emulate: bool | None = None  # emulate fp8 matmuls (CPU tests); None: when the GPU has none (capability < 8.9)
+
+
+@dataclass
+class TrainConfig:
+    run_name: str = "olmo-run"
+    seed: int = 6198
+    save_folder: str = "runs/olmo-run"
+    load_path: str | None = None  # used when save_folder holds no checkpoint yet
+    reset_trainer_state: bool = False  # load weights only from load_path; a fresh run from step 1 (fine-tuning)
+    force_load: bool = False  # accept a checkpoint whose data fingerprint differs from this config's data
+    max_duration: int | str = 1000  # steps (int), "…T" tokens or "…ep" epochs
+    stop_at: int | None = None  # stop (with a checkpoint) after this step, e.g. to split a run in pieces
+    save_folder_lock_timeout_s: float = 600.0  # a lock holder silent this long is dead; its lock is taken over
+    global_train_batch_size: int = 512  # instances per optimizer step, all ranks together
+    device_train_microbatch_size: int = 8  # instances per forward/backward on one rank
+    device_eval_batch_size: int = 8
+    distributed_strategy: str = "fsdp"  # fsdp | ddp | single
+    precision: str = "amp_bf16"  # amp_bf16 (on GPU; CPU runs fp32) | fp32
+    max_grad_norm: float | None = 1.0
+    save_interval: int | None = 1000  # sharded checkpoint every N steps
+    save_interval_unsharded: int | None = None  # single-file checkpoint every N steps
+    save_num_checkpoints_to_keep: int = -1  # -1: keep all
+    save_num_unsharded_checkpoints_to_keep: int = -1
+    console_log_interval: int = 1
+    eval_interval: int | None = None
+    evaluators: list[EvaluatorConfig] = field(default_factory=list)
+    compile: bool = False  # torch.compile each block
+    deterministic: bool = False  # GPU: deterministic kernels (slower); CPU runs repeat without it
+    peak_flops_per_device: float | None = None  # for MFU; None: guessed from the GPU's name
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    relora: ReLoRAConfig = field(default_factory=ReLoRAConfig)
+    float8: Float8Config = field(default_factory=Float8Config)
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "distributed_strategy": ("fsdp", "ddp", "single"),
+    "precision": ("amp_bf16", "fp32"),
+    "optimizer.name": ("adamw",),
+    "scheduler.name": (
+        "constant",
+        "constant_with_warmup",
+        "linear_with_warmup",
+        "cosine_with_warmup",
+        "cosine_restarts",
+    ),
+    "scheduler.units": ("steps", "tokens"),
+    "model.layer_norm_type": ("rms", "layer_norm"),
+    "model.document_attention": ("auto", "mask", "flex"),
+    "model.activation_checkpointing_policy": ("full", "selective"),
+    "data.dtype": ("uint16", "uint32"),
+    "wandb.mode": ("online", "offline"),
+    "relora.optimizer_reset": ("prune", "random", "zero", "none"),
+    "float8.recipe": ("tensorwise", "rowwise"),
+}
