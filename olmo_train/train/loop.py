@@ -257,7 +257,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     save_folder = Path(cfg.save_folder)
     created = not save_folder.exists()
     if d.is_main:
-        save_folder.mkdir(parents=True, exist_ok=True)
+        with ckpt.space.refused_writes(save_folder, "the save folder"):  # read-only, no permission
+            save_folder.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(save_folder)
     barrier()
     seed_everything(cfg.seed)
@@ -278,7 +279,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
     state = resume(cfg, model, optim, data, d)
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
-        save_config(cfg, save_folder / ckpt.CONFIG)
+        with ckpt.space.refused_writes(save_folder, ckpt.CONFIG):
+            save_config(cfg, save_folder / ckpt.CONFIG)
     total_steps = data.total_steps()
     relora = relora_regime.ReLoRA.start(cfg, model, optim, total_steps, d)  # None unless relora.rank is set
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps

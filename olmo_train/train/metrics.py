@@ -7,6 +7,7 @@ always reads as one run, however many times it was stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -14,7 +15,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from olmo_data.errors import DataError
 from olmo_data.io import atomic_path
+from olmo_train.checkpoint import space
 from olmo_train.config import TrainConfig, config_to_dict
 
 log = logging.getLogger("olmo_train")
@@ -58,10 +61,11 @@ class MetricsLog:
         if not self.enabled:
             return
         kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
-        if self.path.exists() or kept:
-            with atomic_path(self.path) as tmp:
-                tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
-        self._file = self.path.open("a")
+        with space.refused_writes(self.path.parent, self.path.name):
+            if self.path.exists() or kept:
+                with atomic_path(self.path) as tmp:
+                    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+            self._file = self.path.open("a")
 
     def start_wandb(self, cfg: TrainConfig, run_id: str | None) -> str | None:
         """Start (or continue, with the same run id) a wandb run; returns the run id to store in
@@ -88,8 +92,15 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
+            with space.refused_writes(self.path.parent, f"{self.path.name} (step {record['step']})"):
+                self._file.write(json.dumps(record, sort_keys=True) + "\n")
+                self._file.flush()
+        except DataError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
+                file.close()
+            raise
         if self._wandb is not None:
             numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self._wandb.log(numbers, step=record["step"])
