@@ -274,8 +274,11 @@ def remove_stale_temporaries(folder: Path) -> None:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(p, final)
-    for p in folder.glob(f"{TMP_PREFIX}step*"):
-        log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
-        shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob(f"{TMP_PREFIX}*"):
+        if p.name.startswith(f"{TMP_PREFIX}step") and p.is_dir() and not p.is_symlink():
+            log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_symlink() or p.is_file():  # a link or an atomic write (metrics.jsonl, config.yaml) cut short
+            p.unlink(missing_ok=True)
     for p in folder.glob(f"step*{SAVING_SUFFIX}"):
         p.unlink(missing_ok=True)

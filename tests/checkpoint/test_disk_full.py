@@ -21,8 +21,7 @@ import pytest
 import torch
 import yaml
 
-from olmo_data.errors import DataError
-from olmo_train.checkpoint import integrity, space
+from olmo_train.checkpoint import integrity, save, space
 from olmo_train.train import main
 from olmo_train.train.metrics import MetricsLog
 
@@ -237,22 +236,35 @@ def test_a_warning_before_a_save_that_may_not_fit(
 
 
 @contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    mode = path.stat().st_mode
-    path.chmod(0o500)
+def unwritable(path: Path) -> Iterator[str]:
+    """`path` made unwritable: a read-only tmpfs mounted on it as root (root ignores permissions), else no write
+    permission; yields the meaning the message should give."""
+    if os.geteuid() != 0:
+        path.chmod(0o500)
+        try:
+            yield "permission denied (Permission denied)"
+        finally:
+            path.chmod(0o700)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        yield
+        yield "the file system is read-only (Read-only file system)"
     finally:
-        path.chmod(mode)
+        subprocess.run(["umount", str(path)], check=True)
 
 
-def test_a_save_folder_that_cannot_be_written_is_one_line(tmp_path: Path, tokens: str) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root writes into a read-only directory")
+def test_a_save_folder_that_cannot_be_written_is_one_line(
+    tmp_path: Path, tokens: str, capfd: pytest.CaptureFixture[str]
+) -> None:
     parent = tmp_path / "locked"
     parent.mkdir()
-    with read_only(parent), pytest.raises(DataError, match=r"locked/run: permission denied .* while writing"):
-        main([config(tmp_path, tokens, folder=parent / "run")])
+    with unwritable(parent) as meaning:
+        capfd.readouterr()
+        assert main([config(tmp_path, tokens, folder=parent / "run")]) == 2
+        line = only_error_line(capfd.readouterr().err)
+    assert line.startswith(f"error: {parent / 'run'}: {meaning} while writing the save folder: "), line
 
 
 def test_torch_save_into_a_refusing_stream_keeps_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,3 +273,36 @@ def test_torch_save_into_a_refusing_stream_keeps_the_cause(tmp_path: Path, monke
     with pytest.raises(BaseException) as caught:
         integrity.Recorder(tmp_path).torch_save({"t": torch.zeros(1000)}, "x.pt")
     assert space.refusal(caught.value, tmp_path) == errno.ENOSPC
+
+
+def test_the_next_start_removes_what_a_killed_save_left(tmp_path: Path) -> None:
+    """A partial checkpoint, a link and atomic writes cut short by a kill: all go at the next start (they may be
+    what fills the disk); complete checkpoints and other files stay."""
+    (tmp_path / ".tmp-step4" / "rng").mkdir(parents=True)
+    (tmp_path / ".tmp-step4" / "__0_0.distcp").write_bytes(b"x" * 100)
+    (tmp_path / ".tmp-metrics.jsonl.k2j3h4").write_text("{}\n")
+    (tmp_path / ".tmp-latest").symlink_to("step4")
+    (tmp_path / "step2").mkdir()
+    (tmp_path / "step2" / "trainer_state.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    save.remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "step2"]
+
+
+def test_a_full_disk_writing_the_data_order_is_one_line(
+    tokens: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from olmo_data import order
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(order, "write_order", full)
+    capfd.readouterr()
+    assert main([config(tmp_path, tokens)]) == 2
+    line = only_error_line(capfd.readouterr().err)
+    run = tmp_path / "run"
+    assert line.startswith(f"error: {run}: the disk is full (No space left on device) while writing the data order "), (
+        line
+    )
+    assert "train_data/global_indices.npy; " in line and "(it starts afresh)" in line
