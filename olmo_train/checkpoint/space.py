@@ -21,7 +21,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from olmo_data.errors import DataError
 from olmo_train.checkpoint.layout import latest_checkpoint, list_checkpoints
@@ -149,31 +149,42 @@ class SaveGuard:
         self.what = "the checkpoint"
 
     def together(self, write: Callable[[], T]) -> T:
-        """Run `write` on this rank, then learn whether any rank's write was refused: if so, every rank removes
-        the partial checkpoint and raises the same DataError (rank 0's message, the free space measured once
-        the partial files are gone). Any other error is raised as it was, where it happened."""
-        problem: tuple[int, str, bool] | None = None
+        """Run `write` on this rank, then learn whether any rank's write failed. A refusal (a full disk...) on any
+        rank: every rank removes the partial checkpoint and raises the same DataError (rank 0's message, with the
+        free space measured once the partial files are gone). Any other failure: the partial checkpoint is
+        removed too, the rank that met it raises its own error and the others say which rank failed, so no rank
+        is left waiting for a collective that will never come."""
+        problem: dict[str, Any] | None = None
         result: T | None = None
         failure: BaseException | None = None
         try:
             result = write()
-        except DataError:
-            raise
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            code = refusal(e, self.folder)
-            if code is None:
-                raise
-            problem, failure = (code, self.what, self.tmp.exists()), e  # none partial if refused after the rename
-        found = cast("tuple[int, str, bool] | None", next((p for p in all_gather_objects(problem) if p), None))
-        if found is None:
+        except BaseException as e:
+            if not isinstance(e, Exception) and getattr(e, "failures", None) is None:
+                raise  # KeyboardInterrupt, SystemExit; DCP's CheckpointException (a BaseException) is handled
+            code = None if isinstance(e, DataError) else refusal(e, self.folder)
+            failure = e
+            problem = {"rank": self.d.rank, "code": code, "what": self.what, "partial": self.tmp.exists()}
+            problem["bad_input"] = isinstance(e, DataError)
+            problem["error"] = str(e) if isinstance(e, DataError) else f"{type(e).__name__}: {str(e)[:300]}"
+        problems = [cast("dict[str, Any]", p) for p in all_gather_objects(problem) if p]
+        if not problems:
             return result  # type: ignore[return-value]
         shutil.rmtree(self.tmp, ignore_errors=True)  # every rank: its own files, wherever they are
         barrier()
+        refused = next((p for p in problems if p["code"] is not None), None)
+        if refused is None:
+            first = problems[0]
+            if first["bad_input"]:  # as raise_together: the first rank's DataError on all of them
+                raise DataError(first["error"]) from failure
+            if failure is not None:
+                raise failure
+            raise RuntimeError(f"{self.name}: rank {first['rank']} failed writing {first['what']}: {first['error']}")
         message = None
         if self.d.is_main:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            code, what, partial = found
-            message = refused_message(self.folder, f"{what} of {self.name}", code, partial, self.unsharded)
+            shutil.rmtree(self.tmp, ignore_errors=True)  # what a rank wrote after another removed the directory
+            what = f"{refused['what']} of {self.name}"
+            message = refused_message(self.folder, what, refused["code"], refused["partial"], self.unsharded)
         raise DataError(str(broadcast_object(message))) from failure
 
 

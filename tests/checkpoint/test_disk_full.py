@@ -21,7 +21,9 @@ import pytest
 import torch
 import yaml
 
+from olmo_data.errors import DataError
 from olmo_train.checkpoint import integrity, save, space
+from olmo_train.distributed import Dist
 from olmo_train.train import main
 from olmo_train.train.metrics import MetricsLog
 
@@ -306,3 +308,25 @@ def test_a_full_disk_writing_the_data_order_is_one_line(
         line
     )
     assert "train_data/global_indices.npy; " in line and "(it starts afresh)" in line
+
+
+def test_a_save_that_fails_otherwise_keeps_its_error_and_leaves_nothing_partial(tmp_path: Path) -> None:
+    single = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    tmp = tmp_path / ".tmp-step4"
+    guard = space.SaveGuard(tmp_path, "step4", tmp, single, unsharded=False)
+
+    def fails(error: Exception) -> None:
+        (tmp / "rng").mkdir(parents=True)
+        raise error
+
+    with pytest.raises(ValueError, match="a bug"):
+        guard.together(lambda: fails(ValueError("a bug")))
+    assert not tmp.exists()
+    with pytest.raises(DataError, match="bad input"):
+        guard.together(lambda: fails(DataError("bad input")))
+    assert not tmp.exists()
+    guard.what = "optim.pt"
+    with pytest.raises(DataError, match=r"quota is exceeded .* while writing optim.pt of step4; the partial"):
+        guard.together(lambda: fails(OSError(errno.EDQUOT, "Disk quota exceeded")))
+    assert not tmp.exists()
+    assert guard.together(lambda: 7) == 7
