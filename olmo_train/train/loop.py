@@ -257,8 +257,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption) -> int:
     save_folder = Path(cfg.save_folder)
     created = not save_folder.exists()
     if d.is_main:
-        with ckpt.space.refused_writes(save_folder, "the save folder"):  # read-only, no permission
-            save_folder.mkdir(parents=True, exist_ok=True)
+        save_folder.mkdir(parents=True, exist_ok=True)
         ckpt.remove_stale_temporaries(save_folder)
     barrier()
     seed_everything(cfg.seed)

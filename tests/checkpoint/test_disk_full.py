@@ -260,13 +260,13 @@ def unwritable(path: Path) -> Iterator[str]:
 def test_a_save_folder_that_cannot_be_written_is_one_line(
     tmp_path: Path, tokens: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    parent = tmp_path / "locked"
-    parent.mkdir()
-    with unwritable(parent) as meaning:
+    run = tmp_path / "run"
+    run.mkdir()
+    with unwritable(run) as meaning:
         capfd.readouterr()
-        assert main([config(tmp_path, tokens, folder=parent / "run")]) == 2
+        assert main([config(tmp_path, tokens, folder=run)]) == 2
         line = only_error_line(capfd.readouterr().err)
-    assert line.startswith(f"error: {parent / 'run'}: {meaning} while writing the save folder: "), line
+    assert line.startswith(f"error: {run}: {meaning} while writing config.yaml: "), line
 
 
 def test_torch_save_into_a_refusing_stream_keeps_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
