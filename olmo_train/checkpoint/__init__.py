@@ -2,12 +2,12 @@
 
 Modules: `layout` (every file name, the trainer state), `save`, `load`, `fetch` (a URL as a checked local copy),
 `files` (a finished checkpoint read outside training; the checkpoint an import writes), `verify`, `integrity`
-(checksums.json), `safety` (nothing unpickled freely), `lock` (one writer per save folder). The package knows
-nothing of adapters or of the training loop: a model with more than plain weights brings its own `StateSplit` and
-`LoadHooks`.
+(checksums.json), `safety` (nothing unpickled freely), `lock` (one writer per save folder), `space` (writes
+refused for want of space or permission). The package knows nothing of adapters or of the training loop: a model
+with more than plain weights brings its own `StateSplit` and `LoadHooks`.
 """
 
-from olmo_train.checkpoint import integrity, safety
+from olmo_train.checkpoint import integrity, safety, space
 from olmo_train.checkpoint.fetch import localize
 from olmo_train.checkpoint.files import (
     atomic_directory,
@@ -47,6 +47,7 @@ from olmo_train.checkpoint.load import PLAIN, LoadHooks, agree_on_checkpoint, ch
 from olmo_train.checkpoint.lock import SaveFolderLock
 from olmo_train.checkpoint.safety import check_link, read_metadata
 from olmo_train.checkpoint.save import (
+    PAUSE_AT_ENV,
     PAUSE_ENV,
     StateSplit,
     plain_state,
@@ -68,6 +69,7 @@ __all__ = [
     "METRICS",
     "MODEL_FILE",
     "OPTIM_FILE",
+    "PAUSE_AT_ENV",
     "PAUSE_ENV",
     "PLAIN",
     "RNG_DIR",
@@ -103,6 +105,7 @@ __all__ = [
     "rng_file",
     "rng_state",
     "safety",
+    "space",
     "save_sharded",
     "save_unsharded",
     "set_rng_state",

@@ -193,10 +193,13 @@ class Recorder:
         """A small file written by another helper (config.yaml), hashed from disk."""
         self.files[name] = hash_file(self.root / name)
 
-    def finish(self, last: str, data: bytes) -> None:
-        """checksums.json, listing `last` too, then `last` itself (written atomically)."""
+    def finish(self, last: str, data: bytes, between: Callable[[], None] | None = None) -> None:
+        """checksums.json, listing `last` too, then `last` itself (written atomically); `between` runs between
+        the two (a test's pause)."""
         self.files[last] = record_of(data)
         write_json_atomic(self.root / CHECKSUMS, {"version": VERSION, "files": self.files})
+        if between is not None:
+            between()
         with atomic_path(self.root / last) as tmp:
             tmp.write_bytes(data)
 

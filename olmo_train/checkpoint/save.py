@@ -7,6 +7,10 @@ Saving a step that already exists moves the old copy aside (`.replaced-stepN`) u
 checkpoint carries the run's resolved `config.yaml`, so it can be exported, unsharded or sampled from on its own.
 The names of every file are in layout.py.
 
+A write the file system refuses (a full disk, a quota, read-only, no permission) on any rank ends the save on every
+rank together with one line (space.py): the partial checkpoint is removed at once, so it cannot keep the disk full,
+and the last complete checkpoint stays the one a rerun resumes from.
+
 A model whose training state holds more than its plain weights (ReLoRA's adapters) passes `split`, which divides
 its full state into the plain weights an unsharded checkpoint keeps in model.pt and the exact state beside them
 (relora.pt); this package knows nothing of adapters.
@@ -37,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from olmo_train.checkpoint import integrity
 from olmo_train.checkpoint.layout import (
+    CHECKSUMS,
     CONFIG,
     EXACT_FILE,
     MODEL_FILE,
@@ -52,13 +57,18 @@ from olmo_train.checkpoint.layout import (
     rng_file,
     step_dir,
 )
+from olmo_train.checkpoint.space import SaveGuard, warn_if_short
 from olmo_train.config import TrainConfig, save_config
-from olmo_train.distributed import Dist, all_gather_objects, barrier
+from olmo_train.distributed import Dist, all_gather_objects
 
 log = logging.getLogger(__name__)
 
-# test hook: seconds to sleep after the shards are written and before the checkpoint is made complete
+# test hooks: seconds for rank 0 to sleep inside a save (after writing `step.saving`), so a test can kill it there;
+# where: "written" (every rank's files written, before checksums.json; the default), "shards" (after the DCP shards
+# or model.pt, before the rest), "checksums" (after checksums.json, before trainer_state.json), "rename" (the
+# checkpoint complete under its temporary name, before the rename)
 PAUSE_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE"
+PAUSE_AT_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE_AT"
 
 StateSplit = Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, Any]]]
 
@@ -94,16 +104,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def begin_save(folder: Path, name: str, d: Dist, cfg: TrainConfig | None = None) -> Path:
+def _test_pause(moment: str, folder: Path, name: str, d: Dist) -> None:
+    seconds = float(os.environ.get(PAUSE_ENV, 0) or 0)
+    if seconds and d.is_main and os.environ.get(PAUSE_AT_ENV, "written") == moment:
+        (folder / f"{name}{SAVING_SUFFIX}").write_text(f"paused inside a checkpoint write ({moment}; test hook)\n")
+        time.sleep(seconds)
+
+
+def begin_save(folder: Path, name: str, d: Dist, cfg: TrainConfig | None = None, *, unsharded: bool = False) -> Path:
+    """The temporary directory of checkpoint `name`, made by rank 0 with the run's config in it; first a warning
+    if the folder has less space free than the last checkpoint of the kind took."""
     tmp = folder / f"{TMP_PREFIX}{name}"
-    if d.is_main:
+    guard = SaveGuard(folder, name, tmp, d, unsharded)
+    guard.what = f"the directory and {CONFIG}"
+
+    def start() -> None:
+        if not d.is_main:
+            return
+        warn_if_short(folder, unsharded)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         (tmp / RNG_DIR).mkdir()
         if cfg is not None:
             save_config(cfg, tmp / CONFIG)
-    barrier()
+
+    guard.together(start)
     return tmp
 
 
@@ -119,19 +145,24 @@ def finish_save(
 ) -> Path:
     """Complete a checkpoint that every rank has written its part of (`written`: the files this rank wrote,
     with their records)."""
-    pause = float(os.environ.get(PAUSE_ENV, 0) or 0)
-    if pause and d.is_main:
-        (folder / f"{name}{SAVING_SUFFIX}").write_text("paused inside a checkpoint write (test hook)\n")
-        time.sleep(pause)
+    _test_pause("written", folder, name, d)
     parts = all_gather_objects(written or {})  # also the point where every rank has written its part
     final = folder / name
-    if d.is_main:
+    unsharded = name == step_dir(state.step, unsharded=True)
+    guard = SaveGuard(folder, name, tmp, d, unsharded)
+    guard.what = f"{CHECKSUMS} and {TRAINER_STATE}"
+
+    def complete() -> None:
+        if not d.is_main:
+            return
         records = integrity.Recorder(tmp)
         for part in parts:
             records.files.update(cast(dict[str, integrity.Record], part))
         if (tmp / CONFIG).is_file():
             records.add_file(CONFIG)
-        records.finish(TRAINER_STATE, state.to_bytes())  # checksums.json, then the last file: marks it complete
+        # checksums.json, then the last file: marks it complete
+        records.finish(TRAINER_STATE, state.to_bytes(), between=lambda: _test_pause("checksums", folder, name, d))
+        _test_pause("rename", folder, name, d)
         replaced = folder / f"{REPLACED_PREFIX}{name}"
         if final.exists():  # the same step saved again (e.g. preempted right after resuming): replace it,
             # keeping the old copy aside until the new one is in place (restored at start if killed between)
@@ -140,9 +171,11 @@ def finish_save(
             os.replace(final, replaced)
         os.replace(tmp, final)
         shutil.rmtree(replaced, ignore_errors=True)
+        guard.what = f"the link {pointer}"
         _point(folder / pointer, name)
-        _prune(folder, unsharded=name == step_dir(state.step, unsharded=True), keep=keep)
-    barrier()
+        _prune(folder, unsharded=unsharded, keep=keep)
+
+    guard.together(complete)  # also the point where rank 0 has made the checkpoint complete
     return final
 
 
@@ -178,11 +211,20 @@ def save_sharded(
     name = step_dir(state.step, unsharded=False)
     tmp = begin_save(folder, name, d, cfg)
     model_sd, optim_sd = get_state_dict(model, optim)
-    writer = integrity.HashingWriter(tmp)
-    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)
-    records = integrity.Recorder(tmp, writer.written())
-    records.torch_save(rng_state(), rng_file(d.rank))
-    return finish_save(folder, name, tmp, state, latest_link(False), keep, d, records.files)
+    guard = SaveGuard(folder, name, tmp, d, unsharded=False)
+
+    def write() -> dict[str, integrity.Record]:
+        guard.what = "the model and optimizer shards"
+        writer = integrity.HashingWriter(tmp)
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=writer)  # a refusal raises on every rank
+        _test_pause("shards", folder, name, d)
+        records = integrity.Recorder(tmp, writer.written())
+        guard.what = f"the RNG state {rng_file(d.rank)}"
+        records.torch_save(rng_state(), rng_file(d.rank))
+        return records.files
+
+    written = guard.together(write)
+    return finish_save(folder, name, tmp, state, latest_link(False), keep, d, written)
 
 
 def save_unsharded(
@@ -196,18 +238,25 @@ def save_unsharded(
     split: StateSplit = plain_state,
 ) -> Path:
     name = step_dir(state.step, unsharded=True)
-    tmp = begin_save(folder, name, d, cfg)
+    tmp = begin_save(folder, name, d, cfg, unsharded=True)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)  # collectives: every rank takes part
     optim_sd = get_optimizer_state_dict(model, optim, options=opts)
     records = integrity.Recorder(tmp)
-    if d.is_main:
+    guard = SaveGuard(folder, name, tmp, d, unsharded=True)
+
+    def write() -> None:
+        if not d.is_main:
+            return
         plain, exact = split(model_sd)  # ReLoRA: merged weights in model.pt, the unmerged beside them
-        records.torch_save(plain, MODEL_FILE)
-        if exact:
-            records.torch_save(exact, EXACT_FILE)
-        records.torch_save(optim_sd, OPTIM_FILE)
-        records.torch_save(rng_state(), rng_file(0))
+        files = [(MODEL_FILE, plain), *([(EXACT_FILE, exact)] if exact else []), (OPTIM_FILE, optim_sd)]
+        for file, obj in [*files, (rng_file(0), rng_state())]:
+            guard.what = file
+            records.torch_save(obj, file)
+            if file == MODEL_FILE:
+                _test_pause("shards", folder, name, d)
+
+    guard.together(write)
     return finish_save(folder, name, tmp, state, latest_link(True), keep, d, records.files)
 
 
@@ -225,8 +274,11 @@ def remove_stale_temporaries(folder: Path) -> None:
             if final.exists():
                 shutil.rmtree(final)
             os.replace(p, final)
-    for p in folder.glob(f"{TMP_PREFIX}step*"):
-        log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
-        shutil.rmtree(p, ignore_errors=True)
+    for p in folder.glob(f"{TMP_PREFIX}*"):
+        if p.name.startswith(f"{TMP_PREFIX}step") and p.is_dir() and not p.is_symlink():
+            log.warning("removing %s, an incomplete checkpoint of an interrupted save", p)
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.is_symlink() or p.is_file():  # a link or an atomic write (metrics.jsonl, config.yaml) cut short
+            p.unlink(missing_ok=True)
     for p in folder.glob(f"step*{SAVING_SUFFIX}"):
         p.unlink(missing_ok=True)

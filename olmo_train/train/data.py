@@ -17,6 +17,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,8 +37,9 @@ from olmo_data.order import (
     step_position,
 )
 from olmo_data.train_config import duration_steps
+from olmo_train.checkpoint import space
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
-from olmo_train.distributed import Dist, barrier
+from olmo_train.distributed import Dist, raise_together
 from olmo_train.train.documents import DocumentStarts, boundary_token
 
 log = logging.getLogger("olmo_train")
@@ -131,13 +133,18 @@ class TrainData:
         """Build the epoch's order on rank 0 (if absent) before any rank reads it. Collective."""
         if epoch in self._epochs_ready:
             return
-        if self.d.is_main:
+
+        def build() -> None:
+            if not self.d.is_main:
+                return
             path = order_path_for_epoch(self.order_location, epoch)
             if self.cfg.force_load and os.path.exists(path):  # the user accepted other data: keep the order
                 log.warning("force_load: using the existing order %s without checking its data fingerprint", path)
-            else:
+                return
+            with space.refused_writes(Path(self.cfg.save_folder), f"the data order {path}"):  # e.g. a full disk
                 ensure_order(self.order_location, self.source, self.cfg.seed, epoch)
-        barrier()
+
+        raise_together(build)  # also the point where the order exists for every rank
         self._epochs_ready.add(epoch)
 
     def batch(self, step: int) -> Batch:

@@ -259,9 +259,14 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         check_trainable(cfg.model.document_attention, d.device)
     save_folder = Path(cfg.save_folder)
     created = not save_folder.exists()
-    if d.is_main:
-        save_folder.mkdir(parents=True, exist_ok=True)
-    raise_together(lock.acquire)  # one writer per save folder: before anything is written (or removed) there
+
+    def claim() -> None:  # one writer per save folder: before anything is written (or removed) there
+        if d.is_main:
+            with ckpt.space.refused_writes(save_folder, "the save folder"):
+                save_folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+
+    raise_together(claim)  # a refusal on rank 0 ends every rank with its line
     if d.is_main:
         ckpt.remove_stale_temporaries(save_folder)
     barrier()
@@ -284,7 +289,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
     cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
     state = resume(cfg, model, optim, data, d)
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
-        save_config(cfg, save_folder / ckpt.CONFIG)
+        with ckpt.space.refused_writes(save_folder, ckpt.CONFIG):
+            save_config(cfg, save_folder / ckpt.CONFIG)
     total_steps = data.total_steps()
     relora = relora_regime.ReLoRA.start(cfg, model, optim, total_steps, d)  # None unless relora.rank is set
     stop_step = min(total_steps, cfg.stop_at) if cfg.stop_at is not None else total_steps

@@ -11,6 +11,7 @@ wrote is still on disk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -20,8 +21,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from olmo_data.errors import DataError
 from olmo_data.io import atomic_path
-from olmo_train.checkpoint import metrics_aside
+from olmo_train.checkpoint import metrics_aside, space
 from olmo_train.config import TrainConfig, config_to_dict
 
 log = logging.getLogger("olmo_train")
@@ -92,6 +94,10 @@ class MetricsLog:
         anything else is set aside whole first (see the module's docstring)."""
         if not self.enabled:
             return
+        with space.refused_writes(self.path.parent, self.path.name):
+            self._start(resume_step)
+
+    def _start(self, resume_step: int) -> None:
         text = self.path.read_text() if self.path.is_file() else ""
         kept = [line + "\n" for line in text.splitlines() if 0 < _step_of(line) <= resume_step]
         if text != "".join(kept):
@@ -132,8 +138,15 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
+            with space.refused_writes(self.path.parent, f"{self.path.name} (step {record['step']})"):
+                self._file.write(json.dumps(record, sort_keys=True) + "\n")
+                self._file.flush()
+        except DataError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
+                file.close()
+            raise
         if self._wandb is not None:
             numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self._wandb.log(numbers, step=record["step"])

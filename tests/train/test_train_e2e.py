@@ -183,12 +183,27 @@ def test_world_size_changes_keep_data_and_token_counts(data: list[str], tmp_path
     assert state["world_size"] == 2 and state["tokens_seen"] == STEPS * GBS * SEQ
 
 
+@pytest.fixture(scope="module")
+def unstopped_single(data: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-process run of all steps in one go: the reference for the kill tests."""
+    tmp = tmp_path_factory.mktemp("unstopped-single")
+    launch(tiny_config(tmp, data, distributed_strategy="single"), 1)
+    return tmp / "run"
+
+
 @pytest.mark.slow
-def test_sigkill_during_checkpoint_write_keeps_previous(data: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["shards", "written", "checksums", "rename"])
+def test_sigkill_during_checkpoint_write_keeps_previous(
+    moment: str, data: list[str], tmp_path: Path, unstopped_single: Path
+) -> None:
+    """Killed inside the step-4 save: after the shards (before the RNG state), with every file written (before
+    checksums.json), after checksums.json (before trainer_state.json), or complete but not yet renamed. The
+    rerun removes the partial checkpoint, resumes from step 2 and trains what the unbroken run trained."""
     config = tiny_config(tmp_path, data, distributed_strategy="single")
     run = tmp_path / "run"
     launch(config, 1, "--stop_at=2")
-    proc = launch(config, 1, env={"OLMO_TRAIN_TEST_SAVE_PAUSE": "120"}, wait=False)
+    pause = {"OLMO_TRAIN_TEST_SAVE_PAUSE": "120", "OLMO_TRAIN_TEST_SAVE_PAUSE_AT": moment}
+    proc = launch(config, 1, env=pause, wait=False)
     assert isinstance(proc, subprocess.Popen)
     marker = run / "step4.saving"
     deadline = time.time() + 120
@@ -208,8 +223,39 @@ def test_sigkill_during_checkpoint_write_keeps_previous(data: list[str], tmp_pat
     got = metrics(run)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
-    assert got[-1]["train/batch_fingerprint"] == cli_fingerprint(config, STEPS)
-    assert got[2]["train/batch_fingerprint"] == cli_fingerprint(config, 3)
+    assert [r["train/loss"] for r in got] == [r["train/loss"] for r in metrics(unstopped_single)]
+    if moment == "written":  # the fingerprints are the data tools' (once: they do not depend on the moment)
+        assert got[-1]["train/batch_fingerprint"] == cli_fingerprint(config, STEPS)
+        assert got[2]["train/batch_fingerprint"] == cli_fingerprint(config, 3)
+
+
+@pytest.mark.slow
+def test_a_disk_full_under_one_rank_ends_every_rank_with_one_line(
+    data: list[str], tmp_path: Path, unstopped: Path
+) -> None:
+    """Rank 1's RNG state of the step-4 save is refused for want of space while rank 0's part succeeds: both ranks
+    leave together (neither waits in the next collective) with the one line, no partial checkpoint is left, and
+    the same command then finishes as the unbroken run."""
+    config = tiny_config(tmp_path, data, save_interval_unsharded=STEPS)
+    run = tmp_path / "run"
+    script = REPO / "tests" / "train" / "full_disk_trainer.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FULL_DISK_RANK": "1", "FULL_DISK_STEP": "4"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.run([*cmd, str(config)], cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode != 0
+    message = (
+        f"error: {run}: the disk is full (No space left on device) while writing the RNG state rng/rank1.pt of "
+        "step4; the partial checkpoint was removed; the last checkpoint (step2) takes "
+    )
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, proc.stderr  # printed by rank 0 alone
+    assert lines[0].startswith(message) and lines[0].endswith("(it resumes from step2)"), proc.stderr
+    causes = [x.strip() for x in proc.stderr.splitlines() if x.strip().startswith("traceback : ")]
+    assert causes == [f"traceback : {lines[0]}"] * 2, proc.stderr  # both ranks exited with it
+    assert not list(run.glob(".tmp-*")) and not (run / "step4").exists()
+    launch(config, 2)
+    check_same_run(unstopped, run, bitwise=True)
 
 
 @pytest.mark.slow
