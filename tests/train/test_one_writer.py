@@ -19,13 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from olmo_train.checkpoint import WRITER_LOCK
 from olmo_train.train import MetricsLog, main
 from tests.train.test_train_e2e import REPO, launch, tiny_config, write_tokens
-
-SEQ, GBS = 16, 4
+from tests.train.test_train_loop import SEQ, config
 
 
 @pytest.fixture()
@@ -33,23 +31,6 @@ def tokens(tmp_path: Path) -> str:
     path = tmp_path / "tokens.npy"
     np.random.default_rng(0).integers(0, 64, 30 * SEQ).astype(np.uint16).tofile(path)  # 30 instances
     return str(path)
-
-
-def config(tmp_path: Path, tokens: str, **overrides: Any) -> Path:
-    cfg: dict[str, Any] = {
-        "save_folder": str(tmp_path / "run"),
-        "max_duration": 3,
-        "global_train_batch_size": GBS,
-        "device_train_microbatch_size": 2,
-        "distributed_strategy": "single",
-        "save_interval": 1,
-        "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 64, "max_sequence_length": SEQ},
-        "data": {"paths": [tokens]},
-    }
-    cfg.update(overrides)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def steps(run: Path, name: str = "metrics.jsonl") -> list[int]:
