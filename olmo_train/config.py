@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import types
 import typing
@@ -26,6 +27,7 @@ from olmo_train.config_schema import (
     DataConfig,
     EvaluatorConfig,
     Float8Config,
+    InstanceFilterConfig,
     ModelConfig,
     OptimizerConfig,
     ReLoRAConfig,
@@ -34,6 +36,9 @@ from olmo_train.config_schema import (
     WandbConfig,
 )
 from olmo_train.config_values import get_dotted, problems
+from olmo_train.olmo_config import olmo_form_key, translate
+
+log = logging.getLogger(__name__)
 
 __all__ = [  # the schema's names too: the rest of the package imports every config name from here
     "CHOICES",
@@ -42,6 +47,7 @@ __all__ = [  # the schema's names too: the rest of the package imports every con
     "DataConfig",
     "EvaluatorConfig",
     "Float8Config",
+    "InstanceFilterConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ReLoRAConfig",
@@ -62,10 +68,14 @@ def load_config(
 ) -> TrainConfig:
     """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`).
 
+    A file in OLMo's own form (`allenai/OLMo`'s configs: recognised by a key only OLMo has) is translated into
+    ours first (olmo_train/olmo_config), and what of it concerns OLMo's machinery only is logged in one line.
+
     `require_data=False` reads a config that describes a model but no training data yet (an imported model's,
     or a checkpoint's config read to rebuild its model): every other check still applies.
     """
     raw: dict[str, Any] = {}
+    olmo_form = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -77,9 +87,14 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         raw = loaded or {}
+        olmo_form = olmo_form_key(raw)  # by the file's own keys: an override never changes how it is read
     for key, text in _split_overrides(overrides):  # a string key keeps its text: --run_name=007 is not 7
         value = _parse_scalar(text)
         _set_dotted(raw, key, text if value is not None and _is_text_key(key) else value)
+    if olmo_form is not None:  # OLMo's YAML (olmo_train/olmo_config): overrides in its names, then ours
+        translation = translate(raw, str(path))
+        log.info("%s", translation.summary(str(path)))
+        raw = translation.config
     cfg = _build(TrainConfig, raw, prefix="")
     _check(cfg, require_data=require_data)
     return cfg

@@ -73,6 +73,17 @@ class SchedulerConfig:
 
 
 @dataclass
+class InstanceFilterConfig:
+    """OLMo's instance filter: an instance whose tokens repeat an n-gram (period `repetition_min_period` to
+    `repetition_max_period` tokens) `repetition_max_count` times or more in a row is left out of the loss."""
+
+    enabled: bool = False
+    repetition_max_period: int = 13
+    repetition_min_period: int = 1
+    repetition_max_count: int = 32
+
+
+@dataclass
 class DataConfig:
     paths: list[str] = field(default_factory=list)
     label_mask_paths: list[str] | None = None
@@ -81,6 +92,7 @@ class DataConfig:
     order_path: str | None = None  # default: save_folder/train_data/global_indices.npy
     prefetch_batches: int = 4  # this rank's next batches read in the background (hides remote latency and retries)
     remote_concurrency: int | None = None  # ranged reads in flight; None: $OLMO_DATA_REMOTE_CONCURRENCY, else 64
+    instance_filter: InstanceFilterConfig = field(default_factory=InstanceFilterConfig)  # OLMo's repetition filter
 
 
 @dataclass
@@ -169,6 +181,7 @@ class TrainConfig:
     distributed_strategy: str = "fsdp"  # fsdp | ddp | single
     precision: str = "amp_bf16"  # amp_bf16 (on GPU; CPU runs fp32) | fp32
     max_grad_norm: float | None = 1.0
+    z_loss_multiplier: float | None = None  # OLMo's z-loss (softmax_auxiliary_loss) weight; None: no z-loss
     save_interval: int | None = 1000  # sharded checkpoint every N steps
     save_interval_unsharded: int | None = None  # single-file checkpoint every N steps
     save_num_checkpoints_to_keep: int = -1  # -1: keep all

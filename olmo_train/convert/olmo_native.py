@@ -12,10 +12,10 @@ llama block, MoE) are refused by their config key rather than imported as a mode
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_tokenizer import shippable_tokenizer, write_tokenizer
 from olmo_train.convert.tables import ConfigField, Fused, TensorTable, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
+from olmo_train.olmo_config import MODEL_KEYS, OLMO_DEFAULTS, REQUIRED, model_values_from_olmo
 
 log = logging.getLogger(__name__)
 
@@ -59,196 +60,26 @@ OLMO_TENSORS = TensorTable(
     ),
 )
 
-# OLMo's ModelConfig defaults (olmo/config.py) for the keys read here: what OLMo builds when config.yaml leaves
-# a key out. They are GPT-2's, not ours.
-OLMO_DEFAULTS: dict[str, Any] = {
-    "d_model": 768,
-    "n_heads": 12,
-    "n_kv_heads": None,
-    "multi_query_attention": None,
-    "n_layers": 12,
-    "mlp_ratio": 4,
-    "mlp_hidden_size": None,
-    "vocab_size": 50257,
-    "embedding_size": 50304,
-    "max_sequence_length": 1024,
-    "rope_theta": 10_000,
-    "layer_norm_type": "default",
-    "layer_norm_with_affine": True,
-    "layer_norm_eps": 1e-5,
-    "attention_layer_norm": False,
-    "attention_layer_norm_with_affine": True,
-    "norm_after": False,
-    "weight_tying": True,
-    "init_std": 0.02,
-    "block_type": "sequential",
-    "block_group_size": 1,
-    "activation_type": "swiglu",
-    "alibi": False,
-    "rope": False,
-    "include_bias": True,
-    "bias_for_layer_norm": None,
-    "clip_qkv": None,
-    "scale_logits": False,
-    "embedding_layer_norm": False,
+_EXPORTS: dict[str, Callable[[ModelConfig], Any]] = {  # how OLMo spells the keys whose meaning differs from ours
+    "n_kv_heads": lambda m: m.n_kv_heads or m.n_heads,
+    "mlp_hidden_size": lambda m: 2 * mlp_hidden_size(m),
+    "embedding_size": lambda m: m.embedding_size or m.vocab_size,
+    "layer_norm_type": lambda m: "rms" if m.layer_norm_type == "rms" else "default",
 }
-
-# OLMo's LayerNorm kinds: "low_precision" is the same LayerNorm run in the autocast dtype (identical in fp32)
-_NORM_TYPES = {"default": "layer_norm", "low_precision": "layer_norm", "rms": "rms"}
-
-
-def _kv_heads(olmo: dict[str, Any]) -> Any:
-    """OLMo's effective_n_kv_heads: n_kv_heads, else 1 with the older multi_query_attention flag, else n_heads."""
-    n, mqa = olmo["n_kv_heads"], olmo["multi_query_attention"]
-    if n is None:
-        return 1 if mqa else olmo["n_heads"]
-    if mqa is not None and n != (1 if mqa else olmo["n_heads"]):
-        raise DataError(
-            f"model.n_kv_heads is {n} with model.multi_query_attention {json.dumps(mqa)}; OLMo itself refuses both"
-        )
-    return n
-
-
-def _mlp_hidden(olmo: dict[str, Any]) -> Any:
-    """Our SwiGLU hidden size: half of OLMo's fused ff_proj width (up and gate side by side), which is
-    mlp_hidden_size, else mlp_ratio * d_model."""
-    fused = olmo["mlp_hidden_size"]
-    if fused is None:
-        fused = _as_kind(olmo["mlp_ratio"], int, "model.mlp_ratio") * _as_kind(olmo["d_model"], int, "model.d_model")
-    if not isinstance(fused, int) or isinstance(fused, bool) or fused % 2:
-        raise DataError(f"model.mlp_hidden_size (ff_proj's width) is {fused!r}; expected an even int (up + gate)")
-    return fused // 2
-
-
-def _norm_type(olmo: dict[str, Any]) -> Any:
-    kind = olmo["layer_norm_type"]
-    if kind not in _NORM_TYPES:
-        raise DataError(f"model.layer_norm_type is {json.dumps(kind)}; OLMo's kinds are {', '.join(_NORM_TYPES)}")
-    return _NORM_TYPES[kind]
-
-
-# OLMo's keys and our fields (same names; `read` and `export` where the meaning differs)
-FIELDS: tuple[ConfigField, ...] = (
-    ConfigField("d_model", "d_model", int),
-    ConfigField("n_heads", "n_heads", int),
-    ConfigField("n_kv_heads", "n_kv_heads", int, export=lambda m: m.n_kv_heads or m.n_heads, read=_kv_heads),
-    ConfigField("n_layers", "n_layers", int),
-    ConfigField("mlp_hidden_size", "mlp_hidden_size", int, export=lambda m: 2 * mlp_hidden_size(m), read=_mlp_hidden),
-    ConfigField("vocab_size", "vocab_size", int),
-    ConfigField(
-        "embedding_size",
-        "embedding_size",
-        int,
-        export=lambda m: m.embedding_size or m.vocab_size,
-        read=lambda o: o["embedding_size"] or o["vocab_size"],
-    ),
-    ConfigField("max_sequence_length", "max_sequence_length", int),
-    ConfigField("rope_theta", "rope_theta", float),
-    ConfigField(
-        "layer_norm_type",
-        "layer_norm_type",
-        str,
-        export=lambda m: "rms" if m.layer_norm_type == "rms" else "default",
-        read=_norm_type,
-    ),
-    ConfigField("layer_norm_with_affine", "layer_norm_with_affine", bool),
-    ConfigField("layer_norm_eps", "layer_norm_eps", float),
-    ConfigField("attention_layer_norm", "attention_layer_norm", bool),
-    ConfigField("norm_after", "norm_after", bool),
-    ConfigField("weight_tying", "weight_tying", bool),
-    ConfigField("init_std", "init_std", float),
+# OLMo's keys and our fields (olmo_config's table, read by the training config's translation too), both ways
+FIELDS: tuple[ConfigField, ...] = tuple(
+    ConfigField(theirs, ours, kind, export=_EXPORTS.get(theirs), read=read) for theirs, ours, kind, read in MODEL_KEYS
 )
-
-# OLMo options our model does not have: the values under which they change nothing, and what else would be needed
-REQUIRED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
-    ("block_type", ("sequential",), "the llama and MoE blocks are other architectures"),
-    ("activation_type", ("swiglu",), "our MLP is SwiGLU"),
-    ("alibi", (False,), "positions are RoPE only"),
-    ("rope", (True,), "positions are RoPE only"),
-    ("include_bias", (False,), "our linear layers have no biases"),
-    ("bias_for_layer_norm", (None, False), "our norms have no biases"),
-    ("clip_qkv", (None,), "our attention does not clip q, k and v"),
-    ("scale_logits", (False,), "our logits are not scaled"),
-    ("embedding_layer_norm", (False,), "our embeddings are not normalised"),
-)
-
-# OLMo's keys that change nothing a converted model computes: dropout (ours has none), initialisation, kernels,
-# precision, special token ids (the tokenizer's business)
-IGNORED = frozenset(
-    {
-        "attention_dropout",
-        "residual_dropout",
-        "embedding_dropout",
-        "flash_attention",
-        "init_device",
-        "init_fn",
-        "init_cutoff_factor",
-        "scale_emb_init",
-        "emb_init_std",
-        "precision",
-        "rope_full_precision",
-        "alibi_bias_max",
-        "eos_token_id",
-        "pad_token_id",
-    }
-)
-
-
-def _yaml(value: Any) -> str:
-    return json.dumps(value) if value is None or isinstance(value, (bool, str)) else str(value)
 
 
 def model_config_from_olmo(section: dict[str, Any], source: str = CONFIG) -> ModelConfig:
     """Our ModelConfig for the `model:` section of an OLMo config.yaml, refusing by key any option that would make
     OLMo's model compute something ours does not."""
-    olmo = {**OLMO_DEFAULTS, **section}
-    for key, allowed, why in REQUIRED:
-        if not any(type(olmo[key]) is type(a) and olmo[key] == a for a in allowed):
-            given = "" if key in section else " (OLMo's default: the key is absent)"
-            raise DataError(
-                f"{source}: model.{key} is {_yaml(olmo[key])}{given}; only {' or '.join(map(_yaml, allowed))} can be "
-                f"imported ({why})"
-            )
-    unknown = sorted(k for k, v in section.items() if k not in OLMO_DEFAULTS and k not in IGNORED and v)
-    if unknown:
-        key = unknown[0]
-        raise DataError(
-            f"{source}: model.{key} is {_yaml(section[key])}, an OLMo option this import does not know; it cannot "
-            "tell what the model computes with it"
-        )
-    if olmo["attention_layer_norm"] and not olmo["attention_layer_norm_with_affine"]:
-        raise DataError(
-            f"{source}: model.attention_layer_norm_with_affine is false; only true can be imported (our QK-norm "
-            "has a learned scale)"
-        )
-    values: dict[str, Any] = {}
-    for f in FIELDS:
-        try:
-            raw = f.read(olmo) if f.read else olmo[f.theirs]
-        except DataError as e:
-            raise DataError(f"{source}: {e}") from e
-        values[f.ours] = _as_kind(raw, f.kind, f"{source}: model.{f.theirs}")
-    if values["embedding_size"] == values["vocab_size"]:
-        values["embedding_size"] = None
-    if olmo["layer_norm_type"] == "low_precision":
+    model = ModelConfig(**model_values_from_olmo(section, source))
+    if section.get("layer_norm_type") == "low_precision":
         log.info("%s: model.layer_norm_type low_precision is imported as layer_norm (normalised in fp32)", source)
-    model = ModelConfig(**values)
     _check_shape(model, source)
     return model
-
-
-def _as_kind(value: Any, kind: type, where: str) -> Any:
-    """`value` as an int, float, bool or str, or a refusal; a float may be a string, as PyYAML reads `1e-6`."""
-    if kind is float and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
-        return value
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    raise DataError(f"{where} is {_yaml(value)}; expected a {kind.__name__}")
 
 
 def _check_shape(model: ModelConfig, source: str) -> None:

@@ -414,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         print(keys_text())
         return 0
     config_path, overrides = (None, args) if args[0].startswith("--") else (args[0], args[1:])
+    rank = os.environ.get("RANK", "0")  # the config's own log line (an OLMo config's notes) from the first rank only
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(message)s",
+        datefmt="%H:%M:%S",
+    )
     try:
         cfg = load_config(config_path, overrides)
         return train(cfg)
