@@ -238,6 +238,7 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
     for problem in problems(cfg)[:1]:  # before any arithmetic on them (n_heads: 0 would divide by zero below)
         raise ConfigError(problem)
     parse_duration(cfg.max_duration)
+    _check_wsd(cfg)
     _check_relora(cfg)
     _check_float8(cfg)
     _check_needs(cfg)
@@ -286,6 +287,37 @@ def _check_needs(cfg: TrainConfig) -> None:
     for key, default, switch in _NEEDS:
         if get_dotted(cfg, key) != default and not get_dotted(cfg, switch):
             raise ConfigError(f"config key {key!r}: set, but {switch} is not, so it would do nothing; set {switch}")
+
+
+def _check_wsd(cfg: TrainConfig) -> None:
+    """wsd's decay is given one way, and only to wsd; where the schedule's length is known here, the warm-up and
+    the decay must fit in it (else the rate would drop from the warm-up straight into the decay)."""
+    s = cfg.scheduler
+    given = [key for key in ("decay_fraction", "t_decay") if getattr(s, key) is not None]
+    if s.name != "wsd":
+        if given:
+            raise ConfigError(
+                f"config key 'scheduler.{given[0]}': set, but scheduler.name is {s.name!r}, which has no decay phase "
+                "of its own; set scheduler.name: wsd, or unset it"
+            )
+        return
+    if not given:
+        raise ConfigError(
+            "config key 'scheduler.decay_fraction': scheduler.name=wsd needs the decay's length: decay_fraction (a "
+            "share of t_max) or t_decay (steps, or tokens with units: tokens)"
+        )
+    if len(given) == 2:
+        raise ConfigError("config key 'scheduler.t_decay': set together with scheduler.decay_fraction; set one of them")
+    if s.decay_fraction is not None and not 0 < s.decay_fraction <= 1:
+        raise ConfigError(f"config key 'scheduler.decay_fraction': must be in (0, 1], got {s.decay_fraction}")
+    steps, unit = parse_duration(cfg.max_duration)
+    # the run's length in tokens is known only at start (whole steps of the batch size): checked here in steps
+    t_max = s.t_max if s.t_max is not None else (int(steps) if unit == s.units == "steps" else None)
+    if t_max is not None and s.t_warmup + s.decay_length(t_max) > t_max:
+        raise ConfigError(
+            f"config key 'scheduler.t_warmup': the warm-up ({s.t_warmup}) and the decay ({s.decay_length(t_max)}) "
+            f"are longer than the schedule ({t_max} {s.units}); shorten one of them"
+        )
 
 
 def _check_relora(cfg: TrainConfig) -> None:

@@ -60,16 +60,30 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Learning-rate schedule. `t_warmup`/`t_max` count steps, or tokens when `units: tokens`. `cosine_restarts` is
-    ReLoRA's jagged cosine: its cycles are `relora.cycle_length` and `relora.restart_warmup_steps`."""
+    """Learning-rate schedule. `t_warmup`/`t_max`/`t_decay` count steps, or tokens when `units: tokens`.
+    `cosine_restarts` is ReLoRA's jagged cosine: its cycles are `relora.cycle_length` and
+    `relora.restart_warmup_steps`. `wsd` (warm-up, stable, decay; OLMo-core's WSD) warms up linearly, stays at the
+    peak, and decays linearly over the last `t_decay` (or `decay_fraction` x t_max) to alpha_f x the peak at
+    t_max."""
 
-    # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup | cosine_restarts (ReLoRA)
+    # constant | constant_with_warmup | linear_with_warmup | cosine_with_warmup | cosine_restarts (ReLoRA) | wsd
     name: str = "cosine_with_warmup"
     units: str = "steps"  # steps | tokens
     t_warmup: int = 0
     t_max: int | None = None  # None: the run's length (max_duration)
     alpha_f: float = 0.1  # final lr = alpha_f * learning_rate
     warmup_min_lr: float = 0.0
+    decay_fraction: float | None = None  # wsd: the decay is this share of t_max (rounded); or set t_decay
+    t_decay: int | None = None  # wsd: the decay's length in steps (tokens with units: tokens); or decay_fraction
+
+    def decay_length(self, t_max: float) -> int:
+        """wsd's decay, in the schedule's units: t_decay, or decay_fraction x t_max rounded as OLMo-core rounds it
+        (to the nearest whole step or token), and at least 1 so that a very short run still ends at alpha_f."""
+        if self.t_decay is not None:
+            return self.t_decay
+        if self.decay_fraction is None:
+            raise ConfigError("config key 'scheduler.decay_fraction': wsd needs it, or scheduler.t_decay")
+        return max(1, round(self.decay_fraction * t_max))
 
 
 @dataclass
@@ -192,6 +206,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile each block
     deterministic: bool = False  # GPU: deterministic kernels (slower); CPU runs repeat without it
     peak_flops_per_device: float | None = None  # for MFU; None: guessed from the GPU's name
+    # z-loss (OLMo's softmax_auxiliary_loss, auxiliary_loss_multiplier): logged as train/z_loss beside train/loss,
+    # which stays the cross-entropy; the optimized loss is their sum (olmo_train/nn/loss)
+    z_loss_multiplier: float | None = None  # z-loss: + this x logsumexp(logits)^2 per supervised token; None: off
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -211,6 +228,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
         "linear_with_warmup",
         "cosine_with_warmup",
         "cosine_restarts",
+        "wsd",
     ),
     "scheduler.units": ("steps", "tokens"),
     "model.layer_norm_type": ("rms", "layer_norm"),

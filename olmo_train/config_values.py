@@ -30,6 +30,7 @@ POSITIVE = (
     "eval_interval",
     "stop_at",
     "scheduler.t_max",
+    "scheduler.t_decay",
 )
 # quantities that must be above zero: a zero would divide or make the run meaningless
 ABOVE_ZERO = (
@@ -39,6 +40,7 @@ ABOVE_ZERO = (
     "optimizer.eps",
     "peak_flops_per_device",
     "save_folder_lock_timeout_s",
+    "z_loss_multiplier",
 )
 NON_NEGATIVE = (
     "seed",

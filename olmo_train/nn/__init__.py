@@ -1,9 +1,9 @@
 """The model and what runs inside its forward pass.
 
 Modules: `model` (the decoder: norms, rotary attention, MLP, blocks; reads like nanoGPT), `loss` (the chunked
-cross-entropy computed inside the forward), `documents` (masks and positions that keep packed documents apart),
-`recompute` (activation checkpointing policies), `float8` (fp8 linears through torchao), `lora` (the adapter
-module and the arithmetic that merges adapters into a state dict).
+cross-entropy and z-loss computed inside the forward), `documents` (masks and positions that keep packed documents
+apart), `recompute` (activation checkpointing policies), `float8` (fp8 linears through torchao), `lora` (the
+adapter module and the arithmetic that merges adapters into a state dict).
 """
 
 from olmo_train.nn import float8, lora
@@ -16,7 +16,7 @@ from olmo_train.nn.documents import (
     document_positions,
     use_flex,
 )
-from olmo_train.nn.loss import chunk_tokens, token_loss_sum
+from olmo_train.nn.loss import chunk_tokens, token_loss_sum, token_loss_sums
 from olmo_train.nn.model import Transformer, mlp_hidden_size
 from olmo_train.nn.recompute import checkpointed
 
@@ -34,5 +34,6 @@ __all__ = [
     "lora",
     "mlp_hidden_size",
     "token_loss_sum",
+    "token_loss_sums",
     "use_flex",
 ]

@@ -1,4 +1,5 @@
-"""The training loss without the full logits: output projection and cross-entropy, a chunk of tokens at a time.
+"""The training loss without the full logits: output projection, cross-entropy and z-loss, a chunk of tokens at a
+time.
 
 With a 100K vocabulary the logits of one 4096-token sequence are 1.6 GB in fp32, and autograd keeps them (and the
 softmax it differentiates through) for the backward pass: the head, not the model, caps the micro-batch. Here the
@@ -7,11 +8,17 @@ checkpointing, so only the chunk's inputs are kept and its logits are recomputed
 The operations are the plain path's, chunk by chunk, so the loss and gradients are the same up to the order of
 floating-point sums.
 
+The z-loss (PaLM's auxiliary loss, OLMo's `softmax_auxiliary_loss`) is OLMo's: multiplier x logsumexp(logits)^2 per
+supervised token, summed like the cross-entropy. It needs the same logits, so it is computed in the same chunks
+(the logsumexp of a row needs the whole row, which a chunk of tokens has): still no full logits.
+
 It runs inside the model's forward (`Transformer(input_ids, labels=...)`), where FSDP2 has the output head's weight
 gathered, rather than on logits returned from it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,18 +41,57 @@ def token_loss_sum(
     `hidden` (..., d) are the final-norm outputs at the positions that predict `labels` (...); `weight` is the
     output head's (vocab, d). `tokens_per_chunk=None` picks it from the vocabulary size and CHUNK_BYTES.
     """
+    (ce,) = _chunked(_chunk_loss, hidden, weight, labels, tokens_per_chunk)
+    return ce
+
+
+def token_loss_sums(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    z_loss_multiplier: float,
+    tokens_per_chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_loss_sum`'s cross-entropy sum and, over the same supervised tokens and chunks, the z-loss sum
+    z_loss_multiplier x sum(logsumexp(logits)^2). The optimized loss is their sum; they come apart so that the
+    cross-entropy can be logged as it is without z-loss."""
+    ce, z_squared = _chunked(_chunk_losses, hidden, weight, labels, tokens_per_chunk)
+    return ce, z_loss_multiplier * z_squared
+
+
+def _chunked(
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    tokens_per_chunk: int | None,
+) -> tuple[torch.Tensor, ...]:
+    """`fn`'s sums over all tokens, computed a chunk at a time, each chunk recomputed in backward (a single chunk
+    needs no recomputation: autograd keeps its logits once, as the plain path would)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     step = tokens_per_chunk or chunk_tokens(weight.shape[0])
     if h.shape[0] <= step:
-        return _chunk_loss(h, weight, y)
-    total = hidden.new_zeros((), dtype=torch.float32)
+        return fn(h, weight, y)
+    totals: tuple[torch.Tensor, ...] | None = None
     for lo in range(0, h.shape[0], step):
-        part = checkpoint(_chunk_loss, h[lo : lo + step], weight, y[lo : lo + step], use_reentrant=False)
-        total = total + part
-    return total
+        parts = checkpoint(fn, h[lo : lo + step], weight, y[lo : lo + step], use_reentrant=False)
+        if totals is None:
+            totals = tuple(hidden.new_zeros((), dtype=torch.float32) for _ in parts)
+        totals = tuple(total + part for total, part in zip(totals, parts, strict=True))
+    assert totals is not None  # h has rows: the loop ran
+    return totals
 
 
-def _chunk_loss(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _chunk_loss(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
     logits = F.linear(h, weight).float()
-    return F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
+    return (F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum"),)
+
+
+def _chunk_losses(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(h, weight).float()
+    ce = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum")
+    lse = torch.logsumexp(logits, dim=-1)
+    # where, not a product with the mask: a masked token's logsumexp never reaches the sum, not even as 0 * inf
+    z_squared = torch.where(y != IGNORE, lse.square(), 0.0).sum()
+    return ce, z_squared

@@ -24,7 +24,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from olmo_train.config import CHOICES, ModelConfig
 from olmo_train.nn.documents import attention_mask, document_positions, use_flex
-from olmo_train.nn.loss import token_loss_sum
+from olmo_train.nn.loss import token_loss_sum, token_loss_sums
 from olmo_train.nn.recompute import checkpointed
 
 try:  # optional: only on GPU machines that have it
@@ -261,10 +261,13 @@ class Transformer(nn.Module):
         last_only: bool = False,
         labels: torch.Tensor | None = None,
         doc_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        z_loss_multiplier: float | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
         (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
-        (`olmo_train.nn.loss`): training passes them.
+        (`olmo_train.nn.loss`): training passes them. With `z_loss_multiplier` too, the pair (cross-entropy sum,
+        z-loss sum), both over the supervised tokens (a tuple: FSDP2 and DDP follow the tensors of a tuple into
+        backward).
 
         Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
@@ -289,7 +292,10 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):  # with activation checkpointing, each block recomputes itself
             x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
         if labels is not None:
-            return token_loss_sum(self.norm(x[:, :-1]), self.lm_head.weight, labels, self.cfg.loss_chunk_tokens)
+            hidden, chunk = self.norm(x[:, :-1]), self.cfg.loss_chunk_tokens
+            if z_loss_multiplier is not None:
+                return token_loss_sums(hidden, self.lm_head.weight, labels, z_loss_multiplier, chunk)
+            return token_loss_sum(hidden, self.lm_head.weight, labels, chunk)
         if last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))  # type: ignore[no-any-return]

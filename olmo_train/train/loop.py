@@ -73,6 +73,7 @@ class StepResult:
     grad_norm: float
     supervised_tokens: int
     stop_requested: bool
+    z_loss: float | None = None  # per supervised token, like loss; None: z_loss_multiplier is off
 
 
 def seed_everything(seed: int) -> None:
@@ -96,8 +97,23 @@ def forward_loss_sum(
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
     model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with `doc_starts`
     (model.document_masking: `olmo_train.train.documents.DocumentStarts`), attention stays within documents."""
+    return forward_losses(model, input_ids, labels, doc_starts)[0]
+
+
+def forward_losses(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    doc_starts: torch.Tensor | None = None,
+    z_loss_multiplier: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward_loss_sum`'s cross-entropy sum and, with `z_loss_multiplier`, the z-loss sum over the same tokens
+    (the same chunks of the same forward: `olmo_train.nn.loss`); None without it."""
     doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
-    return model(input_ids, labels=labels, doc_ids=doc_ids)  # type: ignore[no-any-return]
+    if z_loss_multiplier is None:
+        return model(input_ids, labels=labels, doc_ids=doc_ids), None
+    ce, z = model(input_ids, labels=labels, doc_ids=doc_ids, z_loss_multiplier=z_loss_multiplier)
+    return ce, z
 
 
 def train_step(
@@ -107,7 +123,8 @@ def train_step(
 
     The loss is the sum of token losses over the whole global batch divided by the global number of supervised
     tokens, so it does not depend on how the batch is split over ranks and micro-batches. Data-parallel
-    wrappers average gradients over ranks, hence the factor world_size.
+    wrappers average gradients over ranks, hence the factor world_size. The z-loss (z_loss_multiplier) is
+    normalized the same way and added to the optimized loss; the result reports the two apart.
     """
     input_ids = batch.input_ids.to(d.device, non_blocking=True)
     labels = labels_for(batch.input_ids, batch.label_mask).to(d.device, non_blocking=True)
@@ -118,14 +135,21 @@ def train_step(
     mbs = cfg.device_train_microbatch_size
     starts = list(range(0, input_ids.shape[0], mbs))
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    z_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     for i, start in enumerate(starts):
         with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
             rows = slice(start, start + mbs)
-            ce = forward_loss_sum(
-                model, input_ids[rows], labels[rows], doc_starts[rows] if doc_starts is not None else None
+            ce, z = forward_losses(
+                model,
+                input_ids[rows],
+                labels[rows],
+                doc_starts[rows] if doc_starts is not None else None,
+                cfg.z_loss_multiplier,
             )
-            (ce * scale).backward()
+            ((ce if z is None else ce + z) * scale).backward()
         loss_sum += ce.detach().double()
+        if z is not None:
+            z_sum += z.detach().double()
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor of partial norms
@@ -133,8 +157,9 @@ def train_step(
     optim.step()
     float8.refresh_scales(model, cfg)  # fp8 all-gather: all weights' new scales in one all-reduce
     optim.zero_grad(set_to_none=True)
-    total_loss, stop = all_reduce_sum([float(loss_sum), float(stop_flag)], d.device)
-    return StepResult(total_loss / max(global_count, 1.0), float(norm), int(global_count), stop > 0)
+    total_loss, stop, total_z = all_reduce_sum([float(loss_sum), float(stop_flag), float(z_sum)], d.device)
+    z_loss = total_z / max(global_count, 1.0) if cfg.z_loss_multiplier is not None else None
+    return StepResult(total_loss / max(global_count, 1.0), float(norm), int(global_count), stop > 0, z_loss)
 
 
 @torch.no_grad()
@@ -350,7 +375,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             dt = time.perf_counter() - t0
             record: dict[str, Any] = {
                 "step": step,
-                "train/loss": result.loss,
+                "train/loss": result.loss,  # the cross-entropy alone, with or without z-loss
                 "train/tokens_seen": state.tokens_seen,
                 "train/instances_seen": state.instances_seen,
                 "train/epoch": state.epoch,
@@ -360,6 +385,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
                 "optim/grad_norm": result.grad_norm,
                 "throughput/tokens_per_second": tokens_per_step / dt,
             }
+            if result.z_loss is not None:  # z_loss_multiplier: the optimized loss is train/loss + train/z_loss
+                record["train/z_loss"] = result.z_loss
             if relora is not None:  # adapter norms; after every merge_every-th step, the merge (before any save)
                 record.update(relora.after_step(step))
             record["data/wait_s"] = batch.wait_s  # the step's wait for its batch: is the read-ahead keeping up?

@@ -164,6 +164,8 @@ def console_line(record: dict[str, Any], total_steps: int, eta_s: float | None =
     """One log line per console_log_interval steps: where the run is, how it trains, and when it will be done."""
     done = f"{100 * record['step'] / total_steps:.0f}%" if total_steps else "?"
     parts = [f"step {record['step']}/{total_steps} ({done})", f"loss {record['train/loss']:.4f}"]
+    if "train/z_loss" in record:  # z-loss on: the optimized loss is loss + z_loss
+        parts.append(f"z_loss {record['train/z_loss']:.4g}")
     parts.append(f"lr {record['optim/lr']:.3g}")
     if "optim/grad_norm" in record:
         parts.append(f"gnorm {record['optim/grad_norm']:.3f}")

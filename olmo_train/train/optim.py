@@ -1,5 +1,10 @@
 """AdamW with OLMo's weight-decay grouping, and learning-rate schedules that are pure functions of progress.
 
+wsd (warm-up, stable, decay) is OLMo-core's WSD: linear warm-up over t_warmup (from warmup_min_lr, as every
+schedule here), the peak until the decay starts at t_max - decay, then a line to alpha_f x peak at t_max. Unlike
+a cosine, the learning rate before the decay does not depend on the run's length: a run can be extended, or a
+checkpoint of the stable phase decayed (annealed) in a run of its own.
+
 The schedule has no state: the learning rate at a step is computed from the step (or the tokens seen), so a
 resumed run gets exactly the learning rate the unstopped run had, with nothing extra to checkpoint.
 """
@@ -62,6 +67,12 @@ def learning_rate(
     if cfg.name == "constant_with_warmup":
         return max_lr
     min_lr = max_lr * cfg.alpha_f
+    if cfg.name == "wsd":
+        decay = float(cfg.decay_length(t_max))
+        if progress <= t_max - decay:
+            return max_lr
+        frac = min(1.0, (progress - (t_max - decay)) / decay)
+        return max_lr * (1 - frac) + min_lr * frac  # exactly max_lr at the decay's start, min_lr at t_max
     frac = min(1.0, max(0.0, (progress - warmup) / max(1.0, t_max - warmup)))
     if cfg.name == "linear_with_warmup":
         return max_lr - (max_lr - min_lr) * frac
