@@ -195,7 +195,6 @@ class TrainConfig:
     distributed_strategy: str = "fsdp"  # fsdp | ddp | single
     precision: str = "amp_bf16"  # amp_bf16 (on GPU; CPU runs fp32) | fp32
     max_grad_norm: float | None = 1.0
-    z_loss_multiplier: float | None = None  # OLMo's z-loss (softmax_auxiliary_loss) weight; None: no z-loss
     save_interval: int | None = 1000  # sharded checkpoint every N steps
     save_interval_unsharded: int | None = None  # single-file checkpoint every N steps
     save_num_checkpoints_to_keep: int = -1  # -1: keep all
