@@ -26,6 +26,7 @@ from olmo_train.config_schema import (
     DataConfig,
     EvaluatorConfig,
     Float8Config,
+    InstanceFilterConfig,
     ModelConfig,
     OptimizerConfig,
     ReLoRAConfig,
@@ -42,6 +43,7 @@ __all__ = [  # the schema's names too: the rest of the package imports every con
     "DataConfig",
     "EvaluatorConfig",
     "Float8Config",
+    "InstanceFilterConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ReLoRAConfig",
@@ -264,6 +266,9 @@ _NEEDS = (
     ("model.document_positions", False, "model.document_masking"),
     ("model.document_attention", "auto", "model.document_masking"),
     ("model.activation_checkpointing_policy", "full", "model.activation_checkpointing"),
+    ("data.instance_filter.repetition_max_period", 13, "data.instance_filter.enabled"),
+    ("data.instance_filter.repetition_min_period", 1, "data.instance_filter.enabled"),
+    ("data.instance_filter.repetition_max_count", 32, "data.instance_filter.enabled"),
 )
 
 
