@@ -8,6 +8,10 @@ can be compared.
 
 Document lookups use the side index of `olmo_data.doc_index`, so inspecting a batch never scans a CSV, whatever
 the dataset size.
+
+When the config turns on `data.instance_filter`, each instance says whether OLMo's rule masks it (it stays in the
+batch, the trainer trains none of its tokens) and which repetition caught it: the function is the trainer's own
+(`olmo_data.instance_filter`), so the count matches the run's `train/masked_instances` for the step.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 from olmo_data.doc_index import DocIndex, DocumentSpan
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
+from olmo_data.instance_filter import Repetition, instance_filter_from_config
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
 from olmo_data.order import (
@@ -36,6 +41,8 @@ from olmo_data.order import (
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.train_config import duration_steps, read_train_config
 
+_ARRAYS_AND_RECORDS = ("documents", "token_ids", "label_mask", "repetition")  # converted one by one in to_json
+
 
 @dataclass
 class InstanceReport:
@@ -48,6 +55,8 @@ class InstanceReport:
     source: str | None = None  # mixture source
     documents: list[DocumentSpan] | None = None  # None: the token file has no metadata
     text: str | None = None
+    masked: bool | None = None  # caught by data.instance_filter (no target trains); None: the filter is off
+    repetition: Repetition | None = None  # of a masked instance, the repetition with the most copies
 
 
 @dataclass
@@ -68,16 +77,19 @@ class BatchReport:
     world_size: int | None
     instances: list[InstanceReport] = field(default_factory=list)
     run_steps: int | None = None  # steps the config's max_duration trains; a later step was never trained
+    instance_filter: dict[str, Any] | None = None  # data.instance_filter's settings when it is on
+    masked_instances: int | None = None  # of the instances reported, those the filter masks; None: it is off
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "instances"}
         out["instances"] = [
-            {f.name: getattr(i, f.name) for f in fields(i) if f.name not in ("documents", "token_ids", "label_mask")}
+            {f.name: getattr(i, f.name) for f in fields(i) if f.name not in _ARRAYS_AND_RECORDS}
             | {
                 "token_ids": i.token_ids.tolist(),
                 "label_mask": None if i.label_mask is None else i.label_mask.tolist(),
                 "documents": None if i.documents is None else [asdict(d) for d in i.documents],
+                "repetition": None if i.repetition is None else asdict(i.repetition),
             }
             for i in self.instances
         ]
@@ -106,6 +118,9 @@ def inspect_batch(
     same files moved elsewhere, say); compare the batch fingerprint with the run's metrics to be sure.
     """
     cfg = read_train_config(config) if isinstance(config, str) else config
+    rule = instance_filter_from_config(
+        (cfg.get("data") or {}).get("instance_filter"), config if isinstance(config, str) else "config"
+    )
     if (step is None) == (batch_index is None):
         raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
     if (rank is None) != (world_size is None):
@@ -163,8 +178,12 @@ def inspect_batch(
     docs.prepare((loc.path, source.files[loc.file_index].metadata_path) for loc in locations)
     decoder = data_tokenizer(tokenizer, source) if decode else None
     L = source.sequence_length
-    for p, loc in zip(positions.tolist(), locations, strict=True):
+    masked = rule.filtered(tokens[positions]) if rule is not None else None
+    if rule is not None and masked is not None:
+        report.instance_filter, report.masked_instances = rule.settings(), int(masked.sum())
+    for row, (p, loc) in enumerate(zip(positions.tolist(), locations, strict=True)):
         ids = tokens[p]
+        caught = rule.repetitions(ids) if rule is not None and masked is not None and masked[row] else []
         report.instances.append(
             InstanceReport(
                 position=p,
@@ -182,6 +201,8 @@ def inspect_batch(
                     source.files[loc.file_index].num_tokens,
                 ),
                 text=decoder.decode(ids.tolist()) if decoder is not None else None,
+                masked=bool(masked[row]) if masked is not None else None,
+                repetition=max(caught, key=lambda r: r.times) if caught else None,
             )
         )
     return report
@@ -216,6 +237,13 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
             f"note: the run trains {r.run_steps} steps (its max_duration), so it never trained step {r.step}: this is "
             "the batch the order holds for that step, had the run gone on"
         )
+    if r.instance_filter is not None:
+        f = r.instance_filter
+        lines.append(
+            f"instance filter: a sequence of {f['repetition_min_period']}..{f['repetition_max_period']} tokens "
+            f"repeated {f['repetition_max_count']} times or more masks the instance; {r.masked_instances} of "
+            f"{len(r.instances)} instances shown are masked (kept in the batch, no token trained)"
+        )
     if r.rank is not None:
         lines.append(
             f"rank {r.rank} of world size {r.world_size}: positions {r.rank}, {r.rank}+{r.world_size}, ... "
@@ -223,7 +251,14 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         )
     for inst in r.instances:
         src = f" (source {inst.source})" if inst.source else ""
-        lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}")
+        mark = " MASKED (instance filter)" if inst.masked else ""
+        lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}{mark}")
+        if inst.repetition is not None:
+            rep = inst.repetition
+            lines.append(
+                f"    masked: tokens [{rep.start}, {rep.end}) are a {rep.period}-token sequence repeated {rep.times} "
+                f"times: {' '.join(map(str, inst.token_ids[rep.start : rep.start + rep.period].tolist()))}"
+            )
         shown = " ".join(map(str, inst.token_ids[:max_tokens].tolist()))
         more = f" ... ({len(inst.token_ids)} tokens)" if len(inst.token_ids) > max_tokens else ""
         lines.append(f"    tokens: {shown}{more}")

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from olmo_data.errors import DataError, shown
+from olmo_data.instance_filter import instance_filter_from_config
 from olmo_data.io import read_yaml
 
 
@@ -53,6 +54,7 @@ def read_train_config(path: str) -> dict[str, Any]:
             raise DataError(f"{path}: data.{key} must be a path (a string), got {shown(data[key])}")
     if data.get("dtype") is not None and data["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path}: data.dtype must be uint16 or uint32, got {shown(data['dtype'])}")
+    instance_filter_from_config(data.get("instance_filter"), path)  # checked here; inspect-batch applies it
     return raw
 
 

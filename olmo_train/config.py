@@ -280,6 +280,9 @@ _NEEDS = (
     ("model.document_positions", False, "model.document_masking"),
     ("model.document_attention", "auto", "model.document_masking"),
     ("model.activation_checkpointing_policy", "full", "model.activation_checkpointing"),
+    ("data.instance_filter.repetition_max_period", 13, "data.instance_filter.enabled"),
+    ("data.instance_filter.repetition_min_period", 1, "data.instance_filter.enabled"),
+    ("data.instance_filter.repetition_max_count", 32, "data.instance_filter.enabled"),
 )
 
 

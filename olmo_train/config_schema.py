@@ -88,13 +88,15 @@ class SchedulerConfig:
 
 @dataclass
 class InstanceFilterConfig:
-    """OLMo's instance filter: an instance whose tokens repeat an n-gram (period `repetition_min_period` to
-    `repetition_max_period` tokens) `repetition_max_count` times or more in a row is left out of the loss."""
+    """OLMo's instance filter (OLMo 2 turns it on with these settings): an instance holding a sequence of
+    repetition_min_period..repetition_max_period tokens repeated back to back repetition_max_count times or more stays
+    in its batch but trains nothing (its labels are masked); `train/masked_instances` counts them each step. The rule
+    is olmo_data/instance_filter.py's; `olmo-data inspect-batch` marks the instances it masks."""
 
-    enabled: bool = False
-    repetition_max_period: int = 13
-    repetition_min_period: int = 1
-    repetition_max_count: int = 32
+    enabled: bool = False  # mask the instances the rule catches (OLMo: data.instance_filter set)
+    repetition_max_period: int = 13  # the longest repeated sequence checked, in tokens
+    repetition_min_period: int = 1  # the shortest repeated sequence checked, in tokens
+    repetition_max_count: int = 32  # this many copies in a row (or more) mask the instance
 
 
 @dataclass
@@ -106,7 +108,7 @@ class DataConfig:
     order_path: str | None = None  # default: save_folder/train_data/global_indices.npy
     prefetch_batches: int = 4  # this rank's next batches read in the background (hides remote latency and retries)
     remote_concurrency: int | None = None  # ranged reads in flight; None: $OLMO_DATA_REMOTE_CONCURRENCY, else 64
-    instance_filter: InstanceFilterConfig = field(default_factory=InstanceFilterConfig)  # OLMo's repetition filter
+    instance_filter: InstanceFilterConfig = field(default_factory=InstanceFilterConfig)  # repetitive instances
 
 
 @dataclass

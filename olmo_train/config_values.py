@@ -31,6 +31,9 @@ POSITIVE = (
     "stop_at",
     "scheduler.t_max",
     "scheduler.t_decay",
+    "data.instance_filter.repetition_max_period",
+    "data.instance_filter.repetition_min_period",
+    "data.instance_filter.repetition_max_count",
 )
 # quantities that must be above zero: a zero would divide or make the run meaningless
 ABOVE_ZERO = (
@@ -106,6 +109,12 @@ def problems(cfg: Any) -> list[str]:
     betas = cfg.optimizer.betas
     if len(betas) == 2 and not all(0 <= b < 1 for b in betas):
         out.append(f"config key 'optimizer.betas': each must be in [0, 1), got {shown(betas)}")
+    rf = cfg.data.instance_filter
+    if rf.repetition_min_period > rf.repetition_max_period:
+        out.append(
+            f"config key 'data.instance_filter.repetition_min_period': {rf.repetition_min_period} is above "
+            f"data.instance_filter.repetition_max_period ({rf.repetition_max_period}); no period would be checked"
+        )
     for i, ev in enumerate(cfg.evaluators):
         if ev.max_batches is not None and ev.max_batches < 1:
             out.append(f"config key 'evaluators[{i}].max_batches': must be positive, got {ev.max_batches}")

@@ -7,6 +7,10 @@ drift from the tools. Rank 0 reads the whole global batch (the others only their
 fingerprint `inspect-batch` prints. The next `data.prefetch_batches` batches are read on background threads while
 the current step computes, so that remote latency and retried requests stay off the step's path; they are
 consumed strictly in step order, so what a step trains never depends on which read finished first.
+
+With `data.instance_filter.enabled`, OLMo's rule for degenerate, repetitive instances (`olmo_data.instance_filter`,
+the function inspect-batch applies) runs on this rank's rows on those same threads; a caught instance stays in the
+batch, so the order and the batch fingerprint do not change, and `labels_for` masks all of its targets.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
+from olmo_data.instance_filter import RepetitionFilter
 from olmo_data.instances import InstanceSource, open_dataset
 from olmo_data.io import is_remote
 from olmo_data.manifest import MANIFEST_NAME, Manifests
@@ -54,6 +59,8 @@ class Batch:
     fingerprint: str | None  # of the global batch; rank 0 only
     wait_s: float = 0.0  # how long the step waited for it (near 0 when the read-ahead keeps up)
     doc_starts: torch.Tensor | None = None  # (local batch, L) bool, True where a document starts (document_masking)
+    # (local batch,) bool, OLMo's instance_mask: False = caught by data.instance_filter (no target trains); None: off
+    instance_mask: torch.Tensor | None = None
 
 
 def open_train_source(cfg: TrainConfig) -> InstanceSource:
@@ -109,6 +116,7 @@ class TrainData:
             )
         self.fingerprint = self.source.fingerprint()
         self.documents = document_starts(self.source, cfg)
+        self.instance_filter = instance_filter(cfg)
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
         self._epochs_ready: set[int] = set()
         self.prefetch = cfg.data.prefetch_batches
@@ -189,6 +197,7 @@ class TrainData:
             tokens, masks = self.source.get_batch(local)
         pos = step_position(step, self.gbs, self.num_instances)
         starts = self.documents.rows(local, tokens) if self.documents is not None else None
+        keep = ~self.instance_filter.filtered(tokens) if self.instance_filter is not None else None
         return Batch(
             step=step,
             epoch=pos.epoch,
@@ -196,6 +205,7 @@ class TrainData:
             label_mask=torch.from_numpy(np.ascontiguousarray(masks)) if masks is not None else None,
             fingerprint=fingerprint,
             doc_starts=torch.from_numpy(starts) if starts is not None else None,
+            instance_mask=torch.from_numpy(keep) if keep is not None else None,
         )
 
     def close(self) -> None:
@@ -203,13 +213,25 @@ class TrainData:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def labels_for(input_ids: torch.Tensor, label_mask: torch.Tensor | None) -> torch.Tensor:
+def labels_for(
+    input_ids: torch.Tensor, label_mask: torch.Tensor | None, instance_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Next-token targets, -100 where the label mask says not to train (OLMo: the mask of the target
-    token)."""
+    token) and on every row whose instance mask is False (OLMo's instance filter)."""
     labels = input_ids[:, 1:].clone()
     if label_mask is not None:
         labels.masked_fill_(~label_mask[:, 1:], -100)
+    if instance_mask is not None:
+        labels.masked_fill_(~instance_mask[:, None], -100)
     return labels
+
+
+def instance_filter(cfg: TrainConfig) -> RepetitionFilter | None:
+    """The rule `data.instance_filter` turns on (None when it is off)."""
+    f = cfg.data.instance_filter
+    if not f.enabled:
+        return None
+    return RepetitionFilter(f.repetition_max_period, f.repetition_min_period, f.repetition_max_count)
 
 
 def document_starts(source: InstanceSource, cfg: TrainConfig) -> DocumentStarts | None:

@@ -74,6 +74,7 @@ class StepResult:
     supervised_tokens: int
     stop_requested: bool
     z_loss: float | None = None  # per supervised token, like loss; None: z_loss_multiplier is off
+    masked_instances: int = 0  # all ranks' instances caught by data.instance_filter
 
 
 def seed_everything(seed: int) -> None:
@@ -127,10 +128,11 @@ def train_step(
     normalized the same way and added to the optimized loss; the result reports the two apart.
     """
     input_ids = batch.input_ids.to(d.device, non_blocking=True)
-    labels = labels_for(batch.input_ids, batch.label_mask).to(d.device, non_blocking=True)
+    labels = labels_for(batch.input_ids, batch.label_mask, batch.instance_mask).to(d.device, non_blocking=True)
     doc_starts = batch.doc_starts.to(d.device, non_blocking=True) if batch.doc_starts is not None else None
-    local_count = int((labels != -100).sum())
-    (global_count,) = all_reduce_sum([float(local_count)], d.device)
+    local_count = int((labels != -100).sum())  # without the instances data.instance_filter masked
+    local_masked = int((~batch.instance_mask).sum()) if batch.instance_mask is not None else 0
+    global_count, masked = all_reduce_sum([float(local_count), float(local_masked)], d.device)
     scale = d.world_size / max(global_count, 1.0)
     mbs = cfg.device_train_microbatch_size
     starts = list(range(0, input_ids.shape[0], mbs))
@@ -159,7 +161,14 @@ def train_step(
     optim.zero_grad(set_to_none=True)
     total_loss, stop, total_z = all_reduce_sum([float(loss_sum), float(stop_flag), float(z_sum)], d.device)
     z_loss = total_z / max(global_count, 1.0) if cfg.z_loss_multiplier is not None else None
-    return StepResult(total_loss / max(global_count, 1.0), float(norm), int(global_count), stop > 0, z_loss)
+    return StepResult(
+        total_loss / max(global_count, 1.0),
+        float(norm),
+        int(global_count),
+        stop > 0,
+        z_loss=z_loss,
+        masked_instances=int(masked),
+    )
 
 
 @torch.no_grad()
@@ -380,6 +389,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
                 "train/instances_seen": state.instances_seen,
                 "train/epoch": state.epoch,
                 "train/supervised_tokens": result.supervised_tokens,
+                **({"train/masked_instances": result.masked_instances} if cfg.data.instance_filter.enabled else {}),
                 "train/batch_fingerprint": batch.fingerprint,
                 "optim/lr": lr,
                 "optim/grad_norm": result.grad_norm,
