@@ -14,6 +14,9 @@ and the last complete checkpoint stays the one a rerun resumes from.
 A model whose training state holds more than its plain weights (ReLoRA's adapters) passes `split`, which divides
 its full state into the plain weights an unsharded checkpoint keeps in model.pt and the exact state beside them
 (relora.pt); this package knows nothing of adapters.
+
+`BackgroundSaves` (`save_async: true`) writes the shards of a sharded save in a thread and completes the checkpoint
+the same way (`finish_save`) once they are written: the same files, checksums and publication, only later.
 """
 
 from __future__ import annotations
