@@ -201,6 +201,7 @@ class TrainConfig:
     save_interval_unsharded: int | None = None  # single-file checkpoint every N steps
     save_num_checkpoints_to_keep: int = -1  # -1: keep all
     save_num_unsharded_checkpoints_to_keep: int = -1
+    save_async: bool = False  # write sharded checkpoints in the background (the loop waits only to copy tensors)
     console_log_interval: int = 1
     eval_interval: int | None = None
     evaluators: list[EvaluatorConfig] = field(default_factory=list)

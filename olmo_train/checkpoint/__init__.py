@@ -49,6 +49,7 @@ from olmo_train.checkpoint.safety import check_link, read_metadata
 from olmo_train.checkpoint.save import (
     PAUSE_AT_ENV,
     PAUSE_ENV,
+    BackgroundSaves,
     StateSplit,
     plain_state,
     remove_stale_temporaries,
@@ -76,6 +77,7 @@ __all__ = [
     "TOKENIZER_FILE",
     "TRAINER_STATE",
     "WRITER_LOCK",
+    "BackgroundSaves",
     "LoadHooks",
     "SaveFolderLock",
     "StateSplit",

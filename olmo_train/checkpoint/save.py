@@ -14,6 +14,9 @@ and the last complete checkpoint stays the one a rerun resumes from.
 A model whose training state holds more than its plain weights (ReLoRA's adapters) passes `split`, which divides
 its full state into the plain weights an unsharded checkpoint keeps in model.pt and the exact state beside them
 (relora.pt); this package knows nothing of adapters.
+
+`BackgroundSaves` (`save_async: true`) writes the shards of a sharded save in a thread and completes the checkpoint
+the same way (`finish_save`) once they are written: the same files, checksums and publication, only later.
 """
 
 from __future__ import annotations
@@ -25,11 +28,14 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -66,7 +72,8 @@ log = logging.getLogger(__name__)
 # test hooks: seconds for rank 0 to sleep inside a save (after writing `step.saving`), so a test can kill it there;
 # where: "written" (every rank's files written, before checksums.json; the default), "shards" (after the DCP shards
 # or model.pt, before the rest), "checksums" (after checksums.json, before trainer_state.json), "rename" (the
-# checkpoint complete under its temporary name, before the rename)
+# checkpoint complete under its temporary name, before the rename), "background" (an asynchronous save: the shards
+# written by the background thread, before the loop completes it; the loop keeps training meanwhile)
 PAUSE_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE"
 PAUSE_AT_ENV = "OLMO_TRAIN_TEST_SAVE_PAUSE_AT"
 
@@ -258,6 +265,103 @@ def save_unsharded(
 
     guard.together(write)
     return finish_save(folder, name, tmp, state, latest_link(True), keep, d, records.files)
+
+
+class _PausingWriter(integrity.HashingWriter):
+    """The HashingWriter whose `finish` (DCP's metadata, written by the coordinator in the background thread)
+    ends with the test pause "background", so a test can kill a run while a save is still in flight."""
+
+    def __init__(self, path: Path, folder: Path, name: str, d: Dist) -> None:
+        super().__init__(path)
+        self.at = (folder, name, d)
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        _test_pause("background", *self.at)
+
+
+@dataclass
+class _InFlight:
+    """A sharded save whose shards are being written in the background; the rest (checksums, trainer state,
+    rename, link, pruning) is done by `BackgroundSaves.wait`."""
+
+    folder: Path
+    name: str
+    tmp: Path
+    state: TrainerState  # a copy: the loop goes on changing its own
+    keep: int
+    writer: integrity.HashingWriter
+    rng: dict[str, integrity.Record]
+    future: Future[Any]
+
+
+class BackgroundSaves:
+    """Sharded saves written by DCP's `async_save` in a background thread (`save_async: true`), at most one in
+    flight. `start` blocks only while tensors are staged to host memory (and for the small synchronous parts:
+    the directory, config.yaml, the RNG state); `wait` completes the save exactly as `save_sharded` does
+    (checksums.json, trainer_state.json, rename, `latest`, pruning). The loop calls `wait` before the next save
+    and at the end of the run (also when preempted); a run killed before then leaves a `.tmp-` directory, removed
+    at the next start, and resumes from the last complete checkpoint.
+
+    The background thread's collectives run on a process group of their own (gloo), so they never interleave
+    with the loop's collectives on the default group; every rank creates it at its first save, together."""
+
+    def __init__(self, d: Dist) -> None:
+        self.d = d
+        self.group: dist.ProcessGroup | None = None
+        self.in_flight: _InFlight | None = None
+
+    def start(
+        self,
+        folder: Path,
+        model: nn.Module,
+        optim: torch.optim.Optimizer,
+        state: TrainerState,
+        keep: int,
+        cfg: TrainConfig | None = None,
+    ) -> Path:
+        """Begin saving `state.step`; returns the temporary directory being written."""
+        self.wait()  # at most one save in flight
+        d = self.d
+        if self.group is None:
+            self.group = dist.new_group(backend="gloo")
+        name = step_dir(state.step, unsharded=False)
+        tmp = begin_save(folder, name, d, cfg)
+        model_sd, optim_sd = get_state_dict(model, optim)
+        guard = SaveGuard(folder, name, tmp, d, unsharded=False)
+        writer = _PausingWriter(tmp, folder, name, d)
+
+        def stage() -> tuple[Future[Any], dict[str, integrity.Record]]:
+            guard.what = f"the RNG state {rng_file(d.rank)}"
+            records = integrity.Recorder(tmp)
+            records.torch_save(rng_state(), rng_file(d.rank))
+            guard.what = "the staged copy of the model and optimizer"
+            future = dcp.async_save(
+                {"model": model_sd, "optim": optim_sd}, storage_writer=writer, process_group=self.group
+            )
+            return cast("Future[Any]", future), records.files
+
+        future, rng = guard.together(stage)
+        self.in_flight = _InFlight(folder, name, tmp, replace(state), keep, writer, rng, future)
+        return tmp
+
+    def wait(self) -> Path | None:
+        """Complete the save in flight, if any (a collective: every rank calls it at the same point); returns
+        the checkpoint."""
+        job, self.in_flight = self.in_flight, None
+        if job is None:
+            return None
+        guard = SaveGuard(job.folder, job.name, job.tmp, self.d, unsharded=False)
+        guard.what = "the model and optimizer shards (written in the background)"
+
+        def written() -> dict[str, integrity.Record]:
+            job.future.result()  # a refusal raises here, on every rank
+            return {**job.writer.written(), **job.rng}
+
+        records = guard.together(written)
+        final = finish_save(job.folder, job.name, job.tmp, job.state, latest_link(False), job.keep, self.d, records)
+        log.info("saved %s (written in the background)", final)
+        return final
 
 
 def remove_stale_temporaries(folder: Path) -> None:

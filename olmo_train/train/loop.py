@@ -256,9 +256,18 @@ def save(
     optim: torch.optim.Optimizer,
     state: ckpt.TrainerState,
     d: Dist,
+    background: ckpt.BackgroundSaves | None = None,
 ) -> None:
+    """Save a checkpoint; with `save_async`, a sharded one is written in the background (`background`), its
+    completion left to the next save or to the end of the run, and unsharded ones stay synchronous."""
     folder = Path(cfg.save_folder)
     t0 = time.perf_counter()
+    if background is not None:
+        background.wait()  # at most one save in flight, whatever its kind
+    if kind == "sharded" and background is not None:
+        tmp = background.start(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, cfg)
+        log.info("saving %s in the background (the loop blocked %.2fs)", tmp, time.perf_counter() - t0)
+        return
     if kind == "sharded":
         path = ckpt.save_sharded(folder, model, optim, state, cfg.save_num_checkpoints_to_keep, d, cfg)
     else:
@@ -365,6 +374,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
     )
     try:
         last_saved = {"sharded": state.step, "unsharded": -1}
+        background = ckpt.BackgroundSaves(d) if cfg.save_async else None
         model.train()
         preempted = False
         first_step, t_start = state.step + 1, time.perf_counter()
@@ -411,17 +421,19 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
                 per_step = (time.perf_counter() - t_start) / (step - first_step + 1)  # saves and evals included
                 log.info(console_line(record, total_steps, eta_s=per_step * (stop_step - step)))
             if cfg.save_interval and step % cfg.save_interval == 0:
-                save("sharded", cfg, model, optim, state, d)
+                save("sharded", cfg, model, optim, state, d, background)
                 last_saved["sharded"] = step
             if cfg.save_interval_unsharded and step % cfg.save_interval_unsharded == 0:
-                save("unsharded", cfg, model, optim, state, d)
+                save("unsharded", cfg, model, optim, state, d, background)
                 last_saved["unsharded"] = step
             if result.stop_requested:
                 log.warning("stop signal received: saving a checkpoint at step %d and exiting", step)
                 preempted = True
                 break
         if last_saved["sharded"] != state.step and last_saved["unsharded"] != state.step:
-            save("sharded", cfg, model, optim, state, d)
+            save("sharded", cfg, model, optim, state, d, background)
+        if background is not None:  # finished, stopped or preempted: the save in flight completed before exit
+            background.wait()
     finally:  # also on errors: stop the prefetch thread, flush metrics, end the wandb run
         data.close()
         metrics.close()

@@ -1,0 +1,98 @@
+"""`save_async: true`: sharded checkpoints written in the background. The guarantees are those of a synchronous
+save: the resumed run is bitwise the unstopped one, every checkpoint passes `verify`, and a kill while a save is
+in flight resumes from the last complete checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from olmo_train.checkpoint import PAUSE_AT_ENV, PAUSE_ENV, list_checkpoints, verify_checkpoint
+from tests.train.test_train_e2e import GBS, SEQ, STEPS, check_same_run, launch, metrics, tiny_config, write_tokens
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return write_tokens(tmp_path_factory.mktemp("tokens"))
+
+
+def files_of(checkpoint: Path) -> list[str]:
+    return sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
+
+
+@pytest.mark.slow
+def test_async_stop_and_resume_is_the_synchronous_run(data: list[str], tmp_path: Path) -> None:
+    """2 processes, FSDP on gloo: a synchronous run in one go against an asynchronous one stopped at step 3 (the
+    stop's save waited for) and resumed. Same losses bit for bit, the same checkpoints with the same files, each
+    passing verify."""
+    (tmp_path / "sync").mkdir()
+    launch(tiny_config(tmp_path / "sync", data), 2)
+    reference = tmp_path / "sync" / "run"
+    config = tiny_config(tmp_path, data, save_async=True)
+    first = launch(config, 2, "--stop_at=3")
+    assert "in the background" in first.stdout + first.stderr
+    run = tmp_path / "run"
+    assert os.readlink(run / "latest") == "step3", "the stop's save completed before the run exited"
+    launch(config, 2)
+    check_same_run(reference, run, bitwise=True)
+    assert os.readlink(run / "latest") == f"step{STEPS}"
+    saved = [(step, path.name) for step, _, path in list_checkpoints(run)]
+    assert [s for s, _ in saved] == [2, 3, 4, 6]
+    for _, name in saved:
+        assert "checkpoint of step" in verify_checkpoint(str(run / name), strict=True)
+    assert files_of(run / "step4") == files_of(reference / "step4")
+    assert not list(run.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_kill_while_a_save_is_in_flight_resumes_from_the_last_complete(data: list[str], tmp_path: Path) -> None:
+    """One process. The step-4 save's shards are written (the background thread paused before the loop completes
+    it) while the loop trains on; killed there, the rerun removes `.tmp-step4`, resumes from step 2 and trains
+    what an unbroken synchronous run trained."""
+    (tmp_path / "sync").mkdir()
+    launch(tiny_config(tmp_path / "sync", data, distributed_strategy="single"), 1)
+    config = tiny_config(tmp_path, data, distributed_strategy="single", save_async=True)
+    run = tmp_path / "run"
+    launch(config, 1, "--stop_at=2")
+    proc = launch(config, 1, env={PAUSE_ENV: "120", PAUSE_AT_ENV: "background"}, wait=False)
+    assert isinstance(proc, subprocess.Popen)
+    marker = run / "step4.saving"
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "the trainer never reached the step-4 save"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (run / ".tmp-step4").is_dir(), "the kill hit a save in flight"
+    assert os.readlink(run / "latest") == "step2"
+    out = launch(config, 1)
+    text = out.stdout + out.stderr
+    assert "resuming from" in text and "step2" in text
+    assert not (run / ".tmp-step4").exists()
+    got = metrics(run)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
+    assert [r["train/loss"] for r in got] == [r["train/loss"] for r in metrics(tmp_path / "sync" / "run")]
+    assert "checkpoint of step 4" in verify_checkpoint(str(run / "step4"), strict=True)
+
+
+@pytest.mark.slow
+def test_async_with_unsharded_saves_only_keeps_them_synchronous(data: list[str], tmp_path: Path) -> None:
+    """save_async is accepted with distributed_strategy single and unsharded checkpoints only: those are written
+    synchronously as ever (nothing is left in flight), and a stop between them saves a sharded one in the
+    background, completed before the run exits."""
+    config = tiny_config(tmp_path, data, distributed_strategy="single", save_async=True, save_interval=None)
+    run = tmp_path / "run"
+    out = launch(config, 1, "--save_interval_unsharded=2", "--stop_at=3")
+    assert "in the background" in out.stdout + out.stderr  # the stop's sharded save
+    assert [(s, u) for s, u, _ in list_checkpoints(run)] == [(2, True), (3, False)]
+    for _, _, path in list_checkpoints(run):
+        assert "checkpoint of step" in verify_checkpoint(str(path), strict=True)
+    assert os.readlink(run / "latest") == "step3"
+    assert not list(run.glob(".tmp-*"))
