@@ -5,15 +5,22 @@ in flight resumes from the last complete checkpoint."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from olmo_train.checkpoint import PAUSE_AT_ENV, PAUSE_ENV, list_checkpoints, verify_checkpoint
-from tests.train.test_train_e2e import GBS, SEQ, STEPS, check_same_run, launch, metrics, tiny_config, write_tokens
+from tests.train.test_train_e2e import (
+    GBS,
+    SEQ,
+    STEPS,
+    check_same_run,
+    kill_during_save,
+    launch,
+    metrics,
+    tiny_config,
+    write_tokens,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +66,7 @@ def test_kill_while_a_save_is_in_flight_resumes_from_the_last_complete(data: lis
     config = tiny_config(tmp_path, data, distributed_strategy="single", save_async=True)
     run = tmp_path / "run"
     launch(config, 1, "--stop_at=2")
-    proc = launch(config, 1, env={PAUSE_ENV: "120", PAUSE_AT_ENV: "background"}, wait=False)
-    assert isinstance(proc, subprocess.Popen)
-    marker = run / "step4.saving"
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.time() < deadline, "the trainer never reached the step-4 save"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_during_save(config, {PAUSE_ENV: "120", PAUSE_AT_ENV: "background"}, run)
     assert (run / ".tmp-step4").is_dir(), "the kill hit a save in flight"
     assert os.readlink(run / "latest") == "step2"
     out = launch(config, 1)

@@ -90,6 +90,21 @@ def launch(
     return proc
 
 
+def kill_during_save(config: Path, pause: dict[str, str], run: Path, step: int = 4) -> None:
+    """Run `config` in one process with the save pause hook set by `pause`, and kill -9 it (and its process group)
+    once the save of `step` has paused where the hook says."""
+    proc = launch(config, 1, env=pause, wait=False)
+    assert isinstance(proc, subprocess.Popen)
+    marker = run / f"step{step}.saving"
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, f"the trainer never reached the step-{step} save"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -202,17 +217,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(
     config = tiny_config(tmp_path, data, distributed_strategy="single")
     run = tmp_path / "run"
     launch(config, 1, "--stop_at=2")
-    pause = {"OLMO_TRAIN_TEST_SAVE_PAUSE": "120", "OLMO_TRAIN_TEST_SAVE_PAUSE_AT": moment}
-    proc = launch(config, 1, env=pause, wait=False)
-    assert isinstance(proc, subprocess.Popen)
-    marker = run / "step4.saving"
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.time() < deadline, "the trainer never reached the step-4 save"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_during_save(config, {"OLMO_TRAIN_TEST_SAVE_PAUSE": "120", "OLMO_TRAIN_TEST_SAVE_PAUSE_AT": moment}, run)
     assert (run / ".tmp-step4").is_dir(), "the kill hit the write: a partial checkpoint exists"
     assert not (run / "step4").exists()
     assert os.readlink(run / "latest") == "step2"
