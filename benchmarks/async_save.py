@@ -36,11 +36,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from checkpoint_integrity import model_with_adamw_state  # noqa: E402
+
 from olmo_train import checkpoint as ckpt  # noqa: E402
-from olmo_train.config import ModelConfig, OptimizerConfig  # noqa: E402
+from olmo_train.config import ModelConfig  # noqa: E402
 from olmo_train.distributed import Dist  # noqa: E402
-from olmo_train.nn import Transformer  # noqa: E402
-from olmo_train.train import build_optimizer  # noqa: E402
 
 SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -70,15 +70,7 @@ def main() -> None:
         vocab_size=args.vocab,
         max_sequence_length=256,
     )
-    model = Transformer(cfg)
-    optim = build_optimizer(model, OptimizerConfig())
-    for group in optim.param_groups:  # AdamW's state after a step, without a gradient's worth of memory
-        for p in group["params"]:
-            optim.state[p] = {
-                "step": torch.tensor(1.0),
-                "exp_avg": torch.zeros_like(p),
-                "exp_avg_sq": torch.zeros_like(p),
-            }
+    model, optim = model_with_adamw_state(cfg)
     params = sum(p.numel() for p in model.parameters())
 
     root = Path(tempfile.mkdtemp(prefix="olmo-async-save-", dir=args.tmp))

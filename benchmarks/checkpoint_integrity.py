@@ -59,6 +59,21 @@ SINGLE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 Variant = tuple[str, Callable[[], Any], Callable[[], Any]]  # name, what is timed, what prepares it (untimed)
 
 
+def model_with_adamw_state(cfg: ModelConfig) -> tuple[Transformer, torch.optim.Optimizer]:
+    """A model and its AdamW with the state a step leaves (zeros), without a gradient's worth of memory: what a
+    checkpoint of a run in progress holds."""
+    model = Transformer(cfg)
+    optim = build_optimizer(model, OptimizerConfig())
+    for group in optim.param_groups:
+        for p in group["params"]:
+            optim.state[p] = {
+                "step": torch.tensor(1.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+    return model, optim
+
+
 def interleaved(variants: list[Variant], repeats: int) -> dict[str, dict[str, float]]:
     """Each variant `repeats` times, taking turns, so that a slow phase of the disk or the machine falls on all of
     them alike; min, median and max of each."""
@@ -97,15 +112,7 @@ def main() -> None:
         max_sequence_length=256,
         weight_tying=args.tied,
     )
-    model = Transformer(model_cfg)
-    optim = build_optimizer(model, OptimizerConfig())
-    for group in optim.param_groups:  # AdamW's state after a step, without a gradient's worth of memory
-        for p in group["params"]:
-            optim.state[p] = {
-                "step": torch.tensor(1.0),
-                "exp_avg": torch.zeros_like(p),
-                "exp_avg_sq": torch.zeros_like(p),
-            }
+    model, optim = model_with_adamw_state(model_cfg)
     params = sum(p.numel() for p in model.parameters())
 
     root = Path(tempfile.mkdtemp(prefix="olmo-ckpt-integrity-", dir=args.tmp))
