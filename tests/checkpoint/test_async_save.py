@@ -11,13 +11,11 @@ import pytest
 
 from olmo_train.checkpoint import PAUSE_AT_ENV, PAUSE_ENV, list_checkpoints, verify_checkpoint
 from tests.train.test_train_e2e import (
-    GBS,
-    SEQ,
     STEPS,
     check_same_run,
     kill_during_save,
     launch,
-    metrics,
+    resume_after_kill,
     tiny_config,
     write_tokens,
 )
@@ -69,14 +67,7 @@ def test_kill_while_a_save_is_in_flight_resumes_from_the_last_complete(data: lis
     kill_during_save(config, {PAUSE_ENV: "120", PAUSE_AT_ENV: "background"}, run)
     assert (run / ".tmp-step4").is_dir(), "the kill hit a save in flight"
     assert os.readlink(run / "latest") == "step2"
-    out = launch(config, 1)
-    text = out.stdout + out.stderr
-    assert "resuming from" in text and "step2" in text
-    assert not (run / ".tmp-step4").exists()
-    got = metrics(run)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
-    assert [r["train/loss"] for r in got] == [r["train/loss"] for r in metrics(tmp_path / "sync" / "run")]
+    resume_after_kill(config, run, tmp_path / "sync" / "run")
     assert "checkpoint of step 4" in verify_checkpoint(str(run / "step4"), strict=True)
 
 

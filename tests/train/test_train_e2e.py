@@ -105,6 +105,21 @@ def kill_during_save(config: Path, pause: dict[str, str], run: Path, step: int =
     proc.wait()
 
 
+def resume_after_kill(config: Path, run: Path, reference: Path) -> list[dict[str, Any]]:
+    """Rerun `config` after `kill_during_save` hit the step-4 save: the partial checkpoint is removed, the run
+    resumes from step 2 and logs every step once, with the losses of `reference` (an unbroken run); returns its
+    metrics."""
+    out = launch(config, 1)
+    text = out.stdout + out.stderr
+    assert "resuming from" in text and "step2" in text
+    assert not (run / ".tmp-step4").exists()
+    got = metrics(run)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
+    assert [r["train/loss"] for r in got] == [r["train/loss"] for r in metrics(reference)]
+    return got
+
+
 def metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -221,14 +236,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(
     assert (run / ".tmp-step4").is_dir(), "the kill hit the write: a partial checkpoint exists"
     assert not (run / "step4").exists()
     assert os.readlink(run / "latest") == "step2"
-    out = launch(config, 1)
-    text = out.stdout + out.stderr
-    assert "resuming from" in text and "step2" in text
-    assert not (run / ".tmp-step4").exists()
-    got = metrics(run)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    assert [r["train/tokens_seen"] for r in got] == [s * GBS * SEQ for s in range(1, STEPS + 1)]
-    assert [r["train/loss"] for r in got] == [r["train/loss"] for r in metrics(unstopped_single)]
+    got = resume_after_kill(config, run, unstopped_single)
     if moment == "written":  # the fingerprints are the data tools' (once: they do not depend on the moment)
         assert got[-1]["train/batch_fingerprint"] == cli_fingerprint(config, STEPS)
         assert got[2]["train/batch_fingerprint"] == cli_fingerprint(config, 3)
