@@ -23,7 +23,7 @@ CHATTY_LOGGERS = ("torchao", "torch.utils._pytree")  # (transformers sets its ow
 @contextlib.contextmanager
 def quietly() -> Iterator[None]:
     """Within the block, the optional libraries' loggers show errors only and Python warnings are not shown;
-    transformers' progress bars stay off afterwards. Nothing changes when DEBUG logging is on."""
+    transformers' progress bars are off within it and afterwards. Nothing changes when DEBUG logging is on."""
     if logging.getLogger().isEnabledFor(logging.DEBUG):
         yield
         return
@@ -32,11 +32,16 @@ def quietly() -> Iterator[None]:
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
+        _no_progress_bars()  # transformers imported before the block: its loads in the block draw none
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
-        if "transformers" in sys.modules:
-            sys.modules["transformers"].utils.logging.disable_progress_bar()
+        _no_progress_bars()  # imported in the block: nor do its later loads
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+def _no_progress_bars() -> None:
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()

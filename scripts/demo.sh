@@ -59,7 +59,9 @@ olmo-train export-hf "$OUT/run/latest" --destination "$OUT/hf" --check
 python - "$OUT/hf" <<'PY'
 import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
-model, tok = AutoModelForCausalLM.from_pretrained(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[1])
+from olmo_train.optional import quietly
+with quietly():  # torchao, which transformers imports when installed, warns of its CUDA kernels on CPU machines
+    model, tok = AutoModelForCausalLM.from_pretrained(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[1])
 ids = tok("def ", return_tensors="pt").input_ids
 out = model.generate(ids, max_new_tokens=24, do_sample=False)
 print("transformers:", repr(tok.decode(out[0])))
