@@ -14,6 +14,7 @@ import click
 
 from olmo_data import DataError, __version__
 from olmo_data.interrupts import Interrupted, stop_on_signals
+from olmo_data.io import remove_live_temporaries
 
 COMMANDS: dict[str, str] = {
     "sample": "olmo_cli.sample:sample",
@@ -53,6 +54,7 @@ class LazyGroup(click.Group):
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
         except Interrupted as e:
+            remove_live_temporaries()  # one a signal caught between its creation and its owner's cleanup
             click.secho(f"stopped by {e}: nothing half-written is left; rerun to finish", fg="red", err=True)
             sys.exit(e.exit_code)
 

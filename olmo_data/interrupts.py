@@ -54,6 +54,9 @@ def stop_on_signals() -> Iterator[None]:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
+        if _held and not stopping:  # inside `signals_deferred`: raised when its block ends
+            _pending.append(signum)
+            return
         if stopping:
             sys.stderr.write(f"\n{signal.Signals(signum).name} again: stopping at once\n")
             os._exit(128 + signum)
@@ -67,6 +70,29 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+_held = 0  # depth of `signals_deferred` blocks in the main thread
+_pending: list[int] = []  # a signal that arrived within one
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within the block, a signal `stop_on_signals` would raise is held, and raised as `Interrupted` when the block
+    ends. For a few statements that must run together: creating a temporary file and recording it for cleanup (a
+    signal in between would leave a file no one knows of). Blocking the signal at the OS level is not enough: one
+    delivered just before the block runs its Python handler at whatever statement comes next."""
+    global _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+    if not _held and _pending:
+        raise Interrupted(_pending.pop())
 
 
 def quiet_worker() -> None:

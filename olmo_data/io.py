@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from olmo_data.errors import DataError
+from olmo_data.interrupts import signals_deferred
 from olmo_data.remote import remote_reader
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
@@ -204,9 +205,11 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{final.name}.", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    with signals_deferred():  # a SIGTERM between creating the file and recording it would leave it behind
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{final.name}.", dir=final.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        _LIVE_TEMPORARIES.add(tmp_path)
     try:
         yield tmp_path
         usual_mode(tmp_path)  # mkstemp makes 0600
@@ -215,6 +218,26 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+    finally:
+        _LIVE_TEMPORARIES.discard(tmp_path)
+
+
+# Temporaries `atomic_path` made and has not yet renamed or removed. Its own cleanup covers every exception raised
+# within its block; a signal that arrives after it yielded but before the caller's `with` (or ExitStack) took hold
+# of it is not covered, so a command stopped by a signal removes what is left here (`remove_live_temporaries`).
+_LIVE_TEMPORARIES: set[Path] = set()
+
+
+def remove_live_temporaries() -> int:
+    """Remove every temporary of `atomic_path` in this process that is neither renamed nor removed yet; returns how
+    many. For the cleanup of a command stopped by a signal."""
+    removed = 0
+    for path in list(_LIVE_TEMPORARIES):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+        _LIVE_TEMPORARIES.discard(path)
+    return removed
 
 
 def usual_mode(path: str | os.PathLike[str]) -> None:

@@ -40,7 +40,14 @@ from olmo_data.chat.templates import TEMPLATES, encode_conversations
 from olmo_data.documents import file_format
 from olmo_data.errors import DataError, is_disk_full
 from olmo_data.interrupts import quiet_worker
-from olmo_data.io import atomic_path, expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
+from olmo_data.io import (
+    atomic_path,
+    expand_patterns,
+    file_size,
+    remove_live_temporaries,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 from olmo_data.manifest import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 
@@ -340,6 +347,7 @@ def prepare_chat(
     except BaseException as e:
         with contextlib.suppress(Exception):
             chunks.close()  # its worker processes end now, not whenever the generator is collected
+        remove_live_temporaries()  # one a signal caught before the ExitStack held it (see io.atomic_path)
         if created:
             with contextlib.suppress(OSError):
                 dest.rmdir()

@@ -4,6 +4,7 @@ one line and no traceback (worker processes included), and no temporaries left b
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -72,3 +73,18 @@ def test_tokenize_stops_cleanly_and_keeps_only_finished_inputs(
         recorded = {int(p.stem) for p in (dest / ".progress").glob("[0-9]*.json")}
         assert recorded and {int(p.name[5:10]) for p in dest.glob("part-*")} <= recorded
         assert not (dest / "manifest.json").exists()
+
+
+def test_a_signal_within_signals_deferred_is_raised_when_the_block_ends() -> None:
+    """The few statements that create a temporary file and record it run together: the signal waits for them."""
+    from olmo_data.interrupts import Interrupted, signals_deferred, stop_on_signals
+
+    done = []
+    with pytest.raises(Interrupted) as caught, stop_on_signals():
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler has run by now: had it raised, the next line would not
+            done.append("inside")
+        done.append("after")  # not reached: raised as the block ended
+    assert done == ["inside"]
+    assert caught.value.exit_code == 143
