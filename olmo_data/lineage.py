@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -173,7 +174,7 @@ def _attach(
             parent_of=child.index,
             depth=child.depth + 1,
             source=str(rec["source"]),
-            run_name=str(rec.get("run_name") or (parent_cfg or {}).get("run_name") or "?"),
+            run_name=str(rec.get("run_name") or (parent_cfg or {}).get("run_name") or "(unknown)"),
             config=parent_config if parent_cfg is not None else None,
             checkpoint=key,
             given=None if rec.get("given") is None else str(rec["given"]),
@@ -233,6 +234,8 @@ def _own_records(config_path: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     if not isinstance(load_path, str):
         raise DataError(f"{config_path}: load_path must be a checkpoint directory or URL, got {shown(load_path)}")
+    if not is_remote(load_path) and os.path.abspath(load_path) == os.path.dirname(os.path.abspath(config_path)):
+        return []  # an imported checkpoint's config names the checkpoint itself (import-hf, import-olmo)
     return [_record_from_checkpoint(load_path)]
 
 
@@ -245,6 +248,10 @@ def _record_from_checkpoint(given: str) -> dict[str, Any]:
         state = _json(_join(resolved, TRAINER_STATE))
     except DataError as e:
         return rec | {"step": 0, "lineage": [], "unreadable": str(e)}
+    except Exception as e:  # a remote store refusing or failing, in whatever way its client reports it
+        if not is_remote(resolved):
+            raise
+        return rec | {"step": 0, "lineage": [], "unreadable": f"{resolved}: {type(e).__name__}: {e}"}
     rec |= {k: state.get(k) for k in ("run_name", "data_fingerprint", "tokens_seen")}
     rec["step"] = state.get("step", 0)
     if "lineage" in state:
@@ -260,11 +267,28 @@ def _read_parent(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str |
     if rec["source"] != "checkpoint":
         return None, path, None
     try:
-        return read_train_config(path), path, None
+        return read_stage_config(path), path, None
     except DataError as e:
         return None, path, f"not reachable: {e}; its steps are not traced"
-    except OSError as e:  # a remote config without access
-        return None, path, f"not reachable: {path}: {e}; its steps are not traced"
+    except Exception as e:  # a remote store refusing or failing, in whatever way its client reports it
+        if not is_remote(path):
+            raise
+        return None, path, f"not reachable: {path}: {type(e).__name__}: {e}; its steps are not traced"
+
+
+def read_stage_config(path: str) -> dict[str, Any]:
+    """`read_train_config` of a local config or of one at a URL (a checkpoint kept in an object store)."""
+    if not is_remote(path):
+        return read_train_config(path)
+    data = read_bytes(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, CONFIG)
+        with open(local, "wb") as f:
+            f.write(data)
+        try:
+            return read_train_config(local)
+        except DataError as e:
+            raise DataError(str(e).replace(local, path)) from e
 
 
 def _checked(rec: Any, where: str, i: int) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def find_documents(
     if missing:
         shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise DataError(f"document id {shown} not found in the metadata of the run's token files; check the id")
-    if source_glob is not None and not out:
+    if source_glob is not None and not out and not missing_ok:
         raise DataError(f"no document of the run's token files comes from a source file matching {source_glob!r}")
     return out
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from olmo_data.errors import DataError
 from olmo_data.instances import open_from_config
-from olmo_data.lineage import Stage, format_lineage, read_lineage, stage_line
+from olmo_data.lineage import Stage, format_lineage, read_lineage, read_stage_config, stage_line
 from olmo_data.trace import TraceReport, find_targets, format_trace, parse_steps, read_ids, run_steps, trace
 from olmo_data.train_config import read_train_config
 
@@ -94,7 +94,7 @@ def trace_chain(
             out.append(StageTrace(stage, None))
             continue
         try:
-            stage_cfg = read_train_config(str(stage.config))
+            stage_cfg = read_stage_config(str(stage.config))
             stage_source = open_from_config(stage_cfg)
             if stage.data_fingerprint and stage_source.fingerprint() != stage.data_fingerprint:
                 raise DataError(
@@ -116,7 +116,7 @@ def trace_chain(
         found |= {t.name for t in stage_targets}
         out.append(StageTrace(stage, stage_report))
     missing = [i for i in ids if i not in found]
-    if missing and not any(s.report is None and s.stage.steps for s in out[1:]):
+    if missing and not any(s.report is None and (s.stage.note or s.why) for s in out[1:]):  # else: maybe there
         shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise DataError(
             f"document id {shown} not found in the metadata of the token files of any stage "

@@ -19,7 +19,7 @@ from olmo_data.errors import DataError
 from olmo_data.inspect import inspect_batch
 from olmo_data.instances import open_from_config
 from olmo_data.lineage import lineage_of_config
-from olmo_data.order import build_config_orders
+from olmo_data.order import build_config_orders, build_order
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.trace import find_documents, trace
 from olmo_data.trace_stages import trace_chain
@@ -125,7 +125,7 @@ def two_stages(corpora: list[Path], tmp_path: Path) -> dict[str, Any]:
 def cli(*args: str) -> Any:
     r = CliRunner().invoke(main, list(args))
     assert r.exit_code == 0, r.output
-    return r.output
+    return r.stdout  # (the loopback HTTP server logs its requests to stderr)
 
 
 def test_stage1_document_in_stage2_trace_is_stage1s_trace_to_the_parent_step(two_stages: dict[str, Any]) -> None:
@@ -237,6 +237,14 @@ def test_a_soup_traces_each_parent(two_stages: dict[str, Any], corpora: list[Pat
         alone = json.loads(cli("trace", str(d / cfg_path), "--document", doc, "--json", "--steps", f"1..{last}"))
         assert hits_of(stage["report"]) == hits_of(alone)
     assert out["tokens_total"] == (40 + PARENT_STEP + 9) * GBS * SEQ
+    # an imported checkpoint (step 0, its config's load_path the checkpoint itself) is a stage with no steps
+    imported = d / "imported"
+    imported.mkdir()
+    (imported / "config.yaml").write_text(yaml.safe_dump({"run_name": "imported", "load_path": str(imported)}))
+    (imported / "trainer_state.json").write_text(json.dumps({"step": 0, "run_name": "imported"}))
+    write_config(d / "ft2.yaml", corpora[1], "ft2", d / "run-ft2", load_path=str(imported), reset_trainer_state=True)
+    stages = lineage_of_config(str(d / "ft2.yaml"))
+    assert [(s.run_name, s.steps, s.note) for s in stages] == [("ft2", 40, None), ("imported", 0, None)]
 
 
 def test_unreachable_parents_are_a_note(two_stages: dict[str, Any], corpora: list[Path]) -> None:
@@ -288,3 +296,39 @@ def test_lineage_and_inspect_batch_of_a_stage2_step(two_stages: dict[str, Any]) 
     assert report.lineage is not None and [s["run_name"] for s in report.lineage] == ["stage2", "stage1"]
     text = cli("inspect-batch", str(d / "stage2.yaml"), "--step", "3")
     assert "run 'stage1'" in text and f"{(10 + PARENT_STEP) * GBS * SEQ:,}" in text
+
+
+def test_a_passage_and_a_source_glob_across_stages(two_stages: dict[str, Any]) -> None:
+    """--tokens and --source are traced in each stage's own data, as trace of that stage alone finds them."""
+    d, cfg1 = two_stages["dir"], two_stages["cfg1"]
+    source = open_from_config(cfg1)
+    first = int(build_order(len(source), int(cfg1["seed"]), 0)[0])  # stage 1's step 1 trained this instance
+    passage = ",".join(map(str, source.get_batch([first])[0][0][10:18].tolist()))
+    glob = f"*{Path(find_documents(source, source_glob='*')[0].src or '').name}"
+    for option, value in (("--tokens", passage), ("--source", glob)):
+        out = json.loads(cli("trace", str(d / "stage2.yaml"), option, value, "--json"))
+        alone = json.loads(
+            cli("trace", str(d / "stage1.yaml"), option, value, "--json", "--steps", f"1..{PARENT_STEP}")
+        )
+        assert hits_of(out["stages"][1]["report"]) == hits_of(alone) and alone["hits"], option
+    r = CliRunner().invoke(main, ["trace", str(d / "stage2.yaml"), "--document", "nope:1"])
+    assert r.exit_code == 2 and "'nope:1' not found" in r.output and "any stage" in r.output
+
+
+def test_a_parent_checkpoint_at_a_url(two_stages: dict[str, Any], corpora: list[Path], http_root: Any) -> None:
+    """A parent checkpoint kept in a store (here a loopback HTTP server) is read there; a missing one is a note."""
+    d, ckpt1 = two_stages["dir"], two_stages["ckpt1"]
+    www, base = http_root
+    shutil.copytree(ckpt1, www / "stage1" / "step12")
+    for name, url in (("remote", f"{base}/stage1/step12"), ("missing", f"{base}/stage1/step99")):
+        write_config(d / f"{name}.yaml", corpora[1], name, d / f"run-{name}", load_path=url, reset_trainer_state=True)
+    doc = busy_document(two_stages["cfg1"], PARENT_STEP)
+    alone = json.loads(
+        cli("trace", str(d / "stage1.yaml"), "--document", doc, "--json", "--steps", f"1..{PARENT_STEP}")
+    )
+    out = json.loads(cli("trace", str(d / "remote.yaml"), "--document", doc, "--json"))
+    assert out["stages"][1]["checkpoint"] == f"{base}/stage1/step12"
+    assert out["stages"][1]["config"] == f"{base}/stage1/step12/config.yaml"
+    assert hits_of(out["stages"][1]["report"]) == hits_of(alone)
+    gone = json.loads(cli("trace", str(d / "missing.yaml"), "--document", doc, "--json"))
+    assert gone["stages"][1]["report"] is None and "not reachable" in gone["stages"][1]["not_traced"]
