@@ -332,3 +332,54 @@ def test_a_parent_checkpoint_at_a_url(two_stages: dict[str, Any], corpora: list[
     assert hits_of(out["stages"][1]["report"]) == hits_of(alone)
     gone = json.loads(cli("trace", str(d / "missing.yaml"), "--document", doc, "--json"))
     assert gone["stages"][1]["report"] is None and "not reachable" in gone["stages"][1]["not_traced"]
+
+
+@pytest.mark.slow
+def test_with_real_training_a_stage2_run_traces_back_to_stage1(corpora: list[Path], tmp_path: Path) -> None:
+    """Today's trainer: stage 1 trains 4 steps, stage 2 loads its step-2 checkpoint (reset_trainer_state, other
+    data). trace of stage 2's config names stage 1's run and its steps up to 2, as trace of stage 1 reports them;
+    inspect-batch of a stage-2 step from its config gives the batch fingerprint the stage-2 run logged."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    common = {
+        "global_train_batch_size": GBS,
+        "device_train_microbatch_size": 4,
+        "save_interval": 2,
+        "max_duration": 4,
+        "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "vocab_size": 2048, "max_sequence_length": SEQ},
+        "optimizer": {"learning_rate": 0.01},
+    }
+    paths = []
+    for k, extra in ((1, {}), (2, {"reset_trainer_state": True})):
+        cfg = {"run_name": f"real{k}", "seed": 10 + k, "save_folder": str(tmp_path / f"run{k}"), **common, **extra}
+        cfg["data"] = {"paths": [str(corpora[k - 1])]}
+        if k == 2:
+            cfg["load_path"] = str(next(p for p in (tmp_path / "run1").iterdir() if p.name.startswith("step2")))
+        paths.append(tmp_path / f"real{k}.yaml")
+        paths[-1].write_text(yaml.safe_dump(cfg))
+        proc = subprocess.run(
+            [sys.executable, "-m", "olmo_train", str(paths[-1])],
+            cwd=repo,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            text=True,
+            capture_output=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    cfg1 = yaml.safe_load(paths[0].read_text())
+    source = open_from_config(cfg1)
+    report = trace(cfg1, find_documents(source, source_glob="*"), source=source, steps=(1, 2))
+    doc = report.targets[report.hits[0].target].name
+    alone = json.loads(cli("trace", str(paths[0]), "--document", doc, "--json", "--steps", "1..2"))
+    out = json.loads(cli("trace", str(paths[1]), "--document", doc, "--json"))
+    assert [(s["run_name"], s["last_step"]) for s in out["stages"]] == [("real2", 4), ("real1", 2)]
+    assert out["stages"][1]["not_traced"] is None and hits_of(out["stages"][1]["report"]) == hits_of(alone)
+    logged = {
+        r["step"]: r["train/batch_fingerprint"]
+        for r in map(json.loads, (tmp_path / "run2" / "metrics.jsonl").read_text().splitlines())
+        if "train/batch_fingerprint" in r
+    }
+    assert logged[3] == inspect_batch(str(paths[1]), step=3).batch_fingerprint
