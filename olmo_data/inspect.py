@@ -81,7 +81,7 @@ class BatchReport:
     instance_filter: dict[str, Any] | None = None  # data.instance_filter's settings when it is on
     masked_instances: int | None = None  # of the instances reported, those the filter masks; None: it is off
     lineage: list[dict[str, Any]] | None = None  # where the run grew from other stages: each stage (lineage.py)
-    lineage_note: str | None = None  # why the lineage could not be read
+    lineage_note: str | None = None  # the lineage as text, or why it could not be read
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""

@@ -138,7 +138,7 @@ def find_documents(
     if missing:
         shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise DataError(f"document id {shown} not found in the metadata of the run's token files; check the id")
-    if source_glob is not None and not out and not missing_ok:
+    if source_glob is not None and not out:
         raise DataError(f"no document of the run's token files comes from a source file matching {source_glob!r}")
     return out
 
@@ -399,9 +399,7 @@ def find_targets(
 ) -> tuple[list[Target], dict[str, float] | None]:
     """The targets as `olmo-data trace` names them (documents by id or source glob, or one passage as text or
     token ids) in one run's data, and the scan's rate for a passage."""
-    searches = (text is not None) + (tokens is not None)
-    if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
-        raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
+    check_target_options(ids, source_glob, text, tokens)
     if text is None and tokens is None:
         return find_documents(source, ids, source_glob, missing_ok=missing_ok), None
     if tokens is not None:
@@ -409,6 +407,13 @@ def find_targets(
     else:
         sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
     return find_tokens(source, sequence, name=name, processes=processes, progress=progress)
+
+
+def check_target_options(ids: Sequence[str], source_glob: str | None, text: str | None, tokens: str | None) -> None:
+    """Documents (ids, a source glob) or one passage (text or tokens), not both, not none."""
+    searches = (text is not None) + (tokens is not None)
+    if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
+        raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
 
 
 def parse_token_ids(value: str) -> list[int]:

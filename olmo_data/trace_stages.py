@@ -17,7 +17,16 @@ from typing import Any
 from olmo_data.errors import DataError
 from olmo_data.instances import open_from_config
 from olmo_data.lineage import Stage, format_lineage, read_lineage, read_stage_config, stage_line
-from olmo_data.trace import TraceReport, find_targets, format_trace, parse_steps, read_ids, run_steps, trace
+from olmo_data.trace import (
+    TraceReport,
+    check_target_options,
+    find_targets,
+    format_trace,
+    parse_steps,
+    read_ids,
+    run_steps,
+    trace,
+)
 from olmo_data.train_config import read_train_config
 
 
@@ -73,6 +82,7 @@ def trace_chain(
     handed on. `steps`, `order` apply to the run itself; ancestors use their own configs' orders. A document id
     must be found in some stage's data; a stage without it simply has no hits."""
     ids = read_ids(document_ids, document_list)
+    check_target_options(ids, source_glob, text, tokens)
     cfg = read_train_config(config)
     source = open_from_config(cfg)
     first_last = parse_steps(steps)
