@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "mix": "olmo_cli.mix:mix",
     "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
     "trace": "olmo_cli.trace:trace",
+    "lineage": "olmo_cli.lineage:lineage",
     "stats": "olmo_cli.stats:stats",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }

@@ -23,6 +23,11 @@ from olmo_cli.options import Command, progress_option
 @click.option("--world-size", type=int, default=None, help="Also say which rank trained each place.")
 @click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
 @click.option("--processes", "-p", type=int, default=1, show_default=True, help="Processes for the --text scan.")
+@click.option(
+    "--no-lineage",
+    is_flag=True,
+    help="Trace this run's steps only, not those of the checkpoints it started from (load_path, lineage).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @progress_option
 def trace(
@@ -37,6 +42,7 @@ def trace(
     world_size: int | None,
     order: str | None,
     processes: int,
+    no_lineage: bool,
     as_json: bool,
     progress: bool | None,
 ) -> None:
@@ -47,15 +53,20 @@ def trace(
     Works for any run config, this project's or OLMo's (with data.order_path at its published order); through
     mixtures (a repeated source is found at each repetition); on SFT data it also counts the supervised tokens.
 
+    A run that started from another run's checkpoint (a stage 2: load_path with reset_trainer_state or
+    restore_dataloader: false, or checkpoints that record lineage) is traced with its ancestors: for each, the
+    steps of its run up to the checkpoint handed on, labelled by run, config and checkpoint, and the tokens each
+    stage trained (--no-lineage: this run only).
+
     \b
     Examples:
       olmo-data trace runs/tiny/config.yaml --document stdlib-0000.jsonl.gz:12
       olmo-data trace configs/tiny.yaml --source '*/json/*' --steps 1..50 --world-size 2 --json
       olmo-data trace configs/tiny.yaml --text "def __init__(self" --processes 2
     """
-    from olmo_data.trace import format_trace, trace_run
+    from olmo_data.trace_stages import format_chain, trace_chain
 
-    report = trace_run(
+    report = trace_chain(
         config,
         document_ids=document_ids,
         document_list=document_list,
@@ -68,5 +79,6 @@ def trace(
         order=order,
         processes=processes,
         progress=progress,
+        lineage=not no_lineage,
     )
-    click.echo(json.dumps(report.to_json()) if as_json else format_trace(report))
+    click.echo(json.dumps(report.to_json()) if as_json else format_chain(report))

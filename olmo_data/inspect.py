@@ -29,6 +29,7 @@ from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instance_filter import Repetition, instance_filter_from_config
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
+from olmo_data.lineage import format_lineage, read_lineage
 from olmo_data.order import (
     BatchPosition,
     batch_position,
@@ -79,6 +80,8 @@ class BatchReport:
     run_steps: int | None = None  # steps the config's max_duration trains; a later step was never trained
     instance_filter: dict[str, Any] | None = None  # data.instance_filter's settings when it is on
     masked_instances: int | None = None  # of the instances reported, those the filter masks; None: it is off
+    lineage: list[dict[str, Any]] | None = None  # where the run grew from other stages: each stage (lineage.py)
+    lineage_note: str | None = None  # the lineage as text, or why it could not be read
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -172,6 +175,8 @@ def inspect_batch(
         world_size=world_size,
         run_steps=_run_steps(cfg, gbs, source.sequence_length, pos.batches_per_epoch),
     )
+    if isinstance(config, str):
+        _add_lineage(report, config, cfg)
     positions = rank_positions(gbs, rank, world_size) if rank is not None and world_size is not None else np.arange(gbs)
     locations = source.locate_many(indices[positions])
     docs = doc_index or DocIndex()
@@ -208,6 +213,19 @@ def inspect_batch(
     return report
 
 
+def _add_lineage(report: BatchReport, config: str, cfg: dict[str, Any]) -> None:
+    """The stages the run grew from, when it started from another run's checkpoint: a stage-2 step is inspected
+    from the stage-2 config alone, and the report says which earlier runs also shaped the weights."""
+    try:
+        stages = read_lineage(config, cfg, fingerprint=report.data_fingerprint, last_step=report.run_steps)
+    except DataError as e:
+        report.lineage_note = f"lineage not read: {e}"
+        return
+    if len(stages) > 1:
+        report.lineage = [s.to_json() for s in stages]
+        report.lineage_note = format_lineage(stages)
+
+
 def _run_steps(cfg: dict[str, Any], gbs: int, sequence_length: int, batches_per_epoch: int) -> int | None:
     """How many steps the config's run trains (its max_duration), or None when the config does not say."""
     duration = cfg.get("max_duration")
@@ -237,6 +255,9 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
             f"note: the run trains {r.run_steps} steps (its max_duration), so it never trained step {r.step}: this is "
             "the batch the order holds for that step, had the run gone on"
         )
+    if r.lineage_note is not None:
+        lines.append("this run grew from other stages (steps counted per run; `olmo-data trace` follows them):")
+        lines += ["  " + line for line in r.lineage_note.splitlines()]
     if r.instance_filter is not None:
         f = r.instance_filter
         lines.append(

@@ -103,11 +103,13 @@ def find_documents(
     ids: Sequence[str] = (),
     source_glob: str | None = None,
     doc_index: DocIndex | None = None,
+    missing_ok: bool = False,
 ) -> list[Target]:
     """The token spans of documents named by id, or of every document whose source file matches a glob.
 
     Ids are looked up in each token file's metadata index (built once, cached); an id found nowhere is an error
-    that names it, since a typo would otherwise read as "never trained".
+    that names it, since a typo would otherwise read as "never trained" (unless `missing_ok`: one stage of a
+    lineage need not hold every document the others do).
     """
     docs = doc_index or DocIndex()
     wanted = {i.encode("utf-8") for i in ids}
@@ -131,6 +133,8 @@ def find_documents(
             found.add(doc_id.encode("utf-8"))
             out.append(Target(doc_id, k, start, end, src, loc))
     missing = sorted(i.decode("utf-8") for i in wanted - found)
+    if missing_ok:
+        return out
     if missing:
         shown = ", ".join(repr(m) for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise DataError(f"document id {shown} not found in the metadata of the run's token files; check the id")
@@ -354,28 +358,62 @@ def trace_run(
     `document_list` file of ids, one per line), every document of source files matching `source_glob`, or one
     passage, as `text` (encoded with the data's own tokenizer, or `tokenizer`, checked against the manifest) or as
     `tokens` ("ID,ID,..."). `steps` is "A..B" (1-based, inclusive) or one step "N"; default the whole run."""
+    cfg, source = open_run(config)
+    targets, scan = find_targets(
+        source,
+        read_ids(document_ids, document_list),
+        source_glob=source_glob,
+        text=text,
+        tokens=tokens,
+        tokenizer=tokenizer,
+        processes=processes,
+        progress=progress,
+    )
+    report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
+    report.scan = scan
+    return report
+
+
+def read_ids(document_ids: Sequence[str], document_list: str | None) -> list[str]:
+    """The ids of `--document` and of a `--document-list` file (one per line)."""
     ids = list(document_ids)
     if document_list is not None:
         try:
             ids += [x.strip() for x in Path(document_list).read_text().splitlines() if x.strip()]
         except OSError as e:
             raise DataError(f"{document_list}: cannot read the id list ({e.strerror})") from e
+    return ids
+
+
+def find_targets(
+    source: InstanceSource,
+    ids: Sequence[str],
+    *,
+    source_glob: str | None = None,
+    text: str | None = None,
+    tokens: str | None = None,
+    tokenizer: str | None = None,
+    processes: int = 1,
+    progress: bool | None = None,
+    missing_ok: bool = False,
+) -> tuple[list[Target], dict[str, float] | None]:
+    """The targets as `olmo-data trace` names them (documents by id or source glob, or one passage as text or
+    token ids) in one run's data, and the scan's rate for a passage."""
+    check_target_options(ids, source_glob, text, tokens)
+    if text is None and tokens is None:
+        return find_documents(source, ids, source_glob, missing_ok=missing_ok), None
+    if tokens is not None:
+        sequence, name = parse_token_ids(tokens), tokens
+    else:
+        sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
+    return find_tokens(source, sequence, name=name, processes=processes, progress=progress)
+
+
+def check_target_options(ids: Sequence[str], source_glob: str | None, text: str | None, tokens: str | None) -> None:
+    """Documents (ids, a source glob) or one passage (text or tokens), not both, not none."""
     searches = (text is not None) + (tokens is not None)
     if searches > 1 or (searches and (ids or source_glob)) or not (searches or ids or source_glob):
         raise DataError("give documents (--document, --document-list, --source) or one of --text and --tokens")
-    cfg, source = open_run(config)
-    scan = None
-    if text is not None or tokens is not None:
-        if tokens is not None:
-            sequence, name = parse_token_ids(tokens), tokens
-        else:
-            sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
-        targets, scan = find_tokens(source, sequence, name=name, processes=processes, progress=progress)
-    else:
-        targets = find_documents(source, ids, source_glob)
-    report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
-    report.scan = scan
-    return report
 
 
 def parse_token_ids(value: str) -> list[int]:

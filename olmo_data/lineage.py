@@ -1,0 +1,388 @@
+"""The stages whose training shaped a run's weights: the run itself, the checkpoint it started from, that
+checkpoint's own parents, and so on (mid-training, anneals, soups, imports).
+
+`trace` and `inspect-batch` answer questions about one run's steps; a stage-2 run that loaded a stage-1 checkpoint
+also carries what stage 1 trained on, up to the step of that checkpoint (later stage-1 steps never reached these
+weights). The chain is read from the files the trainer writes, never through the trainer (no torch here):
+
+  - a checkpoint's `trainer_state.json` may hold `lineage`: a list of parent records, each
+    {source, given, resolved, run_name, data_fingerprint, step, tokens_seen, weight, lineage: [...]}
+    ([] for a fresh run, one for a run started from load_path, N for a soup);
+  - a checkpoint directory also holds `config.yaml`, the run's resolved config (what `read_train_config` reads).
+
+Older checkpoints have no `lineage`; then the chain is rebuilt from configs: a config's `load_path` names the
+parent checkpoint, whose `config.yaml` names its own, and so on.
+
+A run that loaded a checkpoint without restarting (no `reset_trainer_state`, `restore_dataloader` not false) on
+the same data, seed and batch size just continues the parent's run: its steps 1..N are the parent's, with the
+same order, so it is one stage with it, not two. A parent that cannot be read (deleted, remote without access) is
+kept as a stage with a note saying so; what its record says (run, step, tokens) is still shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from olmo_data.errors import DataError, shown
+from olmo_data.instances import open_from_config
+from olmo_data.io import is_remote, read_bytes
+from olmo_data.order import batches_per_epoch
+from olmo_data.train_config import duration_steps, read_train_config
+
+TRAINER_STATE = "trainer_state.json"  # the trainer's names (olmo_train/checkpoint/layout.py), read here as files
+CONFIG = "config.yaml"
+SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
+_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+MAX_DEPTH = 64  # a chain longer than this is a loop in the records
+
+
+@dataclass
+class Stage:
+    """One run whose steps [first_step, last_step] shaped the weights (or a soup/import that trained none)."""
+
+    index: int
+    parent_of: int | None  # the stage that loaded this one's weights; None for the run asked about
+    depth: int
+    source: str  # "run" (the config asked about), or the record's source: checkpoint, soup, import-hf, import-olmo
+    run_name: str
+    config: str | None  # the config its steps are read from (an ancestor's: its checkpoint's config.yaml)
+    checkpoint: str | None  # the parent checkpoint, resolved (a local directory or a URL)
+    given: str | None  # ... as the child's load_path wrote it
+    first_step: int
+    last_step: int | None  # inclusive; None: unknown (no max_duration)
+    checkpoint_step: int | None  # the checkpoint's step in its run's own count
+    tokens_seen: int | None  # as the checkpoint records it
+    batch_tokens: int | None  # global batch size x sequence length
+    data_fingerprint: str | None
+    weight: float | None = None  # a soup parent's weight
+    note: str | None = None  # why its steps cannot be traced, where they cannot
+
+    @property
+    def steps(self) -> int:
+        return max(0, self.last_step - self.first_step + 1) if self.last_step is not None else 0
+
+    @property
+    def tokens_trained(self) -> int | None:
+        """Tokens this stage trained into the weights: its steps x its batch tokens (or, with no config to read,
+        the tokens its checkpoint says it had seen)."""
+        if self.batch_tokens is not None and self.last_step is not None:
+            return self.steps * self.batch_tokens
+        return self.tokens_seen
+
+    @property
+    def traceable(self) -> bool:
+        return self.note is None and self.config is not None and self.steps > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"steps": self.steps, "tokens_trained": self.tokens_trained}
+
+
+def read_lineage(
+    config_path: str, cfg: dict[str, Any] | None = None, *, fingerprint: str | None = None, last_step: int | None = None
+) -> list[Stage]:
+    """The stages of the run `config_path` describes: [the run itself, its parents, their parents, ...], each
+    parent after the stage that loaded it. `fingerprint` is the run's data fingerprint (to tell a plain resume
+    from a new stage) and `last_step` its last step (default: unknown)."""
+    cfg = cfg if cfg is not None else read_train_config(config_path)
+    stages = [
+        Stage(
+            index=0,
+            parent_of=None,
+            depth=0,
+            source="run",
+            run_name=str(cfg.get("run_name") or "olmo-run"),
+            config=config_path,
+            checkpoint=None,
+            given=None,
+            first_step=1,
+            last_step=last_step,
+            checkpoint_step=None,
+            tokens_seen=None,
+            batch_tokens=_batch_tokens(cfg),
+            data_fingerprint=fingerprint,
+        )
+    ]
+    records = _own_records(config_path, cfg)
+    _attach(stages, stages[0], cfg, records, fingerprint, [os.path.abspath(config_path)])
+    return stages
+
+
+def lineage_of_config(config_path: str) -> list[Stage]:
+    """`read_lineage` with the run's data fingerprint and length read from its data (`olmo-data lineage`); data
+    that cannot be opened leaves them unknown rather than failing the summary."""
+    cfg = read_train_config(config_path)
+    fingerprint, last = None, None
+    try:
+        source = open_from_config(cfg)
+        fingerprint = source.fingerprint()
+        if cfg.get("max_duration") is not None:
+            gbs = int(cfg["global_train_batch_size"])
+            last = duration_steps(
+                cfg["max_duration"],
+                global_batch_size=gbs,
+                sequence_length=source.sequence_length,
+                batches_per_epoch=batches_per_epoch(len(source), gbs),
+            )
+    except DataError:
+        pass
+    return read_lineage(config_path, cfg, fingerprint=fingerprint, last_step=last)
+
+
+def restarts(cfg: dict[str, Any]) -> bool:
+    """Whether a run that loads a checkpoint counts its steps from 1 on its own data (OLMo's `reset_trainer_state`,
+    or `restore_dataloader: false`), rather than continuing the checkpoint's run."""
+    return bool(cfg.get("reset_trainer_state")) or cfg.get("restore_dataloader") is False
+
+
+def _attach(
+    stages: list[Stage],
+    child: Stage,
+    child_cfg: dict[str, Any] | None,
+    records: list[dict[str, Any]],
+    child_fingerprint: str | None,
+    seen: list[str],
+) -> None:
+    """Add a stage for each parent record of `child` (recursively); a plain resume merges into `child`."""
+    if len(seen) > MAX_DEPTH:
+        raise DataError(f"{seen[-1]}: the lineage is more than {MAX_DEPTH} stages deep; do its records loop?")
+    for rec in records:
+        parent_cfg, parent_config, note = _read_parent(rec)
+        key = str(rec["resolved"])
+        if key in seen:
+            raise DataError(f"{key}: the lineage loops back to this checkpoint; its records are damaged")
+        if (
+            rec["source"] == "checkpoint"
+            and int(rec["step"]) > 0
+            and child_cfg is not None
+            and not restarts(child_cfg)
+            and _same_order(rec, parent_cfg, child_cfg, child_fingerprint)
+        ):  # a plain resume: the child's own steps 1..N are the parent's, in the same order
+            if parent_cfg is not None or rec.get("lineage") is not None:
+                grand = _records_of(rec, parent_config, parent_cfg)
+                _attach(stages, child, parent_cfg, grand, rec.get("data_fingerprint"), [*seen, key])
+            continue
+        if rec["source"] == "checkpoint" and child_cfg is not None and not restarts(child_cfg):
+            child.first_step = int(rec["step"]) + 1  # continued on other data (force_load): later steps only
+        traced = rec["source"] == "checkpoint" and int(rec["step"]) > 0
+        stage = Stage(
+            index=len(stages),
+            parent_of=child.index,
+            depth=child.depth + 1,
+            source=str(rec["source"]),
+            run_name=str(rec.get("run_name") or (parent_cfg or {}).get("run_name") or "(unknown)"),
+            config=parent_config if parent_cfg is not None else None,
+            checkpoint=key,
+            given=None if rec.get("given") is None else str(rec["given"]),
+            first_step=1,
+            last_step=int(rec["step"]) if traced else 0,
+            checkpoint_step=int(rec["step"]),
+            tokens_seen=rec.get("tokens_seen"),
+            batch_tokens=_batch_tokens(parent_cfg) if parent_cfg is not None else None,
+            data_fingerprint=rec.get("data_fingerprint") or None,
+            weight=rec.get("weight"),
+            note=note,
+        )
+        stages.append(stage)
+        if parent_cfg is not None or rec.get("lineage") is not None:
+            grand = _records_of(rec, parent_config, parent_cfg)
+            _attach(stages, stage, parent_cfg, grand, stage.data_fingerprint, [*seen, key])
+
+
+def _same_order(
+    rec: dict[str, Any], parent_cfg: dict[str, Any] | None, child_cfg: dict[str, Any], child_fingerprint: str | None
+) -> bool:
+    """Whether the child's step k trained the batch the parent's step k did: the same data, seed, batch size."""
+    theirs = rec.get("data_fingerprint")
+    if theirs and child_fingerprint and theirs != child_fingerprint:
+        return False
+    if parent_cfg is None:
+        return bool(theirs and child_fingerprint)  # nothing else to compare: only a matching fingerprint says so
+    return all(parent_cfg.get(k) == child_cfg.get(k) for k in ("seed", "global_train_batch_size")) and _batch_tokens(
+        parent_cfg
+    ) == _batch_tokens(child_cfg)
+
+
+def _records_of(rec: dict[str, Any], parent_config: str, parent_cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A parent's own parents: its record's `lineage` where written, else rebuilt from its config."""
+    if rec.get("lineage") is not None:
+        return [_checked(r, f"{rec['resolved']} (lineage record)", i) for i, r in enumerate(rec["lineage"])]
+    return _own_records(parent_config, parent_cfg) if parent_cfg is not None else []
+
+
+def _own_records(config_path: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's parent records: the lineage of the checkpoint beside its config (a checkpoint's config.yaml) or of
+    its save folder's latest checkpoint, where the trainer wrote one; else its `load_path`, read as a checkpoint."""
+    beside = os.path.join(os.path.dirname(config_path), TRAINER_STATE)
+    candidates = [beside] if not is_remote(config_path) and os.path.isfile(beside) else []
+    latest = _latest_checkpoint(str(cfg.get("save_folder") or ""))
+    if latest is not None:
+        candidates.append(os.path.join(latest, TRAINER_STATE))
+    for path in candidates:
+        state = _json(path)
+        if "lineage" in state:
+            value = state["lineage"]
+            if not isinstance(value, list):
+                raise DataError(f"{path}: lineage must be a list of parent records, got {shown(value)}")
+            return [_checked(r, path, i) for i, r in enumerate(value)]
+    load_path = cfg.get("load_path")
+    if not load_path:
+        return []
+    if not isinstance(load_path, str):
+        raise DataError(f"{config_path}: load_path must be a checkpoint directory or URL, got {shown(load_path)}")
+    if not is_remote(load_path) and os.path.abspath(load_path) == os.path.dirname(os.path.abspath(config_path)):
+        return []  # an imported checkpoint's config names the checkpoint itself (import-hf, import-olmo)
+    return [_record_from_checkpoint(load_path)]
+
+
+def _record_from_checkpoint(given: str) -> dict[str, Any]:
+    """The record the trainer would have written for a run started from `given` (for checkpoints older than
+    lineage); an unreadable checkpoint gives a record whose `note` says why."""
+    resolved = given.rstrip("/") if is_remote(given) else os.path.abspath(os.path.expanduser(given))
+    rec: dict[str, Any] = {"source": "checkpoint", "given": given, "resolved": resolved, "weight": None}
+    try:
+        state = _json(_join(resolved, TRAINER_STATE))
+    except DataError as e:
+        return rec | {"step": 0, "lineage": [], "unreadable": str(e)}
+    except Exception as e:  # a remote store refusing or failing, in whatever way its client reports it
+        if not is_remote(resolved):
+            raise
+        return rec | {"step": 0, "lineage": [], "unreadable": f"{resolved}: {type(e).__name__}: {e}"}
+    rec |= {k: state.get(k) for k in ("run_name", "data_fingerprint", "tokens_seen")}
+    rec["step"] = state.get("step", 0)
+    if "lineage" in state:
+        rec["lineage"] = state["lineage"]
+    return _checked(rec, _join(resolved, TRAINER_STATE), 0)
+
+
+def _read_parent(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str | None]:
+    """A parent checkpoint's config (None where it cannot be read), its path, and a note saying why not."""
+    path = _join(str(rec["resolved"]), CONFIG)
+    if rec.get("unreadable"):
+        return None, path, f"not reachable: {rec['unreadable']}; its steps are not traced"
+    if rec["source"] != "checkpoint":
+        return None, path, None
+    try:
+        return read_stage_config(path), path, None
+    except DataError as e:
+        return None, path, f"not reachable: {e}; its steps are not traced"
+    except Exception as e:  # a remote store refusing or failing, in whatever way its client reports it
+        if not is_remote(path):
+            raise
+        return None, path, f"not reachable: {path}: {type(e).__name__}: {e}; its steps are not traced"
+
+
+def read_stage_config(path: str) -> dict[str, Any]:
+    """`read_train_config` of a local config or of one at a URL (a checkpoint kept in an object store)."""
+    if not is_remote(path):
+        return read_train_config(path)
+    data = read_bytes(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, CONFIG)
+        with open(local, "wb") as f:
+            f.write(data)
+        try:
+            return read_train_config(local)
+        except DataError as e:
+            raise DataError(str(e).replace(local, path)) from e
+
+
+def _checked(rec: Any, where: str, i: int) -> dict[str, Any]:
+    """A parent record, its keys checked by type: a bad one is an error naming the file and the key."""
+    at = f"{where}: lineage[{i}]"
+    if not isinstance(rec, dict):
+        raise DataError(f"{at} must be a mapping (a parent record), got {shown(rec)}")
+    if rec.get("source") not in SOURCES:
+        raise DataError(f"{at}.source must be one of {', '.join(SOURCES)}, got {shown(rec.get('source'))}")
+    if not isinstance(rec.get("resolved"), str) or not rec["resolved"]:
+        raise DataError(f"{at}.resolved must be the parent checkpoint's path or URL, got {shown(rec.get('resolved'))}")
+    for key in ("step", "tokens_seen"):
+        value = rec.get(key, 0)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise DataError(f"{at}.{key} must be an integer of 0 or more, got {shown(value)}")
+    rec.setdefault("step", 0)
+    weight = rec.get("weight")
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))):
+        raise DataError(f"{at}.weight must be a number or null, got {shown(weight)}")
+    if rec.get("lineage") is not None and not isinstance(rec["lineage"], list):
+        raise DataError(f"{at}.lineage must be a list of parent records, got {shown(rec['lineage'])}")
+    return rec
+
+
+def _json(path: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(read_bytes(path))
+    except ValueError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from e
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e})") from e
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a mapping of trainer state fields, got {shown(obj)}")
+    return obj
+
+
+def _latest_checkpoint(save_folder: str) -> str | None:
+    """The save folder's newest complete checkpoint (one holding trainer_state.json), local folders only."""
+    if not save_folder or is_remote(save_folder) or not os.path.isdir(save_folder):
+        return None
+    best: tuple[int, bool, str] | None = None
+    for name in os.listdir(save_folder):
+        m = _STEP_DIR.match(name)
+        path = os.path.join(save_folder, name)
+        if m and not os.path.islink(path) and os.path.isfile(os.path.join(path, TRAINER_STATE)):
+            key = (int(m.group(1)), not m.group(2), path)
+            best = key if best is None or key > best else best
+    return best[2] if best else None
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}" if is_remote(base) else os.path.join(base, name)
+
+
+def _batch_tokens(cfg: dict[str, Any]) -> int:
+    return int(cfg["global_train_batch_size"]) * int(cfg["model"]["max_sequence_length"])
+
+
+def format_lineage(stages: list[Stage]) -> str:
+    """One line per stage (indented under the stage that loaded it) with the tokens it trained, and the total."""
+    lines = []
+    for s in stages:
+        lines.append("  " * s.depth + stage_line(s))
+    total = sum(s.tokens_trained or 0 for s in stages)
+    unknown = [s.index for s in stages if s.tokens_trained is None and s.source in ("run", "checkpoint")]
+    lines.append(
+        f"tokens trained in all stages: {total:,}"
+        + (f" (stages {', '.join(map(str, unknown))} not counted: unknown)" if unknown else "")
+    )
+    return "\n".join(lines)
+
+
+def stage_line(s: Stage) -> str:
+    """`stage 1: run 'stage1' from checkpoint DIR (load_path 'X'), config C: steps 1..30 = 30 x 4,096 = ... tokens`."""
+    head = f"stage {s.index}: run {s.run_name!r}"
+    if s.parent_of is not None:
+        kind = "" if s.source == "checkpoint" else f" ({s.source})"
+        head += f"{kind}, loaded by stage {s.parent_of} from {s.checkpoint}"
+        if s.given is not None and s.given != s.checkpoint:
+            head += f" (given as {s.given!r})"
+        if s.checkpoint_step is not None:
+            head += f" at its step {s.checkpoint_step}"
+        if s.weight is not None:
+            head += f", weight {s.weight:g}"
+    if s.config:
+        head += f"; config {s.config}"
+    if s.note:
+        tokens = f"; {s.tokens_seen:,} tokens seen, as its checkpoint records" if s.tokens_seen is not None else ""
+        return f"{head}: {s.note}{tokens}"
+    if s.last_step is None:
+        return f"{head}: steps {s.first_step}.. (no max_duration: length unknown)"
+    if s.source.startswith("import"):
+        return f"{head}: imported weights, no training steps here (the data that trained them is not known here)"
+    if s.steps == 0:
+        return f"{head}: no training steps of its own"
+    tokens = f"{s.steps:,} x {s.batch_tokens:,} = {s.tokens_trained:,} tokens" if s.batch_tokens else ""
+    return f"{head}: steps {s.first_step}..{s.last_step} = {tokens}"
