@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "mix": "olmo_cli.mix:mix",
     "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
     "trace": "olmo_cli.trace:trace",
+    "index": "olmo_cli.index:index",
     "stats": "olmo_cli.stats:stats",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }
