@@ -111,15 +111,15 @@ def find_spans(
         spans: list[tuple[int, int]] = []
         total = 0
     elif index is not None:
-        longest = index.longest(q, np.arange(len(q) - min_tokens + 1))
+        longest = index.longest(q.tolist(), np.arange(len(q) - min_tokens + 1))
         longest[longest < min_tokens] = 0
         spans = maximal_spans(longest, min_tokens)
-        out = [(i, j, index.find(q[i:j])) for i, j in spans]
+        out = [(i, j, index.find(query[i:j])) for i, j in spans]
         total = index.tokens
     else:
         matches, total = scan_matches(source, q, min_tokens, processes=processes, progress=progress)
         longest = np.zeros(len(q) - min_tokens + 1, dtype=np.int64)
-        for pos, start, length in matches.values():
+        for _, start, length in matches.values():
             np.maximum.at(longest, start, length)
         spans = maximal_spans(longest, min_tokens)
         for i, j in spans:
@@ -167,8 +167,8 @@ def scan_matches(
                     parts[path].append(found)
                     bar.update(n)
     out = {}
-    for path, found in parts.items():
-        rows = np.concatenate(found) if found else np.zeros((0, 3), dtype=np.int64)
+    for path, pieces in parts.items():
+        rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
         out[path] = (rows[:, 0], rows[:, 1], rows[:, 2])
     return out, total
 
@@ -251,11 +251,11 @@ def trace_spans(
     found, search = find_spans(source, query, min_tokens, index=index, processes=processes, progress=progress)
     targets: list[Target] = []
     target_ranges = []
-    for i, j, places in found:
+    for i, j, at in found:
         name = tok.decode(query[i:j])
         first = len(targets)
         for k, f in enumerate(source.files):
-            targets.extend(Target(name, k, p, p + j - i) for p in places.get(f.path, np.zeros(0)).tolist())
+            targets.extend(Target(name, k, p, p + j - i) for p in at.get(f.path, np.zeros(0, dtype=np.int64)).tolist())
         target_ranges.append((first, len(targets)))
     report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
     steps_of: dict[int, set[int]] = {}
@@ -267,7 +267,7 @@ def trace_spans(
         by_place: dict[tuple[str, int], list[int]] = {}
         for t in range(first, last):
             by_place.setdefault((source.files[targets[t].file_index].path, targets[t].start), []).append(t)
-        places = []
+        places: list[Place] = []
         for (path, start), ts in sorted(by_place.items()):
             f = source.files[targets[ts[0]].file_index]
             found_docs = docs.lookup(path, start, start + j - i, f.metadata_path, f.num_tokens) or []
@@ -318,4 +318,3 @@ def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
     if report.spans:
         lines.append("text: " + marked_text(report))
     return "\n".join(lines)
-

@@ -265,7 +265,6 @@ def compare_suffixes(
     return np.where(anywhere, first, width), less
 
 
-
 @dataclass
 class Shard:
     start: int

@@ -169,7 +169,8 @@ def find_tokens(
         t0 = time.perf_counter()
         at = index.find(sequence)
         seconds = time.perf_counter() - t0
-        targets = [Target(name, k, p, p + len(sequence)) for k, f in enumerate(source.files) for p in at[f.path].tolist()]
+        n = len(sequence)
+        targets = [Target(name, k, p, p + n) for k, f in enumerate(source.files) for p in at[f.path].tolist()]
         return targets, {"tokens": float(index.tokens), "seconds": seconds, "index": 1.0}
     for f in source.files:
         if is_remote(f.path):

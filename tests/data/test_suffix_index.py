@@ -103,7 +103,7 @@ def test_spans_with_and_without_the_index_equal_a_brute_force(tmp_path: Path) ->
         a, b = int(rng.integers(0, 1400)), int(rng.integers(0, 1400))
         query = [*files[0][a : a + 20].tolist(), 9, 9, *files[1][b : b + 15].tolist()]
 
-        def held(i: int, j: int) -> bool:
+        def held(i: int, j: int, query: list[int] = query) -> bool:
             needle = np.asarray(query[i:j], dtype=">u2").tobytes()
             return any(_find_aligned(d, needle) for d in data)
 
@@ -111,9 +111,7 @@ def test_spans_with_and_without_the_index_equal_a_brute_force(tmp_path: Path) ->
             (i, j)
             for i in range(len(query))
             for j in range(i + 6, len(query) + 1)
-            if held(i, j)
-            and (i == 0 or not held(i - 1, j))
-            and (j == len(query) or not held(i, j + 1))
+            if held(i, j) and (i == 0 or not held(i - 1, j)) and (j == len(query) or not held(i, j + 1))
         ]
         scanned, _ = find_spans(source, query, 6)
         indexed, _ = find_spans(source, query, 6, index=index)
