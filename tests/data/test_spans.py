@@ -131,3 +131,28 @@ def test_bad_span_requests(run: dict[str, Any], tmp_path: Path) -> None:
         assert res.exit_code == 2 and message in res.output, (args, res.output)
     short = CliRunner().invoke(main, ["trace", run["config"], "--spans", " the"])
     assert short.exit_code == 0 and short.output.startswith("0 span(s) of at least 8 tokens")
+
+
+def test_generate_marks_the_spans_of_a_continuation(
+    run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`olmo-train generate --trace`, the model stubbed to continue with a training passage and made-up words:
+    the passage is marked, the words are not, and its document is named."""
+    import olmo_train.generate as gen
+    from olmo_cli.train_main import main as train_main
+
+    source = open_from_config(run["cfg"])
+    tok = data_tokenizer(None, source)
+    (doc_a, text_a), _ = passages(source, tok, 20)
+    continuation = text_a + MADE_UP
+    monkeypatch.setattr(gen, "complete_text", lambda *a, **k: gen.TextCompletions([[(0.0, continuation)]], 8, 8, 0.1))
+    checkpoint = tmp_path / "step12"
+    checkpoint.mkdir()
+    (checkpoint / "config.yaml").write_text(Path(run["config"]).read_text())
+    res = CliRunner().invoke(train_main, ["generate", str(checkpoint), "--prompt", "x", "--trace"])
+    assert res.exit_code == 0, res.output
+    expected = marked_text(trace_spans(run["config"], continuation))
+    assert res.stdout.startswith(f"x{expected}\n") and expected.startswith("[[") and expected.endswith(MADE_UP)
+    listed = res.stdout[len(expected) + 2 :].splitlines()
+    assert len(listed) == 1 and listed[0].startswith("  in the training data: ")
+    assert doc_a in listed[0] and "; steps " in listed[0] and "(none in the run)" not in listed[0]
