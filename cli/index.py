@@ -9,7 +9,7 @@ from olmo_cli.options import Command, progress_option
 
 @click.command("index", cls=Command)
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--index-dir", default=None, help="Put the index here [default: FILE.sa/ beside each token file].")
+@click.option("--index-dir", default=None, help="Put the index here [default: suffix-index/ beside the token files].")
 @click.option("--shard-tokens", type=int, default=1 << 24, show_default=True, help="Positions per shard (memory).")
 @click.option("--context", type=int, default=4096, show_default=True, help="Tokens a shard sorts by past its end.")
 @click.option("--processes", "-p", type=int, default=1, show_default=True, help="Shards sorted at once.")

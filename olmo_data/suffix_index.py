@@ -2,8 +2,8 @@
 passage up in O(length x log tokens) reads instead of scanning every token.
 
 The token files are neither copied nor re-tokenized: an index stores only suffix positions (uint32, 4 bytes a
-token) into the existing file. Each token file gets a folder `FILE.sa/` beside it (or, with `index_dir`, a folder
-`DIR/<digest>-<name>.sa/`, for read-only data):
+token) into the existing file. Each token file gets a folder `suffix-index/NAME/` in its directory (or, with
+`index_dir`, `DIR/<digest>-NAME/`, for read-only data; never a name tokenize's `part-*` patterns could match):
 
   shard-00000.u32 ...   the positions [a, b) of the file, relative to a, sorted by their suffix; a suffix is read
                         up to `window_end` = b + context (or the file's end), so a passage crossing a shard's end is
@@ -50,9 +50,9 @@ def index_folder(token_path: str, index_dir: str | None = None) -> Path:
     """Where the index of a token file lives: beside it, or in `index_dir` under a name that keeps two files of
     the same name apart."""
     if index_dir is None:
-        return Path(token_path + ".sa")
+        return Path(token_path).parent / "suffix-index" / Path(token_path).name
     digest = hashlib.sha256(os.path.abspath(token_path).encode()).hexdigest()[:12]
-    return Path(index_dir) / f"{digest}-{Path(token_path).name}.sa"
+    return Path(index_dir) / f"{digest}-{Path(token_path).name}"
 
 
 def file_stamp(path: str) -> dict[str, Any]:

@@ -50,31 +50,44 @@ def suffix_array(tokens: np.ndarray, engine: str = "numpy") -> np.ndarray:
 
 
 def _prefix_doubling(tokens: np.ndarray) -> np.ndarray:
-    """Manber-Myers by sorting: round h ranks each suffix by its first 2h tokens, as the pair (rank of its first h,
-    rank of the h after them); ranks start at 1 so that 0 (past the end) sorts a shorter suffix first. Stops when
-    every rank is distinct, after about log2 of the longest repeat rounds."""
+    """Prefix doubling (Manber-Myers) by sorting, re-sorting only what is not yet in place (as Larsson-Sadakane):
+    after round h the array is ordered by each suffix's first 2h tokens, and a suffix's rank is the first slot of
+    its group of equal prefixes. A round sorts only the suffixes whose group still holds several, by (rank, rank of
+    the suffix h tokens later; -1 past the end, so a shorter suffix sorts first): a group stays where it is and
+    only splits. Most groups resolve in a few rounds; long repeats take about log2 of their length."""
     n = len(tokens)
-    if tokens.dtype.itemsize <= 2:
-        rank = tokens.astype(np.int64) + 1
-        base = 1 << 17
-    else:
-        _, inverse = np.unique(tokens, return_inverse=True)
-        rank = inverse.astype(np.int64).reshape(-1) + 1
-        base = n + 2
+    order = np.argsort(tokens, kind="stable").astype(np.int64)
+    first = _runs(tokens[order])
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.flatnonzero(first)[np.cumsum(first) - 1]
+    slots = np.flatnonzero(_in_groups(first))
     h = 1
-    while True:
-        key = rank * base  # (rank of the first h tokens, rank of the next h) as one int64
-        key[: n - h] += rank[h:]
-        order = np.argsort(key, kind="stable")
-        ordered = key[order]
-        del key
-        new = np.empty(n, dtype=np.int64)
-        new[0] = 1
-        np.cumsum(ordered[1:] != ordered[:-1], out=new[1:])
-        new[1:] += 1
-        del ordered
-        rank[order] = new
-        if int(new[-1]) == n:
-            return order
+    while len(slots):
+        p = order[slots]
+        later = p + h
+        key = rank[p] * (n + 1) + 1
+        inside = later < n
+        key[inside] += rank[later[inside]]
+        key[~inside] -= 1
+        by_key = np.argsort(key, kind="stable")
+        p, key = p[by_key], key[by_key]
+        order[slots] = p
+        first = _runs(key)
+        rank[p] = slots[np.flatnonzero(first)][np.cumsum(first) - 1]
+        slots = slots[_in_groups(first)]
         h *= 2
-        base = n + 2
+    return order
+
+
+def _runs(values: np.ndarray) -> np.ndarray:
+    """True where a run of equal values starts."""
+    first = np.ones(len(values), dtype=bool)
+    first[1:] = values[1:] != values[:-1]
+    return first
+
+
+def _in_groups(first: np.ndarray) -> np.ndarray:
+    """True for the elements of runs longer than one (from the run starts)."""
+    starts = np.flatnonzero(first)
+    lengths = np.diff(np.append(starts, len(first)))
+    return np.repeat(lengths > 1, lengths)

@@ -170,7 +170,7 @@ def test_the_command_builds_in_parallel_into_a_chosen_folder(tmp_path: Path) -> 
     res = CliRunner().invoke(main, [*args, "--engine", "numpy"])
     assert res.exit_code == 0, res.output
     assert "indexed 2 token file(s), 6,000 tokens in 10 shard(s): sorted 10" in res.output
-    assert not Path(paths[0] + ".sa").exists() and len(list(out.glob("*-part-0.npy.sa/shard-*.u32"))) == 5
+    assert not (tmp_path / "suffix-index").exists() and len(list(out.glob("*-part-0.npy/shard-*.u32"))) == 5
     res = CliRunner().invoke(main, args)
     assert "sorted 0 (0 tokens)" in res.output and "10 already done" in res.output
     seq = ",".join(str(t) for t in np.fromfile(paths[0], dtype=np.uint16)[200:212].tolist())
