@@ -11,7 +11,7 @@ two maximal spans.
    index and by the scan, checked equal; and `find_tokens` (`trace --tokens`) of 40 tokens both ways. What
    follows the search (the order pass that finds the steps) is the same either way (benchmarks/trace.py).
 
-    python benchmarks/suffix_index.py [--tokens 1e8] [--processes 2]
+    python benchmarks/suffix_index.py [--tokens 1e8] [--processes 2] [--engines numpy,divsufsort]
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--shard-tokens", type=int, default=1 << 24)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engines", default="numpy,divsufsort", help="Which to build with (divsufsort where importable).")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="olmo-sa-bench-"))
@@ -74,7 +75,7 @@ def main() -> None:
         }
         (work / "config.yaml").write_text(yaml.safe_dump(cfg))
         source = open_from_config(cfg)
-        engines = ["numpy"] + (["divsufsort"] if have_divsufsort() else [])
+        engines = [e for e in args.engines.split(",") if e != "divsufsort" or have_divsufsort()]
         for engine in engines:
             index_dir = str(work / f"index-{engine}")
             summary = build_index(

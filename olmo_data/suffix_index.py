@@ -33,7 +33,7 @@ import numpy as np
 
 from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource
-from olmo_data.io import atomic_path, is_remote, write_json_atomic
+from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES
 from olmo_data.suffix_sort import engine_name, suffix_array
 
@@ -43,7 +43,7 @@ CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 PAST_END = -1  # a suffix's token past its window: sorts before every token
 QUERY_END = -2  # a query's token past its end, for a lower bound: the query sorts before its extensions
 QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
-SAMPLE_BLOCKS, SAMPLE_BYTES = 64, 1 << 16
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
 
 
 def index_folder(token_path: str, index_dir: str | None = None) -> Path:
@@ -56,8 +56,8 @@ def index_folder(token_path: str, index_dir: str | None = None) -> Path:
 
 
 def file_stamp(path: str) -> dict[str, Any]:
-    """Size, modification time and a checksum of 64 evenly spaced 64 KiB blocks (the whole of a file under 4 MiB):
-    cheap enough for every query, and catches a rewrite that keeps the size."""
+    """Size, modification time and a checksum of 16 evenly spaced 4 KiB blocks (the whole of a file under 64 KiB):
+    cheap enough for every query (64 KiB read a file), and a second check where a rewrite keeps the size."""
     st = os.stat(path)
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
@@ -174,6 +174,7 @@ def build_index(
             messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
             (folder / "manifest.json").unlink()
         folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build
         tokens = token_array(path, f.dtype)
         n = len(tokens)
         shards = []

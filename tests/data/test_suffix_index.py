@@ -141,10 +141,12 @@ def test_a_build_resumes_and_a_changed_file_is_refused_then_rebuilt(tmp_path: Pa
     # a build killed after two shards of the second file: their .json were written, the rest not
     (folder / "manifest.json").unlink()
     (folder / "shard-00002.json").unlink()
+    (folder / ".tmp-shard-00002.u32.x1y2").write_bytes(b"half")
     with pytest.raises(DataError, match=r"part-1.npy: no suffix index, though 1 other token file"):
         open_index(source)
     again = build_index(source, shard_tokens=1000, context=8, progress=False)
     assert (again.built, again.built_tokens) == (1, 1000)
+    assert not list(folder.glob(".tmp-*")) and again.index_bytes < 4 * 6000 + 6000
     assert build_index(source, shard_tokens=1000, context=8, progress=False).built == 0
     # the token file changes: the index is refused, with what to do
     tokens = np.fromfile(paths[1], dtype=np.uint32)
