@@ -202,20 +202,18 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, int]) -> tuple[str, 
     candidates = candidates[keep]
     if not len(candidates):
         return empty
-    starts_of: dict[int, list[int]] = {}
-    for i, h in enumerate(wanted.tolist()):
-        starts_of.setdefault(h, []).append(i)
-    pos_list, start_list = [], []
-    for c, h in zip(candidates.tolist(), got[keep].tolist(), strict=True):
-        for i in starts_of[h]:
-            pos_list.append(lo + c)
-            start_list.append(i)
-    pos, start = np.array(pos_list, dtype=np.int64), np.array(start_list, dtype=np.int64)
-    rows = np.full((len(pos), len(query)), QUERY_END, dtype=np.int64)
-    for r, i in enumerate(start.tolist()):
-        rows[r, : len(query) - i] = query[i:]
-    length, _ = compare_suffixes(tokens, pos, rows, len(tokens))
-    length = np.minimum(length, len(query) - start)
+    by_hash = np.argsort(wanted, kind="stable")  # a k-gram may occur at several starts of the query
+    lo_at = np.searchsorted(wanted[by_hash], got[keep], side="left")
+    hi_at = np.searchsorted(wanted[by_hash], got[keep], side="right")
+    counts = hi_at - lo_at
+    pos = np.repeat(candidates + lo, counts)
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = by_hash[np.repeat(lo_at, counts) + within].astype(np.int64)
+    padded = np.concatenate([query, np.full(len(query), QUERY_END, dtype=np.int64)])
+    length = np.zeros(len(pos), dtype=np.int64)
+    for a in range(0, len(pos), 1 << 15):  # bounded memory where a k-gram is very common
+        rows = padded[start[a : a + (1 << 15), None] + np.arange(len(query))]
+        length[a : a + (1 << 15)], _ = compare_suffixes(tokens, pos[a : a + (1 << 15)], rows, len(tokens))
     ok = length >= k  # the hash matched and so did the tokens
     return path, hi - lo, np.stack([pos[ok], start[ok], length[ok]], axis=1)
 
