@@ -13,7 +13,7 @@ token) into the existing file. Each token file gets a folder `suffix-index/NAME/
                         with a .json is complete (both atomically)
   manifest.json         written last: the token file's size, modification time and a sampled checksum
 
-Shards are built in bounded memory (about 50 bytes a token with the numpy engine: shard_tokens sets it), in
+Shards are built in bounded memory (about 64 bytes a token of a shard with numpy, 10 with divsufsort), in
 parallel over processes, and a rerun skips done shards; a token file changed since its index was built makes
 queries refuse the index, and a rerun rebuilds only the shards whose window checksum changed.
 """
@@ -38,7 +38,7 @@ from olmo_data.manifest import DTYPES
 from olmo_data.suffix_sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
-SHARD_TOKENS = 1 << 24  # positions per shard: ~0.8 GB peak per numpy worker
+SHARD_TOKENS = 1 << 24  # positions per shard: ~1.1 GB peak per numpy worker
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 PAST_END = -1  # a suffix's token past its window: sorts before every token
 QUERY_END = -2  # a query's token past its end, for a lower bound: the query sorts before its extensions

@@ -4,9 +4,9 @@ The one module that knows the foreign engine, so the rest of the index never imp
 suffixes of the same array (a suffix that is a prefix of another sorts first) and return the same array, so an
 index does not depend on which one built it; a test checks that they agree.
 
-Why numpy by default: it needs nothing beyond numpy, and at ~2-3M tokens/s per process (random tokens; fewer
-on text with long repeats, which need more doubling rounds) a shard of 16M tokens sorts in seconds; divsufsort
-is ~4x faster (BENCHMARKS.md) and is used automatically when importable.
+Why numpy as the fallback: it needs nothing beyond numpy, and re-sorting only the groups not yet resolved sorts a
+16M-token shard of text-like tokens in ~11 s (~1.5M tokens/s per process); divsufsort is ~2-4.6x faster and uses
+a sixth of the memory (BENCHMARKS.md), so `auto` takes it when the `index` extra is installed.
 """
 
 from __future__ import annotations
