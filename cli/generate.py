@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from olmo_cli.options import Command
@@ -23,6 +25,11 @@ from olmo_cli.options import Command
 )
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--all-beams", is_flag=True, help="Print every beam with its score, not only the best.")
+@click.option(
+    "--trace", "trace_spans", is_flag=True, help="Mark the spans of each continuation found in the training data."
+)
+@click.option("--trace-config", default=None, help="The run whose data --trace searches [default: the checkpoint's].")
+@click.option("--min-tokens", type=int, default=8, show_default=True, help="The shortest span --trace marks.")
 def generate(
     checkpoint: str,
     prompts: tuple[str, ...],
@@ -37,6 +44,9 @@ def generate(
     stop_ids: tuple[int, ...],
     device: str,
     all_beams: bool,
+    trace_spans: bool,
+    trace_config: str | None,
+    min_tokens: int,
 ) -> None:
     """Continue each --prompt with the model of CHECKPOINT and print the text.
 
@@ -49,6 +59,11 @@ def generate(
       olmo-train generate runs/tiny/step100 --prompt "def main(" --max-steps 40
       olmo-train generate runs/tiny/step100 --prompt "import os" --beam-size 4 --all-beams
       olmo-train generate runs/tiny/step100 --prompt "class " --temperature 0.8 --top-p 0.95 --seed 1
+      olmo-train generate runs/tiny/step100 --prompt "import os" --max-steps 40 --trace
+
+    --trace marks each continuation's spans of at least --min-tokens tokens that the run's training data holds
+    verbatim ([[ ]], or underlined on a terminal), and lists their documents and the steps that trained on them
+    (as `olmo-data trace --spans`; fast once `olmo-data index` has indexed the run's token files).
     """
     from olmo_train.generate import complete_text
 
@@ -69,7 +84,23 @@ def generate(
     for prompt, beams in zip(prompts, out.beams, strict=True):
         for rank, (score, text) in enumerate(beams if all_beams else beams[:1]):
             head = f"[beam {rank}, score {score:.3f}] " if all_beams else ""
-            click.echo(f"{head}{prompt}{text}")
+            if not ((trace_spans or trace_config) and text.strip()):
+                click.echo(f"{head}{prompt}{text}")
+                continue
+            from olmo_data.spans import marked_text
+            from olmo_train.generate import trace_continuation
+
+            found = trace_continuation(checkpoint, text, config=trace_config, min_tokens=min_tokens)
+            style = "ansi" if sys.stdout.isatty() else "brackets"
+            click.echo(f"{head}{prompt}{marked_text(found, style)}")
+            for span in found.spans:
+                docs = sorted({f"{d['id']} ({d['src']}:{d['loc']})" for p in span.places for d in p.documents})
+                steps = ", ".join(map(str, span.steps[:10])) + (" ..." if len(span.steps) > 10 else "")
+                click.echo(
+                    f"  in the training data: {span.text!r} ({span.end - span.start} tokens): "
+                    f"{', '.join(docs[:3]) or 'no metadata'}{' ...' if len(docs) > 3 else ''}; "
+                    f"steps {steps or '(none in the run)'}"
+                )
     click.echo(
         f"generated {out.steps} steps for {len(prompts)} prompt(s), beam size {beam_size}, in "
         f"{out.seconds:.2f} s ({out.tokens / max(out.seconds, 1e-9):.1f} tokens/s)",

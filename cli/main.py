@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
     "trace": "olmo_cli.trace:trace",
     "lineage": "olmo_cli.lineage:lineage",
+    "index": "olmo_cli.index:index",
     "stats": "olmo_cli.stats:stats",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }

@@ -33,6 +33,7 @@ from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
 from olmo_data.manifest import DTYPES
 from olmo_data.order import batches_per_epoch, build_order, load_order, order_location, order_path_for_epoch
+from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.train_config import duration_steps, read_train_config
 
@@ -155,12 +156,26 @@ def _rows_with_id(blob: bytes, offsets: np.ndarray, doc_id: bytes) -> Iterator[i
 
 
 def find_tokens(
-    source: InstanceSource, sequence: Sequence[int], *, name: str, processes: int = 1, progress: bool | None = None
+    source: InstanceSource,
+    sequence: Sequence[int],
+    *,
+    name: str,
+    processes: int = 1,
+    progress: bool | None = None,
+    index: RunIndex | None = None,
 ) -> tuple[list[Target], dict[str, float]]:
-    """Every place the token files hold `sequence` exactly, by a vectorised scan of memory-mapped files (in
-    chunks that overlap by len(sequence) - 1 tokens, spread over `processes`); and the scan's rate."""
+    """Every place the token files hold `sequence` exactly: from the suffix index (`olmo-data index`) when given,
+    else by a vectorised scan of memory-mapped files (in chunks that overlap by len(sequence) - 1 tokens, spread
+    over `processes`); and the search's rate."""
     if not sequence:
         raise DataError("nothing to search for: the text encodes to no tokens")
+    if index is not None:
+        t0 = time.perf_counter()
+        at = index.find(sequence)
+        seconds = time.perf_counter() - t0
+        n = len(sequence)
+        targets = [Target(name, k, p, p + n) for k, f in enumerate(source.files) for p in at[f.path].tolist()]
+        return targets, {"tokens": float(index.tokens), "seconds": seconds, "index": 1.0}
     for f in source.files:
         if is_remote(f.path):
             raise DataError(f"{f.path}: searching token sequences reads whole files; copy the token files here first")
@@ -353,11 +368,14 @@ def trace_run(
     order: str | None = None,
     processes: int = 1,
     progress: bool | None = None,
+    index_dir: str | None = None,
+    use_index: bool = True,
 ) -> TraceReport:
     """`trace` with the targets named as `olmo-data trace` takes them: documents by id (`document_ids`, and a
     `document_list` file of ids, one per line), every document of source files matching `source_glob`, or one
     passage, as `text` (encoded with the data's own tokenizer, or `tokenizer`, checked against the manifest) or as
-    `tokens` ("ID,ID,..."). `steps` is "A..B" (1-based, inclusive) or one step "N"; default the whole run."""
+    `tokens` ("ID,ID,..."), looked up in the suffix index (in `index_dir`, else beside the token files) when the
+    run has one and `use_index`. `steps` is "A..B" (1-based, inclusive) or one step "N"; default the whole run."""
     cfg, source = open_run(config)
     targets, scan = find_targets(
         source,
@@ -368,6 +386,8 @@ def trace_run(
         tokenizer=tokenizer,
         processes=processes,
         progress=progress,
+        index_dir=index_dir,
+        use_index=use_index,
     )
     report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
     report.scan = scan
@@ -396,9 +416,11 @@ def find_targets(
     processes: int = 1,
     progress: bool | None = None,
     missing_ok: bool = False,
+    index_dir: str | None = None,
+    use_index: bool = True,
 ) -> tuple[list[Target], dict[str, float] | None]:
     """The targets as `olmo-data trace` names them (documents by id or source glob, or one passage as text or
-    token ids) in one run's data, and the scan's rate for a passage."""
+    token ids) in one run's data, and the scan's rate for a passage (None when the suffix index answered)."""
     check_target_options(ids, source_glob, text, tokens)
     if text is None and tokens is None:
         return find_documents(source, ids, source_glob, missing_ok=missing_ok), None
@@ -406,7 +428,8 @@ def find_targets(
         sequence, name = parse_token_ids(tokens), tokens
     else:
         sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
-    return find_tokens(source, sequence, name=name, processes=processes, progress=progress)
+    index = open_index(source, index_dir) if use_index else None
+    return find_tokens(source, sequence, name=name, processes=processes, progress=progress, index=index)
 
 
 def check_target_options(ids: Sequence[str], source_glob: str | None, text: str | None, tokens: str | None) -> None:
@@ -445,7 +468,10 @@ def format_trace(report: TraceReport, *, max_targets: int = 20) -> str:
         f"({report.global_batch_size} instances of {report.sequence_length} tokens per step): "
         f"{_count(len(report.hits), 'place')} in {_count(len(steps), 'step')}"
     )
-    if report.scan:
+    if report.scan and report.scan.get("index"):
+        s = report.scan
+        lines.append(f"looked up in the suffix index of {s['tokens']:,.0f} tokens in {s['seconds']:.3f} s")
+    elif report.scan:
         s = report.scan
         lines.append(
             f"searched {s['tokens']:,.0f} tokens in {s['seconds']:.2f} s "

@@ -77,10 +77,14 @@ def trace_chain(
     processes: int = 1,
     progress: bool | None = None,
     lineage: bool = True,
+    index_dir: str | None = None,
+    use_index: bool = True,
 ) -> ChainTrace:
     """`trace_run` of `config`, and (with `lineage`) of every ancestor stage up to the step of the checkpoint it
     handed on. `steps`, `order` apply to the run itself; ancestors use their own configs' orders. A document id
-    must be found in some stage's data; a stage without it simply has no hits."""
+    must be found in some stage's data; a stage without it simply has no hits. A passage is looked up in each
+    stage's suffix index where it has one (`use_index`; `index_dir` is the run's own, ancestors' are found beside
+    their token files)."""
     ids = read_ids(document_ids, document_list)
     check_target_options(ids, source_glob, text, tokens)
     cfg = read_train_config(config)
@@ -89,8 +93,17 @@ def trace_chain(
     last = first_last[1] if first_last else run_steps(cfg, source)
     stages = read_lineage(config, cfg, fingerprint=source.fingerprint(), last_step=last) if lineage else []
     many = len(stages) > 1
-    find = dict(source_glob=source_glob, text=text, tokens=tokens, tokenizer=tokenizer, processes=processes)
-    targets, scan = find_targets(source, ids, progress=progress, missing_ok=many, **find)  # type: ignore[arg-type]
+    find = dict(
+        source_glob=source_glob, text=text, tokens=tokens, tokenizer=tokenizer, processes=processes, use_index=use_index
+    )
+    targets, scan = find_targets(
+        source,
+        ids,
+        progress=progress,
+        missing_ok=many,
+        index_dir=index_dir,
+        **find,  # type: ignore[arg-type]
+    )
     own_steps = first_last or ((stages[0].first_step if stages else 1), last)
     report = trace(cfg, targets, source=source, steps=own_steps, world_size=world_size, order=order)
     report.scan = scan

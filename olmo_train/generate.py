@@ -25,6 +25,8 @@ from typing import Protocol
 import torch
 
 from olmo_data.errors import DataError
+from olmo_data.spans import SpansReport, trace_spans
+from olmo_train.checkpoint import config_path
 from olmo_train.convert import load_model
 from olmo_train.nn import Transformer
 
@@ -305,3 +307,18 @@ def complete_text(
         beams.append(texts)
     steps = out.token_ids.shape[-1]
     return TextCompletions(beams, steps, out.token_ids.shape[0] * steps, seconds)
+
+
+def trace_continuation(
+    checkpoint: str | Path,
+    text: str,
+    *,
+    config: str | None = None,
+    min_tokens: int = 8,
+    index_dir: str | None = None,
+) -> SpansReport:
+    """`generate --trace`: the spans of a generated text that the model's training data holds verbatim, with their
+    documents and steps, so a reader can tell recall from composition. The run is the checkpoint's own config
+    (or `config`: an imported model's original run); its suffix index is used when built."""
+    run = config if config is not None else str(config_path(Path(checkpoint)))
+    return trace_spans(run, text, min_tokens=min_tokens, index_dir=index_dir, progress=False)

@@ -1,0 +1,398 @@
+"""`olmo-data index`: suffix arrays over a run's token files, so that `trace --text/--tokens/--spans` look a
+passage up in O(length x log tokens) reads instead of scanning every token.
+
+The token files are neither copied nor re-tokenized: an index stores only suffix positions (uint32, 4 bytes a
+token) into the existing file. Each token file gets a folder `suffix-index/NAME/` in its directory (or, with
+`index_dir`, `DIR/<digest>-NAME/`, for read-only data; never a name tokenize's `part-*` patterns could match):
+
+  shard-00000.u32 ...   the positions [a, b) of the file, relative to a, sorted by their suffix; a suffix is read
+                        up to `window_end` = b + context (or the file's end), so a passage crossing a shard's end is
+                        still found; the few positions whose window is shorter than a long query are checked
+                        directly against the file, so answers stay exact at any length
+  shard-00000.json      the shard's range and a checksum of its window: written after its positions, so a shard
+                        with a .json is complete (both atomically)
+  manifest.json         written last: the token file's size, modification time and a sampled checksum
+
+Shards are built in bounded memory (about 64 bytes a token of a shard with numpy, 10 with divsufsort), in
+parallel over processes, and a rerun skips done shards; a token file changed since its index was built makes
+queries refuse the index, and a rerun rebuilds only the shards whose window checksum changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmo_data.errors import DataError
+from olmo_data.instances import InstanceSource
+from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
+from olmo_data.manifest import DTYPES
+from olmo_data.suffix_sort import engine_name, suffix_array
+
+INDEX_VERSION = 1
+SHARD_TOKENS = 1 << 24  # positions per shard: ~1.1 GB peak per numpy worker
+CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
+PAST_END = -1  # a suffix's token past its window: sorts before every token
+QUERY_END = -2  # a query's token past its end, for a lower bound: the query sorts before its extensions
+QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
+SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
+
+
+def index_folder(token_path: str, index_dir: str | None = None) -> Path:
+    """Where the index of a token file lives: beside it, or in `index_dir` under a name that keeps two files of
+    the same name apart."""
+    if index_dir is None:
+        return Path(token_path).parent / "suffix-index" / Path(token_path).name
+    digest = hashlib.sha256(os.path.abspath(token_path).encode()).hexdigest()[:12]
+    return Path(index_dir) / f"{digest}-{Path(token_path).name}"
+
+
+def file_stamp(path: str) -> dict[str, Any]:
+    """Size, modification time and a checksum of 16 evenly spaced 4 KiB blocks (the whole of a file under 64 KiB):
+    cheap enough for every query (64 KiB read a file), and a second check where a rewrite keeps the size."""
+    st = os.stat(path)
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        if st.st_size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+            h.update(f.read())
+        else:
+            step = (st.st_size - SAMPLE_BYTES) // (SAMPLE_BLOCKS - 1)
+            for k in range(SAMPLE_BLOCKS):
+                f.seek(k * step)
+                h.update(f.read(SAMPLE_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample": h.hexdigest()}
+
+
+def token_array(path: str, dtype: str) -> np.ndarray:
+    """A token file as a read-only memory map."""
+    return np.memmap(path, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<"), mode="r")
+
+
+def _window_hash(tokens: np.ndarray, lo: int, hi: int) -> str:
+    return hashlib.blake2b(np.asarray(tokens[lo:hi]).tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    path: str
+    dtype: str
+    folder: str
+    shard: int
+    start: int
+    end: int
+    window_end: int
+    engine: str
+
+
+def _build_shard(task: ShardTask) -> int:
+    """Sort one shard's suffixes (read up to its window's end) and write its positions, then its .json."""
+    tokens = token_array(task.path, task.dtype)
+    window = np.asarray(tokens[task.start : task.window_end])
+    order = suffix_array(window, task.engine)
+    positions = order[order < task.end - task.start].astype(np.uint32)
+    folder = Path(task.folder)
+    with atomic_path(folder / f"shard-{task.shard:05d}.u32") as tmp:
+        positions.astype("<u4").tofile(tmp)
+    write_json_atomic(
+        folder / f"shard-{task.shard:05d}.json",
+        {
+            "start": task.start,
+            "end": task.end,
+            "window_end": task.window_end,
+            "window_hash": _window_hash(tokens, task.start, task.window_end),
+            "engine": task.engine,
+        },
+    )
+    return task.end - task.start
+
+
+def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+    meta_path = Path(task.folder) / f"shard-{task.shard:05d}.json"
+    data_path = Path(task.folder) / f"shard-{task.shard:05d}.u32"
+    if not meta_path.exists() or not data_path.exists():
+        return False
+    meta = json.loads(meta_path.read_text())
+    if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+        return False
+    if data_path.stat().st_size != 4 * (task.end - task.start):
+        return False
+    return trust or meta["window_hash"] == _window_hash(tokens, task.start, task.window_end)
+
+
+@dataclass
+class IndexSummary:
+    files: int
+    tokens: int
+    shards: int
+    built: int  # shards sorted by this run (the rest were done already)
+    built_tokens: int
+    seconds: float
+    index_bytes: int
+    engine: str
+    messages: list[str]
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.index_bytes / max(self.tokens, 1)
+
+
+def build_index(
+    source: InstanceSource,
+    *,
+    index_dir: str | None = None,
+    shard_tokens: int = SHARD_TOKENS,
+    context: int = CONTEXT,
+    processes: int = 1,
+    engine: str = "auto",
+    progress: bool | None = None,
+) -> IndexSummary:
+    """Index every distinct token file of `source`; shards already done (and still matching their file) are kept."""
+    if shard_tokens < 1 or context < 1 or shard_tokens + context >= 1 << 32:
+        raise DataError(f"shard_tokens {shard_tokens} and context {context}: expected positive, summing below 2**32")
+    engine = engine_name(engine)
+    files = {f.path: f for f in source.files}
+    tasks: list[ShardTask] = []
+    manifests: dict[str, dict[str, Any]] = {}
+    messages: list[str] = []
+    skipped = 0
+    for path, f in files.items():
+        if is_remote(path):
+            raise DataError(f"{path}: indexing reads whole token files; copy the token files here first")
+        folder = index_folder(path, index_dir)
+        stamp = file_stamp(path)
+        old = _read_manifest(folder)
+        trust = old is not None and old.get("stamp") == stamp and old.get("shard_tokens") == shard_tokens
+        if old is not None and old.get("stamp") != stamp:
+            messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
+            (folder / "manifest.json").unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build
+        tokens = token_array(path, f.dtype)
+        n = len(tokens)
+        shards = []
+        for k, a in enumerate(range(0, n, shard_tokens)):
+            b = min(a + shard_tokens, n)
+            task = ShardTask(path, f.dtype, str(folder), k, a, b, min(b + context, n), engine)
+            shards.append(task)
+            if _shard_done(task, tokens, trust):
+                skipped += 1
+            else:
+                tasks.append(task)
+        manifests[path] = {
+            "version": INDEX_VERSION,
+            "token_file": os.path.abspath(path),
+            "dtype": f.dtype,
+            "num_tokens": n,
+            "stamp": stamp,
+            "shard_tokens": shard_tokens,
+            "context": context,
+            "shards": len(shards),
+        }
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    built_tokens = sum(t.end - t.start for t in tasks)
+    with tqdm(total=built_tokens, unit=" tokens", unit_scale=True, desc="index", disable=_quiet(progress)) as bar:
+        if processes <= 1 or len(tasks) <= 1:
+            for task in tasks:
+                bar.update(_build_shard(task))
+        else:
+            import multiprocessing as mp
+
+            from olmo_data.interrupts import quiet_worker
+
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            with ctx.Pool(min(processes, len(tasks)), initializer=quiet_worker) as pool:
+                for done in pool.imap_unordered(_build_shard, tasks):
+                    bar.update(done)
+    seconds = time.perf_counter() - t0
+    index_bytes = 0
+    for path, manifest in manifests.items():
+        folder = index_folder(path, index_dir)
+        write_json_atomic(folder / "manifest.json", manifest)
+        index_bytes += sum(p.stat().st_size for p in folder.iterdir())
+    return IndexSummary(
+        files=len(files),
+        tokens=sum(m["num_tokens"] for m in manifests.values()),
+        shards=len(tasks) + skipped,
+        built=len(tasks),
+        built_tokens=built_tokens,
+        seconds=seconds,
+        index_bytes=index_bytes,
+        engine=engine,
+        messages=messages,
+    )
+
+
+def _quiet(progress: bool | None) -> bool | None:
+    return None if progress is None else not progress
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise DataError(f"{folder / 'manifest.json'}: not valid JSON ({e}); delete the folder and rerun index") from e
+    return data
+
+
+# -- queries ----------------------------------------------------------------------------------------------------
+
+
+def compare_suffixes(
+    tokens: np.ndarray, pos: np.ndarray, queries: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: how many leading tokens the suffix of `tokens` at `pos` (read up to `limit`) shares with the query
+    row (padded past its end with QUERY_END or QUERY_ABOVE), and whether the suffix sorts before the row."""
+    width = queries.shape[1]
+    at = pos[:, None] + np.arange(width)[None, :]
+    inside = at < limit
+    text = np.where(inside, np.asarray(tokens[np.minimum(at, len(tokens) - 1)]).astype(np.int64), PAST_END)
+    differ = text != queries
+    first = np.argmax(differ, axis=1)
+    anywhere = differ.any(axis=1)
+    rows = np.arange(len(pos))
+    less = anywhere & (text[rows, first] < queries[rows, first])
+    return np.where(anywhere, first, width), less
+
+
+@dataclass
+class Shard:
+    start: int
+    end: int
+    window_end: int
+    positions: np.ndarray  # uint32 memory map, relative to start
+
+
+class FileSuffixIndex:
+    """The shards of one token file's index, and its tokens (a memory map)."""
+
+    def __init__(self, path: str, dtype: str, folder: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.tokens = token_array(path, dtype)
+        self.shards: list[Shard] = []
+        for k in range(int(manifest["shards"])):
+            meta = json.loads((folder / f"shard-{k:05d}.json").read_text())
+            data = folder / f"shard-{k:05d}.u32"
+            positions = np.memmap(data, dtype="<u4", mode="r") if meta["end"] > meta["start"] else np.zeros(0, "<u4")
+            self.shards.append(Shard(int(meta["start"]), int(meta["end"]), int(meta["window_end"]), positions))
+
+    def _compare(self, pos: np.ndarray, queries: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        return compare_suffixes(self.tokens, pos, queries, limit)
+
+    def _bound(self, shard: Shard, queries: np.ndarray) -> np.ndarray:
+        """Per query row: the first suffix (rank in the shard) that does not sort before it."""
+        m = len(queries)
+        lo, hi = np.zeros(m, dtype=np.int64), np.full(m, len(shard.positions), dtype=np.int64)
+        while True:
+            active = np.flatnonzero(lo < hi)
+            if not len(active):
+                return lo
+            mid = (lo[active] + hi[active]) // 2
+            pos = shard.start + np.asarray(shard.positions[mid]).astype(np.int64)
+            _, less = self._compare(pos, queries[active], shard.window_end)
+            lo[active] = np.where(less, mid + 1, lo[active])
+            hi[active] = np.where(less, hi[active], mid)
+
+    def _near_end(self, shard: Shard, length: int) -> np.ndarray:
+        """Positions of the shard whose window is too short to hold `length` tokens although the file goes on:
+        these are checked against the file itself."""
+        if shard.window_end >= len(self.tokens):
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(max(shard.start, shard.window_end - length + 1), shard.end, dtype=np.int64)
+
+    def find(self, sequence: np.ndarray) -> np.ndarray:
+        """Every position where the file holds `sequence`, sorted."""
+        m = len(sequence)
+        lower = np.append(sequence, QUERY_END)[None, :]
+        upper = np.append(sequence, QUERY_ABOVE)[None, :]
+        found = []
+        for shard in self.shards:
+            if not len(shard.positions):
+                continue
+            lo, hi = int(self._bound(shard, lower)[0]), int(self._bound(shard, upper)[0])
+            found.append(shard.start + np.asarray(shard.positions[lo:hi]).astype(np.int64))
+            near = self._near_end(shard, m)  # held by the window only in part
+            if len(near):
+                lcp, _ = self._compare(near, np.repeat(sequence[None, :], len(near), 0), len(self.tokens))
+                found.append(near[lcp >= m])
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    def longest(self, query: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """For each start i: the length of the longest prefix of query[i:] that the file holds."""
+        n = len(query)
+        rows = np.full((len(starts), n), QUERY_END, dtype=np.int64)
+        for r, i in enumerate(starts.tolist()):
+            rows[r, : n - i] = query[i:]
+        best = np.zeros(len(starts), dtype=np.int64)
+        for shard in self.shards:
+            count = len(shard.positions)
+            if not count:
+                continue
+            rank = self._bound(shard, rows)
+            for neighbour in (rank - 1, rank):  # the longest match sorts right before or after the query
+                ok = np.flatnonzero((neighbour >= 0) & (neighbour < count))
+                pos = shard.start + np.asarray(shard.positions[neighbour[ok]]).astype(np.int64)
+                lcp, _ = self._compare(pos, rows[ok], shard.window_end)
+                best[ok] = np.maximum(best[ok], lcp)
+            for p in self._near_end(shard, n).tolist():
+                lcp, _ = self._compare(np.full(len(starts), p), rows, len(self.tokens))
+                best = np.maximum(best, lcp)
+        return np.minimum(best, n - starts)
+
+
+class RunIndex:
+    """The indexes of every distinct token file of a run, checked fresh."""
+
+    def __init__(self, files: dict[str, FileSuffixIndex], tokens: int) -> None:
+        self.files = files
+        self.tokens = tokens
+
+    def find(self, sequence: Sequence[int]) -> dict[str, np.ndarray]:
+        seq = np.asarray(sequence, dtype=np.int64)
+        return {path: index.find(seq) for path, index in self.files.items()}
+
+    def longest(self, query: Sequence[int], starts: np.ndarray) -> np.ndarray:
+        q = np.asarray(query, dtype=np.int64)
+        best = np.zeros(len(starts), dtype=np.int64)
+        for index in self.files.values():
+            best = np.maximum(best, index.longest(q, starts))
+        return best
+
+
+def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex | None:
+    """The run's index when every token file has one; None when none has. A partial or stale index is refused:
+    its answers would differ from the scan's without saying so."""
+    files = {f.path: f for f in source.files}
+    found: dict[str, FileSuffixIndex] = {}
+    missing = []
+    for path, f in files.items():
+        folder = index_folder(path, index_dir)
+        manifest = None if is_remote(path) else _read_manifest(folder)
+        if manifest is None:
+            missing.append(path)
+            continue
+        if manifest.get("version") != INDEX_VERSION or manifest.get("stamp") != file_stamp(path):
+            raise DataError(
+                f"{folder}: this suffix index was built for another version of {path} (its size, modification time "
+                "or content changed); rerun `olmo-data index CONFIG` to update it, or trace with --no-index"
+            )
+        found[path] = FileSuffixIndex(path, f.dtype, folder, manifest)
+    if not found:
+        return None
+    if missing:
+        raise DataError(
+            f"{missing[0]}: no suffix index, though {len(found)} other token file(s) of the run have one; run "
+            "`olmo-data index CONFIG` to index them all, or trace with --no-index"
+        )
+    return RunIndex(found, sum(int(len(i.tokens)) for i in found.values()))
