@@ -40,8 +40,7 @@ def eval_(
       olmo-train eval runs/tiny/step100 --tasks piqa,arc_easy --max-batches 10
       torchrun --nproc-per-node 8 -m olmo_cli.train_main eval runs/7b/step1000 --tasks mmlu_stem_mc_5shot --json
     """
-    from olmo_train.train.downstream import task_labels
-    from olmo_train.train.eval_model import evaluate_model
+    from olmo_train.train import evaluate_model, task_labels
 
     if list_tasks:
         click.echo("\n".join(task_labels()))

@@ -196,22 +196,17 @@ def olmo_form_key(raw: dict[str, Any]) -> str | None:
 
 @dataclass
 class Translation:
-    """A config in our form, and what of OLMo's the run will not do: infrastructure keys and downstream
-    evaluators, named in one log line at start (`summary`). Downstream evaluators are run (olmo_train/train/
-    downstream); `skipped_evaluators` stays for forms this trainer does not run."""
+    """A config in our form, and what of OLMo's the run will not do: infrastructure keys, named in one log line at
+    start (`summary`). Downstream evaluators are run (olmo_train/train/downstream)."""
 
     config: dict[str, Any]
     trigger: str  # the OLMo-only key the form was recognised by
     not_applicable: list[str] = field(default_factory=list)
-    skipped_evaluators: list[str] = field(default_factory=list)
 
     def summary(self, source: str) -> str:
         parts = [f"{source}: OLMo's config form (it has {self.trigger!r})"]
         if self.not_applicable:
             parts.append(f"not applicable here (OLMo's own machinery), accepted: {', '.join(self.not_applicable)}")
-        if self.skipped_evaluators:
-            names = ", ".join(self.skipped_evaluators)
-            parts.append(f"{len(self.skipped_evaluators)} downstream evaluators not run by this trainer: {names}")
         return "; ".join(parts)
 
 
@@ -225,7 +220,7 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
     except ConfigError as e:
         raise ConfigError(f"{e} (read as OLMo's config form: it has {trigger!r})") from e
     to_numbers(TrainConfig, reader.out)
-    return Translation(reader.out, trigger, reader.na, reader.skipped)
+    return Translation(reader.out, trigger, reader.na)
 
 
 def _leaves(key: str, value: Any) -> list[str]:
@@ -240,7 +235,6 @@ class _Reader:
         self.out: dict[str, Any] = {}
         self.origin: dict[str, str] = {}
         self.na: list[str] = []
-        self.skipped: list[str] = []
 
     def put(self, ours: str, value: Any, theirs: str | None = None) -> None:
         """Set our dotted key; two of the file's keys landing on one of ours is refused, naming both."""

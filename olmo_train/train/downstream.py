@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import load_tokenizer
@@ -44,6 +45,8 @@ PREFIX = "eval/downstream/"
 
 def olmo_eval() -> ModuleType:
     """The `olmo_eval` package, or one line saying how to install it."""
+    for chatty in ("datasets", "olmo_eval"):  # an INFO line per import and per task, on every rank
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         return importlib.import_module("olmo_eval")
     except ImportError as e:
@@ -230,12 +233,20 @@ def _batches(task: Task, rounds: int) -> Iterator[list[int] | None]:
         yield None
 
 
-@torch.inference_mode()
 def evaluate_tasks(
     model: nn.Module, tasks: Sequence[Task], device: torch.device, *, bf16: bool, timing: Timing | None = None
 ) -> dict[str, dict[str, float]]:
     """`{label: {metric: value}}`: every metric `ICLMetric` computes for each task, over the requests of all
-    ranks (a collective: every rank calls it with the same tasks, in the same order)."""
+    ranks (a collective: every rank calls it with the same tasks, in the same order). Inference mode, except
+    for FSDP2 models: their gathered-parameter buffers, reused by training, must not become inference tensors."""
+    sharded = isinstance(model, FSDPModule)
+    with torch.no_grad() if sharded else torch.inference_mode():
+        return _evaluate(model, tasks, device, bf16, timing)
+
+
+def _evaluate(
+    model: nn.Module, tasks: Sequence[Task], device: torch.device, bf16: bool, timing: Timing | None
+) -> dict[str, dict[str, float]]:
     was_training = model.training
     model.eval()
     out: dict[str, dict[str, float]] = {}
