@@ -7,8 +7,9 @@ turns the model's logits into accuracies, length-normalised accuracies, cross-en
 module is the only one that imports `olmo_eval` (an optional extra): our model only supplies the logits, so the
 values are OLMo's by construction.
 
-Speed: a task's requests are sorted by length before batching (little padding), run under `torch.inference_mode`,
-in bf16 on GPUs. Ranks take alternate batches (each request counted once); `ICLMetric` gathers their records.
+Speed: a task's requests are sorted by length before batching (little padding), the output head runs only where a
+continuation is predicted, under `torch.inference_mode`, in bf16 on GPUs. Ranks take alternate batches (each
+request counted once); `ICLMetric` gathers their records.
 Names: `eval/downstream/<label>_<metric>`, one per key `ICLMetric.compute` returns (e.g. `piqa_len_norm_v1`,
 `piqa_ce_loss_v2`), OLMo's `<label>_<metric_type>` form.
 """
@@ -104,7 +105,7 @@ def load_identified(identifier: str) -> Any:
     `tokenizers/...json` names), or a hub id."""
     spec = identifier
     if not Path(identifier).is_file():
-        bundled = importlib.resources.files("olmo_eval").joinpath(identifier)
+        bundled = importlib.resources.files(olmo_eval()).joinpath(identifier)
         if bundled.is_file():
             spec = str(bundled)
     return load_tokenizer(spec, "hf")
@@ -220,10 +221,16 @@ def build_tasks(
     return out
 
 
-def _logits(model: nn.Module, input_ids: torch.Tensor, bf16: bool) -> torch.Tensor:
+def _scored_logits(
+    model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, cont_len: torch.Tensor, bf16: bool
+) -> torch.Tensor:
+    """(B, K, vocab) fp32 logits at the positions that predict each row's continuation (`starts` + 0..K-1, K the
+    longest continuation): the output head, the largest matmul at a 50-100K vocabulary, runs on those alone."""
+    width = int(cont_len.max())
+    at = (starts.unsqueeze(1) + torch.arange(width, device=ids.device)).clamp(0, ids.shape[1] - 1)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with ctx:
-        return model(input_ids).float()  # type: ignore[no-any-return]
+        return model(ids, logits_at=at).float()  # type: ignore[no-any-return]
 
 
 def _batches(task: Task, rounds: int) -> Iterator[list[int] | None]:
@@ -261,12 +268,16 @@ def _evaluate(
                 batch = {k: v.to(device) for k, v in collated.items()}
                 length = int(max(len(task.dataset[i]["query"]) for i in picked or dummy))
                 ids = batch["input_ids"][:, :length]  # the collate pads to a multiple of 128
-                logits = _logits(model, ids, bf16)
+                # ICLMetric reads row i's continuation logits at ctx_len-1 ...: given only those, ctx_len is 1
+                logits = _scored_logits(model, ids, batch["ctx_len"] - 1, batch["cont_len"], bf16)
+                scored = {**batch, "ctx_len": torch.ones_like(batch["ctx_len"])}
                 dc_logits = None
-                if task.dataset.metric_type == "pmi_dc":
-                    dc_logits = _logits(model, batch["dc_input_ids"], bf16)
+                if task.dataset.metric_type == "pmi_dc":  # the same continuation after the domain premise
+                    dc = batch["dc_input_ids"]
+                    dc_logits = _scored_logits(model, dc, batch["dc_len"] - 1, batch["cont_len"], bf16)
+                    scored["dc_len"] = torch.ones_like(batch["dc_len"])
                 if picked is not None:
-                    metric.update(batch, logits, dc_logits)
+                    metric.update(scored, logits, dc_logits)
                     if timing is not None:
                         timing.forwards += 1
                         timing.tokens += int(ids.numel())

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from olmo_data.errors import DataError
+from olmo_train.checkpoint import CONFIG, read_config, recorded_tokenizer
 from olmo_train.convert import load_model
 from olmo_train.distributed import init_distributed, shutdown
 from olmo_train.train.downstream import (
@@ -79,7 +81,10 @@ def evaluate_model(
         where = torch.device(device) if device else (d.device if d else _default_device())
         t0 = time.perf_counter()
         model, own = load_model(model_path, device=where)
-        tok = eval_tokenizer(load_identified(tokenizer) if tokenizer else own, eos_token_id=model.cfg.eos_token_id)
+        if tokenizer:
+            tok = eval_tokenizer(load_identified(tokenizer), eos_token_id=model.cfg.eos_token_id)
+        else:  # as the loop: a BOS before each prompt when the training documents began with one
+            tok = eval_tokenizer(own, eos_token_id=model.cfg.eos_token_id, **_recorded_bos(model_path))
         ctx = seq_len or model.cfg.max_sequence_length
         rank, world = (d.rank, d.world_size) if d else (0, 1)
         tasks = build_tasks(labels, tok, ctx, batch_size, max_batches, rank, world)
@@ -102,6 +107,17 @@ def evaluate_model(
     finally:
         if distributed:
             shutdown()
+
+
+def _recorded_bos(model_path: str) -> dict[str, int | None]:
+    """{"bos_token_id": the BOS the data manifests record} for a checkpoint of ours whose data is here; else {}
+    (the tokenizer's own BOS is used)."""
+    path = Path(model_path)
+    try:
+        identity = recorded_tokenizer(read_config(path)) if (path / CONFIG).is_file() else None
+    except DataError:
+        return {}
+    return {"bos_token_id": identity.get("bos_token_id")} if identity else {}
 
 
 def _default_device() -> torch.device:

@@ -100,6 +100,16 @@ def test_the_27_labels_of_olmo2_stage1_are_accepted(tmp_path: Path) -> None:
         downstream.check_labels(["pika"], "evaluators")
 
 
+def test_tokenizer_identifier_forms(demo_tokenizer: str) -> None:
+    """OLMo's `tokenizer.identifier`: a path, or a name relative to OLMo's repository that olmo_eval bundles."""
+    bundled = downstream.load_identified("tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json")
+    assert bundled.vocab_size > 50000 and bundled.eos_token_id is not None
+    tok = downstream.eval_tokenizer(downstream.load_identified(demo_tokenizer), eos_token_id=7)
+    assert (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (7, 1, None)  # the demo's <|padding|> is 1
+    with pytest.raises(DataError, match="needs the tokenizer: set tokenizer.identifier"):
+        downstream.eval_tokenizer(None)
+
+
 def test_evaluator_forms(tmp_path: Path) -> None:
     def load(evaluators: list[dict[str, Any]], **top: Any) -> Any:
         path = tmp_path / "c.yaml"
@@ -206,6 +216,11 @@ def test_loop_and_eval_command_log_olmo_evals_values_on_1_and_2_processes(
     for label in TASKS:
         for key, value in printed[label].items():
             assert value == pytest.approx(at_2[f"eval/downstream/{label}_{key}"], abs=2e-4)
+
+    args_hf = [str(tmp_path / "hf") if a == str(one / "step2-unsharded") else a for a in args]  # a transformers dir
+    from_hf = json.loads(CliRunner().invoke(olmo_train_cli, args_hf).output)["results"]
+    for label in TASKS:
+        assert from_hf[label] == pytest.approx(printed[label], abs=2e-4)
 
     two = tmp_path / "two"
     config = tiny_config(two, str(tmp_path / "tokens"), labels=list(TASKS))
