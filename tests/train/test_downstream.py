@@ -126,6 +126,8 @@ def test_evaluator_forms(tmp_path: Path) -> None:
     assert cfg.eval_subset_num_batches == 5
     with pytest.raises(ConfigError, match="'evaluators\\[0\\].type': got 'downstreem'.*did you mean 'downstream'"):
         load([{"label": "piqa", "type": "downstreem"}])
+    with pytest.raises(ConfigError, match="'eval_subset_num_batches': -1 \\(every batch\\) or N >= 1, got 0"):
+        load([{"label": "piqa", "type": "downstream"}], eval_subset_num_batches=0)
     with pytest.raises(ConfigError, match="downstream evaluator \\(piqa\\) reads no paths"):
         load([{"label": "piqa", "type": "downstream", "paths": ["a.npy"]}])
 
