@@ -31,6 +31,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import load_tokenizer
@@ -245,9 +246,10 @@ def evaluate_tasks(
 ) -> dict[str, dict[str, float]]:
     """`{label: {metric: value}}`: every metric `ICLMetric` computes for each task, over the requests of all
     ranks (a collective: every rank calls it with the same tasks, in the same order). Inference mode, except
-    for FSDP2 models: their gathered-parameter buffers, reused by training, must not become inference tensors."""
-    sharded = isinstance(model, FSDPModule)
-    with torch.no_grad() if sharded else torch.inference_mode():
+    for FSDP2 and DDP models: state they keep for training (FSDP's gathered-parameter buffers, DDP's buffer
+    broadcasts) must not become inference tensors."""
+    wrapped = isinstance(model, (FSDPModule, DistributedDataParallel))
+    with torch.no_grad() if wrapped else torch.inference_mode():
         return _evaluate(model, tasks, device, bf16, timing)
 
 
