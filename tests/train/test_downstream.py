@@ -57,17 +57,19 @@ def reference(label: str, tokenizer_path: str, logits_of: Any, max_requests: int
 
 
 def test_packed_batches_give_olmo_evals_values(demo_tokenizer: str) -> None:
-    """Requests sorted by length, batched and padded give what olmo_eval gives one request at a time."""
+    """Requests sorted by length, batched and padded, scored at the continuation positions only, give what
+    olmo_eval gives one request at a time (the other metric types: the slow test below)."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=32, n_heads=2, n_layers=2, vocab_size=2048, max_sequence_length=512))
     model.eval()
     tok = downstream.eval_tokenizer(load_tokenizer(demo_tokenizer, "hf"))
-    tasks = downstream.build_tasks(list(TASKS), tok, 512, BATCH, MAX_BATCHES)
-    assert [t.dataset.metric_type for t in tasks] == list(TASKS.values())
+    labels = ["arc_challenge", "csqa_val_bpb_5shot"]
+    tasks = downstream.build_tasks(labels, tok, 512, BATCH, 2)
+    assert [t.dataset.metric_type for t in tasks] == [TASKS[label] for label in labels]
     got = downstream.evaluate_tasks(model, tasks, torch.device("cpu"), bf16=False)
     with torch.no_grad():
-        for label in TASKS:
-            expected = reference(label, demo_tokenizer, lambda ids: model(ids), BATCH * MAX_BATCHES)
+        for label in labels:
+            expected = reference(label, demo_tokenizer, lambda ids: model(ids), BATCH * 2)
             assert set(got[label]) == set(expected)
             for key, value in expected.items():
                 assert got[label][key] == pytest.approx(value, abs=2e-4), (label, key)
@@ -85,6 +87,10 @@ def test_unknown_label_is_refused_before_step_1(tmp_path: Path, capfd: pytest.Ca
     err = capfd.readouterr().err
     line = "error: config key 'evaluators': unknown downstream task 'hellaswg'; did you mean 'hellaswag'"
     assert line in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    # token files without a manifest name no tokenizer: refused at start too, when the run will evaluate
+    assert main([str(tiny_config(tmp_path / "run", str(tokens), labels=["copa"], vocab=256))]) == 2
+    assert "error: downstream evaluators need the tokenizer: set tokenizer.identifier" in capfd.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -108,6 +114,15 @@ def test_tokenizer_identifier_forms(demo_tokenizer: str) -> None:
     assert (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (7, 1, None)  # the demo's <|padding|> is 1
     with pytest.raises(DataError, match="needs the tokenizer: set tokenizer.identifier"):
         downstream.eval_tokenizer(None)
+
+
+def test_eval_table() -> None:
+    from olmo_train.train import EvalReport
+
+    report = EvalReport({"piqa": {"len_norm_v1": 0.5, "bpb_v2": 1.23456}}, {"piqa": 8})
+    lines = report.table().splitlines()
+    assert lines[0].split() == ["task", "metric", "value", "questions"]
+    assert lines[1].split() == ["piqa", "len_norm_v1", "0.5000", "8"] and lines[2].split()[2] == "1.2346"
 
 
 def test_evaluator_forms(tmp_path: Path) -> None:
