@@ -56,12 +56,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _step_of(line: str) -> int:
-    """The step of a complete record line; 0 for anything else (a line cut short by a kill)."""
+    """The step of a complete record line; -1 for anything else (a line cut short by a kill)."""
     try:
         step = json.loads(line).get("step")
     except (ValueError, AttributeError):
-        return 0
-    return step if isinstance(step, int) and not isinstance(step, bool) else 0
+        return -1
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 def _free_aside(path: Path) -> Path:
@@ -99,7 +99,8 @@ class MetricsLog:
 
     def _start(self, resume_step: int) -> None:
         text = self.path.read_text() if self.path.is_file() else ""
-        kept = [line + "\n" for line in text.splitlines() if 0 < _step_of(line) <= resume_step]
+        first = 0 if resume_step else 1  # step 0: the evaluation before training (eval_on_start) of this run
+        kept = [line + "\n" for line in text.splitlines() if first <= _step_of(line) <= resume_step]
         if text != "".join(kept):
             aside = _free_aside(self.path)
             _copy_aside(self.path, aside)

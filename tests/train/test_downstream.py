@@ -116,6 +116,21 @@ def test_tokenizer_identifier_forms(demo_tokenizer: str) -> None:
         downstream.eval_tokenizer(None)
 
 
+def test_a_resumed_run_keeps_its_step_0_evaluation(tmp_path: Path) -> None:
+    from olmo_train.train import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "eval/downstream/piqa_acc_v1": 0.5}) + "\n" for s in (0, 1, 2)]
+    path.write_text("".join(lines))
+    log = MetricsLog(path, enabled=True)
+    log.start(2)  # resuming from step 2: everything kept, nothing set aside
+    log.close()
+    assert path.read_text() == "".join(lines) and not list(tmp_path.glob("metrics.*.jsonl"))
+    log.start(0)  # a fresh start: an earlier run's records, step 0 included, are set aside
+    log.close()
+    assert path.read_text() == "" and len(list(tmp_path.glob("metrics.*.jsonl"))) == 1
+
+
 def test_eval_table() -> None:
     from olmo_train.train import EvalReport
 
