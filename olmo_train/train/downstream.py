@@ -139,9 +139,20 @@ class Downstream:
 
     tasks: list[Task]
     bf16: bool
+    is_main: bool = True
 
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        return record(evaluate_tasks(model, self.tasks, device, bf16=self.bf16))
+        """Every metric, for metrics.jsonl and wandb; the console gets each task's own metric in one line."""
+        results = evaluate_tasks(model, self.tasks, device, bf16=self.bf16)
+        if self.is_main:
+            log.info("downstream: %s", " | ".join(f"{label} {headline(values)}" for label, values in results.items()))
+        return record(results)
+
+
+def headline(values: dict[str, float]) -> str:
+    """A task's own metric (the first ICLMetric returns: acc, len_norm, ce_loss, bpb, f1), v1 as OLMo's."""
+    key = next(iter(values))
+    return f"{key.removesuffix('_v1')} {values[key]:.4f}"
 
 
 def start_downstream(cfg: TrainConfig, d: Dist, will_evaluate: bool) -> Downstream | None:
@@ -163,7 +174,7 @@ def start_downstream(cfg: TrainConfig, d: Dist, will_evaluate: bool) -> Downstre
         for t in build_tasks([label], tokenizer, L, B, caps[label], d.rank, d.world_size)
     ]
     log.info("downstream evaluators: %s", ", ".join(f"{t.label} ({t.docs} questions)" for t in tasks))
-    return Downstream(tasks, use_bf16(cfg, d.device) and cfg.distributed_strategy != "fsdp")
+    return Downstream(tasks, use_bf16(cfg, d.device) and cfg.distributed_strategy != "fsdp", d.is_main)
 
 
 @dataclass

@@ -382,11 +382,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
     if cfg.eval_on_start and evaluators:  # before the first step of this run: logged at the step it starts from
         start = evaluate(model, cfg, d, eval_sets, tasks)
         metrics.write({"step": state.step, **start})
-        log.info(
-            "evaluated at step %d, before training: %s",
-            state.step,
-            " | ".join(f"{k} {v:.4f}" for k, v in start.items()),
-        )
+        losses = " | ".join(f"{k} {v:.4f}" for k, v in start.items() if not k.startswith("eval/downstream/"))
+        log.info("evaluated at step %d, before training%s", state.step, f": {losses}" if losses else "")
     try:
         last_saved = {"sharded": state.step, "unsharded": -1}
         background = ckpt.BackgroundSaves(d) if cfg.save_async else None

@@ -176,8 +176,13 @@ def console_line(record: dict[str, Any], total_steps: int, eta_s: float | None =
     parts.append(f"tokens {record['train/tokens_seen']:,}")
     if eta_s is not None:
         parts.append(f"eta {format_duration(eta_s)}")
-    for key, value in record.items():
-        if key.startswith("eval/") and isinstance(value, float) and math.isfinite(value):
+    for key, value in record.items():  # downstream tasks (tens of metrics each) have a line of their own
+        if (
+            key.startswith("eval/")
+            and not key.startswith("eval/downstream/")
+            and isinstance(value, float)
+            and math.isfinite(value)
+        ):
             parts.append(f"{key} {value:.4f}")
     return " | ".join(parts)
 
