@@ -229,16 +229,20 @@ def test_loop_and_eval_command_log_olmo_evals_values_on_1_and_2_processes(
     at_start, at_2 = logged(one, 0), logged(one, 2)
     assert len(at_2) == len(at_start) == 10 + 10 + 2 + 2  # every metric ICLMetric returns, for each task
 
-    export = CliRunner().invoke(
-        olmo_train_cli, ["export-hf", str(one / "step2-unsharded"), "--destination", str(tmp_path / "hf")]
-    )
-    assert export.exit_code == 0, export.output
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    with torch.no_grad():
-        for label in TASKS:
-            expected = reference(label, demo_tokenizer, lambda ids: hf(input_ids=ids).logits, BATCH * MAX_BATCHES)
-            for key, value in expected.items():
-                assert at_2[f"eval/downstream/{label}_{key}"] == pytest.approx(value, abs=2e-4), (label, key)
+    def check_against_transformers(checkpoint: Path, logged_values: dict[str, float], hf_dir: Path) -> None:
+        export = CliRunner().invoke(olmo_train_cli, ["export-hf", str(checkpoint), "--destination", str(hf_dir)])
+        assert export.exit_code == 0, export.output
+        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        with torch.no_grad():
+            for label in TASKS:
+                expected = reference(label, demo_tokenizer, lambda ids: hf(input_ids=ids).logits, BATCH * MAX_BATCHES)
+                for key, value in expected.items():
+                    assert logged_values[f"eval/downstream/{label}_{key}"] == pytest.approx(value, abs=2e-4), (
+                        label,
+                        key,
+                    )
+
+    check_against_transformers(one / "step2-unsharded", at_2, tmp_path / "hf")
 
     args = ["eval", str(one / "step2-unsharded"), "--tasks", ",".join(TASKS), "--batch-size", str(BATCH)]
     args += ["--max-batches", str(MAX_BATCHES), "--json"]
@@ -258,6 +262,7 @@ def test_loop_and_eval_command_log_olmo_evals_values_on_1_and_2_processes(
     config = tiny_config(two, str(tmp_path / "tokens"), labels=list(TASKS))
     torchrun("-m", "olmo_train", str(config), "--distributed_strategy=fsdp")  # ranks run equally many forwards
     assert logged(two, 0) == pytest.approx(at_start, abs=1e-5)  # the same initial weights, each request once
+    check_against_transformers(two / "step2-unsharded", logged(two, 2), tmp_path / "hf-two")  # trained on 2 ranks
     proc = torchrun("-m", "olmo_cli.train_main", *args)
     printed_two = json.loads(proc.stdout)["results"]
     for label in TASKS:
