@@ -21,6 +21,7 @@ TRAIN_COMMANDS: dict[str, str] = {
     "import-olmo": "olmo_cli.import_olmo:import_olmo",
     "generate": "olmo_cli.generate:generate",
     "verify": "olmo_cli.verify:verify",
+    "eval": "olmo_cli.eval:eval_",
 }
 
 

@@ -26,12 +26,14 @@ from olmo_train.config_schema import (
     ConfigError,
     DataConfig,
     EvaluatorConfig,
+    EvaluatorDataConfig,
     Float8Config,
     InstanceFilterConfig,
     ModelConfig,
     OptimizerConfig,
     ReLoRAConfig,
     SchedulerConfig,
+    TokenizerConfig,
     TrainConfig,
     WandbConfig,
 )
@@ -46,12 +48,14 @@ __all__ = [  # the schema's names too: the rest of the package imports every con
     "ConfigError",
     "DataConfig",
     "EvaluatorConfig",
+    "EvaluatorDataConfig",
     "Float8Config",
     "InstanceFilterConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ReLoRAConfig",
     "SchedulerConfig",
+    "TokenizerConfig",
     "TrainConfig",
     "WandbConfig",
     "check_cycles_divide",
@@ -96,8 +100,39 @@ def load_config(
         log.info("%s", translation.summary(str(path)))
         raw = translation.config
     cfg = _build(TrainConfig, raw, prefix="")
+    cfg.evaluators = expand_evaluators(cfg.evaluators)
     _check(cfg, require_data=require_data)
     return cfg
+
+
+def expand_evaluators(evaluators: list[EvaluatorConfig]) -> list[EvaluatorConfig]:
+    """OLMo's `{type: lm, data: {datasets: {name: [paths]}}}` as one of our evaluators per named set (what OLMo
+    logs separately); downstream evaluators name a task and no data. Labels are checked against ai2-olmo-eval's
+    tasks when the run starts (olmo_train/train/downstream), as this module does not import it."""
+    out = []
+    for i, ev in enumerate(evaluators):
+        if ev.type not in ("lm", "downstream"):
+            close = difflib.get_close_matches(ev.type, ["lm", "downstream"], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"config key 'evaluators[{i}].type': got {shown(ev.type)}, expected lm or downstream{hint}"
+            )
+        if ev.type == "downstream":
+            if ev.paths or ev.data is not None:
+                raise ConfigError(f"config key 'evaluators[{i}]': a downstream evaluator ({ev.label}) reads no paths")
+            out.append(ev)
+            continue
+        if ev.data is None:
+            out.append(ev)
+            continue
+        named = dict(ev.data.datasets)
+        if ev.data.paths or ev.paths:
+            named[ev.label] = [*ev.paths, *ev.data.paths]
+        if not named:
+            raise ConfigError(f"config key 'evaluators[{i}].data': names no paths (data.datasets or data.paths)")
+        dtype = ev.dtype or ev.data.memmap_dtype
+        out.extend(EvaluatorConfig(label, "lm", list(paths), dtype, ev.max_batches) for label, paths in named.items())
+    return out
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
@@ -193,6 +228,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(e)
         raise ConfigError(f"config key {key!r}: got {shown(value)}, expected {_type_name(tp)}")
+    if origin is dict:  # {name: value}: names are text
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key!r}: got {shown(value)}, expected a mapping ({_type_name(tp)})")
+        _, item_tp = typing.get_args(tp)
+        return {str(k): _coerce(item_tp, v, f"{key}.{k}") for k, v in value.items()}
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, str) and item is str:

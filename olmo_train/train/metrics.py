@@ -56,12 +56,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _step_of(line: str) -> int:
-    """The step of a complete record line; 0 for anything else (a line cut short by a kill)."""
+    """The step of a complete record line; -1 for anything else (a line cut short by a kill)."""
     try:
         step = json.loads(line).get("step")
     except (ValueError, AttributeError):
-        return 0
-    return step if isinstance(step, int) and not isinstance(step, bool) else 0
+        return -1
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 def _free_aside(path: Path) -> Path:
@@ -99,7 +99,8 @@ class MetricsLog:
 
     def _start(self, resume_step: int) -> None:
         text = self.path.read_text() if self.path.is_file() else ""
-        kept = [line + "\n" for line in text.splitlines() if 0 < _step_of(line) <= resume_step]
+        first = 0 if resume_step else 1  # step 0: the evaluation before training (eval_on_start) of this run
+        kept = [line + "\n" for line in text.splitlines() if first <= _step_of(line) <= resume_step]
         if text != "".join(kept):
             aside = _free_aside(self.path)
             _copy_aside(self.path, aside)
@@ -175,8 +176,13 @@ def console_line(record: dict[str, Any], total_steps: int, eta_s: float | None =
     parts.append(f"tokens {record['train/tokens_seen']:,}")
     if eta_s is not None:
         parts.append(f"eta {format_duration(eta_s)}")
-    for key, value in record.items():
-        if key.startswith("eval/") and isinstance(value, float) and math.isfinite(value):
+    for key, value in record.items():  # downstream tasks (tens of metrics each) have a line of their own
+        if (
+            key.startswith("eval/")
+            and not key.startswith("eval/downstream/")
+            and isinstance(value, float)
+            and math.isfinite(value)
+        ):
             parts.append(f"{key} {value:.4f}")
     return " | ".join(parts)
 

@@ -228,9 +228,15 @@ def test_the_published_form_runs_with_only_size_data_and_duration_changed(tmp_pa
     assert proc.returncode == 0, out
     notes = [line for line in out.splitlines() if "not applicable here" in line]
     assert len(notes) == 1, out
-    for key in ("dry_run", "fsdp.wrapping_strategy", "data.num_workers", "tokenizer.identifier", "gen1_gc_interval"):
+    for key in (
+        "dry_run",
+        "fsdp.wrapping_strategy",
+        "data.num_workers",
+        "tokenizer.truncate_direction",
+        "gen1_gc_interval",
+    ):
         assert key in notes[0]
-    assert "3 downstream evaluators not run by this trainer: piqa, hellaswag, mmlu_stem_mc_5shot" in notes[0]
+    assert "tokenizer.identifier" not in notes[0] and "downstream" not in notes[0]  # honoured: see test_downstream
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "train/loss" in r] == [1, 2, 3]
     saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -260,7 +266,7 @@ def test_the_published_form_maps_onto_ours(tmp_path: Path, caplog: pytest.LogCap
     assert (s.t_warmup, s.t_max, s.alpha_f, s.units) == (8388608000, 5_000_000_000_000, 0.1, "tokens")
     assert (cfg.max_duration, cfg.precision, cfg.compile, cfg.max_grad_norm) == ("1ep", "amp_bf16", False, 1.0)
     assert (cfg.save_interval_unsharded, cfg.save_num_unsharded_checkpoints_to_keep) == (1000, -1)
-    assert cfg.evaluators == [] and not cfg.wandb.enabled
+    assert [(e.label, e.type) for e in cfg.evaluators][0] == ("piqa", "downstream") and not cfg.wandb.enabled
     filt = cfg.data.instance_filter
     assert (filt.repetition_max_period, filt.repetition_min_period, filt.repetition_max_count) == (13, 1, 32)
     save_config(cfg, tmp_path / "saved.yaml")
@@ -290,12 +296,15 @@ def test_save_keys_as_olmo_uses_them(tmp_path: Path) -> None:
     assert cfg.save_interval_unsharded is None
 
 
-def test_lm_evaluators_are_ours_downstream_ones_are_listed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_lm_and_downstream_evaluators_are_ours(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     lm = {"label": "ppl", "data": {"num_workers": 0, "memmap_dtype": "uint32", "datasets": {"c4": ["c4.npy"]}}}
     with caplog.at_level(logging.INFO):
         cfg = load_config(olmo_file(tmp_path, shaped(evaluators=[lm, {"label": "piqa", "type": "downstream"}])))
-    assert [(e.label, e.paths, e.dtype, e.max_batches) for e in cfg.evaluators] == [("c4", ["c4.npy"], "uint32", None)]
-    assert "evaluators.0.data.num_workers" in caplog.text and "1 downstream evaluators" in caplog.text
+    assert [(e.label, e.type, e.paths, e.dtype, e.max_batches) for e in cfg.evaluators] == [
+        ("c4", "lm", ["c4.npy"], "uint32", None),
+        ("piqa", "downstream", [], None, None),
+    ]
+    assert "evaluators.0.data.num_workers" in caplog.text
 
 
 def test_overrides_use_olmos_names_and_interpolations_follow_them(tmp_path: Path) -> None:
