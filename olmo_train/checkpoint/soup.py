@@ -23,6 +23,7 @@ import math
 import struct
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -157,17 +158,14 @@ def average_checkpoints(checkpoints: list[str], destination: Path, weights: list
     tied = model.weight_tying and "embeddings.weight" in first.tensors
     with atomic_directory(dest) as tmp:
         shapes = {name: torch.Size(first.tensors[name][0]) for name in names}
-        offsets = _write_skeleton(tmp / MODEL_FILE, shapes, tied)
-        with open(tmp / MODEL_FILE, "r+b") as out:
-            for i, name in enumerate(names):
-                mean = torch.zeros(shapes[name], dtype=torch.float32)
-                for parent, w in zip(parents, weights, strict=True):
-                    mean.add_(parent.read(name).to(torch.float32), alpha=w)
-                out.seek(offsets[name])
-                out.write(mean.numpy().data)
-                del mean
-                if (i + 1) % 50 == 0:
-                    log.info("averaged %d of %d tensors", i + 1, len(names))
+
+        def mean_of(name: str) -> torch.Tensor:
+            mean = torch.zeros(shapes[name], dtype=torch.float32)
+            for parent, w in zip(parents, weights, strict=True):
+                mean.add_(parent.read(name).to(torch.float32), alpha=w)
+            return mean
+
+        stream_model_file(tmp / MODEL_FILE, shapes, mean_of, tied)
         written = Recorder(tmp)
         written.add_file(MODEL_FILE)
         cfg = dataclasses.replace(
@@ -190,6 +188,25 @@ def average_checkpoints(checkpoints: list[str], destination: Path, weights: list
         state = TrainerState(step=0, run_name=dest.name, sequence_length=model.max_sequence_length, lineage=lineage)
         written.finish(TRAINER_STATE, state.to_bytes())
     return dest
+
+
+def stream_model_file(
+    path: Path, shapes: dict[str, torch.Size], make: Callable[[str], torch.Tensor], tied: bool = False
+) -> None:
+    """Write model.pt (a `torch.save` of the fp32 state dict, as the trainer writes it) one tensor at a time:
+    `make(name)` gives each tensor when its turn comes and it is dropped once written, so memory holds one
+    tensor, not the model. With `tied`, lm_head.weight is stored as embeddings.weight, one tensor."""
+    offsets = _write_skeleton(path, shapes, tied)
+    with open(path, "r+b") as out:
+        for i, name in enumerate(shapes):
+            tensor = make(name).to(torch.float32).contiguous()
+            if tensor.shape != shapes[name]:
+                raise ValueError(f"{name}: made {list(tensor.shape)}, expected {list(shapes[name])}")
+            out.seek(offsets[name])
+            out.write(tensor.numpy().data)
+            del tensor
+            if (i + 1) % 50 == 0:
+                log.info("wrote %d of %d tensors", i + 1, len(shapes))
 
 
 def _write_skeleton(path: Path, shapes: dict[str, torch.Size], tied: bool) -> dict[str, int]:
