@@ -5,6 +5,7 @@ transformers, loads for generation and fine-tunes; mismatches are refused by nam
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,13 @@ def test_the_command(anneals: dict[str, Path]) -> None:
     assert result.exit_code == 2 and "error: --weights '1,2,3': 3 weights for 2 checkpoints" in result.output
     result = CliRunner().invoke(olmo_train, ["verify", "--lineage", str(dest)])
     assert result.exit_code == 0 and "<- soup: anneal-42 step 2" in result.output, result.output
+
+
+def test_a_parent_by_url(anneals: dict[str, Path], http_root: tuple[Path, str]) -> None:
+    root, url = http_root
+    shutil.copytree(anneals["a"], root / "a")
+    dest = ckpt.average_checkpoints([f"{url}/a", str(anneals["b"])], anneals["tmp"] / "soup-url")
+    local = ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], anneals["tmp"] / "soup-local")
+    reference = ckpt.read_stored_model(local)
+    assert all(torch.equal(t, reference[k]) for k, t in ckpt.read_stored_model(dest).items())
+    assert ckpt.read_trainer_state(dest).lineage[0]["resolved"] == f"{url}/a"
