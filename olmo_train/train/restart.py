@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from olmo_train import checkpoint as ckpt
 from olmo_train.config import TrainConfig
+from olmo_train.distributed import Dist
 from olmo_train.train.optim import learning_rate
 
 log = logging.getLogger("olmo_train")
@@ -66,7 +66,7 @@ def start_from(
     model: torch.nn.Module,
     optim: torch.optim.Optimizer,
     fresh: ckpt.TrainerState,
-    d: Any,
+    d: Dist,
     hooks: ckpt.LoadHooks,
 ) -> tuple[ckpt.TrainerState, bool]:
     """Load what `plan(cfg)` restores from `path` (load_path made local); returns the run's state and whether
