@@ -198,3 +198,24 @@ def test_lineage_shape_is_checked_by_key(tmp_path: Path) -> None:
     for value, match in bad:
         with pytest.raises(DataError, match=match):
             ckpt.TrainerState.parse(json.dumps({"lineage": value}).encode(), tmp_path)
+
+
+@pytest.mark.slow
+def test_stage2_on_one_process_from_a_stage1_of_two(stages: dict[str, Any]) -> None:
+    """Stage 1 saved by 2 FSDP ranks (torchrun), stage 2 on one: the optimizer state is resharded, not dropped."""
+    import subprocess
+    import sys
+
+    tmp = stages["tmp"]
+    two = tmp / "stage1-two-ranks"
+    two.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "olmo_train"]
+    cmd += [str(tmp / "stage1.yaml"), *TINY, f"--data.paths=[{tmp / 'web' / 'part-0.npy'}]"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(cmd, cwd=two, env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ckpt.read_trainer_state(two / "step3").world_size == 2
+    again = [*stages["overrides"], f"--load_path={two / 'step3'}"]
+    kept = losses(run(tmp / "from-two", tmp / "stage2.yaml", *again))
+    reset = losses(run(tmp / "from-two-reset", tmp / "stage2.yaml", *again, "--reset_optimizer_state=true"))
+    assert kept[0] == reset[0] and kept[1] != reset[1]
