@@ -219,3 +219,19 @@ def test_stage2_on_one_process_from_a_stage1_of_two(stages: dict[str, Any]) -> N
     kept = losses(run(tmp / "from-two", tmp / "stage2.yaml", *again))
     reset = losses(run(tmp / "from-two-reset", tmp / "stage2.yaml", *again, "--reset_optimizer_state=true"))
     assert kept[0] == reset[0] and kept[1] != reset[1]
+
+
+def test_olmos_pre_train_checkpoint_changes_nothing_in_training(
+    stages: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stage-1 file leaves no_pre_train_checkpoint out: OLMo's default saves (and here checks) a step-0
+    checkpoint first; the run then trains exactly as without it."""
+    tmp = stages["tmp"]
+    data = f"--data.paths=[{tmp / 'web' / 'part-0.npy'}]"
+    capsys.readouterr()
+    with_step0 = losses(run(tmp / "pre-train", tmp / "stage1.yaml", *TINY, data, "--save_num_checkpoints_to_keep=-1"))
+    assert "pre-train checkpoint step0 saved and checked" in capsys.readouterr().err
+    assert ckpt.read_trainer_state(tmp / "pre-train" / "step0").step == 0
+    without = losses(run(tmp / "no-pre-train", tmp / "stage1.yaml", *TINY, data, "--no_pre_train_checkpoint=true"))
+    assert "pre-train checkpoint" not in capsys.readouterr().err and not (tmp / "no-pre-train" / "step0").exists()
+    assert with_step0 == without and len(without) == 3
