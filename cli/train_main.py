@@ -22,6 +22,7 @@ TRAIN_COMMANDS: dict[str, str] = {
     "generate": "olmo_cli.generate:generate",
     "verify": "olmo_cli.verify:verify",
     "eval": "olmo_cli.eval:eval_",
+    "soup": "olmo_cli.soup:soup",
 }
 
 
@@ -34,8 +35,8 @@ class TrainGroup(LazyGroup):
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
 def main(verbose: bool) -> None:
     """Move models in and out of training: unshard checkpoints, export to and import from Hugging Face
-    `transformers`, import OLMo's own checkpoints, generate text, and verify that a checkpoint is intact and safe
-    to load.
+    `transformers`, import OLMo's own checkpoints, generate text, average checkpoints (soup), and verify that a
+    checkpoint is intact and safe to load.
 
     Train with `torchrun -m olmo_train CONFIG`; its checkpoints (stepN/, stepN-unsharded/) are what these
     commands read.

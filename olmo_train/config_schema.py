@@ -204,7 +204,11 @@ class TrainConfig:
     seed: int = 6198
     save_folder: str = "runs/olmo-run"
     load_path: str | None = None  # used when save_folder holds no checkpoint yet
-    reset_trainer_state: bool = False  # load weights only from load_path; a fresh run from step 1 (fine-tuning)
+    # restarting from load_path (OLMo's keys and meanings; olmo_train/train/restart.py, the README's table)
+    reset_trainer_state: bool = False  # step, tokens, data, RNG afresh (step 1); alone: weights only (fine-tuning)
+    reset_optimizer_state: bool | None = None  # a fresh optimizer; None: true with reset_trainer_state, else false
+    restore_dataloader: bool = True  # false: optimizer kept, steps/tokens/data from the start (a new stage, new data)
+    no_pre_train_checkpoint: bool = True  # false: a fresh run (no load_path) saves and checks a step-0 checkpoint
     force_load: bool = False  # accept a checkpoint whose data fingerprint differs from this config's data
     max_duration: int | str = 1000  # steps (int), "…T" tokens or "…ep" epochs
     stop_at: int | None = None  # stop (with a checkpoint) after this step, e.g. to split a run in pieces

@@ -1,13 +1,14 @@
 """Checkpoints: saved atomically, checked before they are read, loaded on any number of ranks.
 
 Modules: `layout` (every file name, the trainer state), `save`, `load`, `fetch` (a URL as a checked local copy),
-`files` (a finished checkpoint read outside training; the checkpoint an import writes), `verify`, `integrity`
+`files` (a finished checkpoint read outside training; the checkpoint an import writes), `verify`, `lineage`
+(where a checkpoint's weights came from), `soup` (the mean of checkpoints), `integrity`
 (checksums.json), `safety` (nothing unpickled freely), `lock` (one writer per save folder), `space` (writes
 refused for want of space or permission). The package knows nothing of adapters or of the training loop: a model
 with more than plain weights brings its own `StateSplit` and `LoadHooks`.
 """
 
-from olmo_train.checkpoint import integrity, safety, space
+from olmo_train.checkpoint import integrity, lineage, safety, space
 from olmo_train.checkpoint.fetch import localize
 from olmo_train.checkpoint.files import (
     atomic_directory,
@@ -58,7 +59,8 @@ from olmo_train.checkpoint.save import (
     save_unsharded,
     set_rng_state,
 )
-from olmo_train.checkpoint.verify import verify_checkpoint
+from olmo_train.checkpoint.soup import average_checkpoints, parse_weights
+from olmo_train.checkpoint.verify import lineage_lines, verify_checkpoint
 
 __all__ = [
     "CHECKSUMS",
@@ -84,6 +86,7 @@ __all__ = [
     "TrainerState",
     "agree_on_checkpoint",
     "atomic_directory",
+    "average_checkpoints",
     "check_files",
     "check_link",
     "checkpoint_kind",
@@ -91,10 +94,13 @@ __all__ = [
     "integrity",
     "is_unsharded",
     "latest_checkpoint",
+    "lineage",
+    "lineage_lines",
     "list_checkpoints",
     "load_checkpoint",
     "localize",
     "metrics_aside",
+    "parse_weights",
     "plain_state",
     "read_config",
     "read_metadata",

@@ -173,11 +173,13 @@ def write_imported(
     model: ModelConfig,
     state: dict[str, torch.Tensor],
     add_files: Callable[[Path], None] | None = None,
+    lineage: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write an imported model as the unsharded checkpoint fine-tuning starts from, and return its path:
     model.pt (fp32, the trainer's master weights), a config.yaml that is a whole training config but for its data
     (load_path set to the checkpoint itself, reset_trainer_state), checksums.json, and trainer_state.json at step 0,
-    written last: it marks the checkpoint complete. `add_files` puts anything else (the tokenizer) into the
+    written last: it marks the checkpoint complete; its `lineage` names the import's source
+    (`lineage.import_record`). `add_files` puts anything else (the tokenizer) into the
     directory being filled. All of it under a `.tmp-` name, renamed at the end."""
     state = {k: v.to(torch.float32) for k, v in state.items()}
     if model.weight_tying:
@@ -199,6 +201,8 @@ def write_imported(
             add_files(tmp)
             for extra in sorted(p.name for p in tmp.iterdir() if p.name not in written.files):
                 written.add_file(extra)
-        trainer_state = TrainerState(step=0, run_name=cfg.run_name, sequence_length=model.max_sequence_length)
+        trainer_state = TrainerState(
+            step=0, run_name=cfg.run_name, sequence_length=model.max_sequence_length, lineage=list(lineage or [])
+        )
         written.finish(TRAINER_STATE, trainer_state.to_bytes())
     return dest

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import json_bytes
+from olmo_train.checkpoint.lineage import check_lineage
 
 TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
 CHECKSUMS = "checksums.json"  # size and SHA-256 of every other file (integrity.py)
@@ -79,6 +80,7 @@ class TrainerState:
     data_fingerprint: str = ""
     run_name: str = ""
     wandb_run_id: str | None = None
+    lineage: list[dict[str, Any]] = field(default_factory=list)  # where the weights came from (lineage.py)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TrainerState:
@@ -100,6 +102,9 @@ class TrainerState:
             if f.name not in obj:
                 continue
             value = obj[f.name]
+            if f.name == "lineage":
+                check_lineage(value, str(where))
+                continue
             if f.type == "int":
                 ok = isinstance(value, int) and not isinstance(value, bool) and value >= (f.name == "world_size")
                 expected = "an integer of 1 or more" if f.name == "world_size" else "an integer of 0 or more"

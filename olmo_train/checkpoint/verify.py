@@ -13,7 +13,7 @@ import torch
 
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
-from olmo_train.checkpoint import integrity, safety
+from olmo_train.checkpoint import integrity, lineage, safety
 from olmo_train.checkpoint.fetch import localize
 from olmo_train.checkpoint.files import checkpoint_kind
 from olmo_train.checkpoint.layout import CHECKSUMS, DCP_METADATA, RNG_DIR
@@ -82,3 +82,10 @@ def _check_plain(path: Path) -> None:
     if unsafe:
         names = ", ".join(sorted(unsafe))
         raise DataError(f"{path}: refers to {names}, which plain tensors and values do not; refused")
+
+
+def lineage_lines(spec: str) -> list[str]:
+    """The checkpoint's lineage (each parent stage, its step and tokens) and the tokens of all stages in total,
+    as lines to print (`olmo-train verify --lineage`)."""
+    path = localize(spec, Dist(0, 1, 0, torch.device("cpu"))) if is_remote(spec) else Path(spec).expanduser()
+    return lineage.describe(integrity.read_trainer_state(path))

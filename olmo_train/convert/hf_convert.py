@@ -155,6 +155,6 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
         for name in copied:
             shutil.copyfile(source / name, tmp / name)
 
-    ckpt.write_imported(dest, model_cfg, state, add_tokenizer)
+    ckpt.write_imported(dest, model_cfg, state, add_tokenizer, [ckpt.lineage.import_record("import-hf", model)])
     log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

@@ -239,6 +239,6 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
             ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
             write_tokenizer(tok, ids, model, tmp)
 
-    ckpt.write_imported(dest, model, state, add_tokenizer)
+    ckpt.write_imported(dest, model, state, add_tokenizer, [ckpt.lineage.import_record("import-olmo", checkpoint)])
     log.info("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
     return dest

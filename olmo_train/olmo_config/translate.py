@@ -40,6 +40,8 @@ _TOP_DEFAULTS: dict[str, Any] = {
     "max_grad_norm": None,
     "precision": None,
     "eval_interval": 1000,
+    "reset_optimizer_state": False,  # so reset_trainer_state keeps the optimizer, as in OLMo (train/restart.py)
+    "no_pre_train_checkpoint": False,
 }
 _SECTION_DEFAULTS: dict[str, dict[str, Any]] = {
     "optimizer": {"name": "lionw", "learning_rate": 1e-4, "weight_decay": 0.01, "eps": 1e-5},
@@ -53,6 +55,9 @@ _TOP_SAME = (
     "save_folder",
     "load_path",
     "reset_trainer_state",
+    "reset_optimizer_state",
+    "restore_dataloader",
+    "no_pre_train_checkpoint",
     "max_duration",
     "stop_at",
     "global_train_batch_size",
@@ -78,7 +83,6 @@ _TOP_NOT_APPLICABLE = (
     "canceled_check_interval",
     "extra_steps_after_cancel",
     "force_save_unsharded",
-    "no_pre_train_checkpoint",
     "eval_on_load",
     "save_data_indices",
     "python_profiling",
@@ -96,8 +100,6 @@ _TOP_REQUIRED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("max_grad_norm_ratio", (None,), "gradients are clipped by max_grad_norm only"),
     ("epoch", (None,), "the data order's epoch comes from the step"),
     ("fast_forward_batches", (None,), "the data position comes from the checkpoint"),
-    ("reset_optimizer_state", (False,), "a resumed run keeps its optimizer; reset_trainer_state loads weights only"),
-    ("restore_dataloader", (True,), "a resumed run continues its data order; reset_trainer_state starts anew"),
     ("stop_after", (None,), "use stop_at"),
     ("early_stopping_factor", (None,), "there is no early stopping"),
 )

@@ -39,6 +39,7 @@ from olmo_train.distributed import (
 )
 from olmo_train.nn import Transformer, check_trainable, doc_ids_from_starts, float8, lora
 from olmo_train.train import relora as relora_regime
+from olmo_train.train import restart
 from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
 from olmo_train.train.downstream import Downstream, start_downstream
 from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
@@ -206,8 +207,9 @@ def check_resumable(state: ckpt.TrainerState, cfg: TrainConfig, data: TrainData,
     if problems and not cfg.force_load:
         raise DataError(
             f"{path}: the checkpoint was trained with other data settings: {'; '.join(problems)}. "
-            "Restore them, use a new save_folder, set --reset_trainer_state to load only the weights, or "
-            "--force_load to continue anyway"
+            "Restore them, use a new save_folder, set --restore_dataloader=false to start a new stage on this data "
+            "(weights and optimizer kept), --reset_trainer_state to load only the weights, or --force_load to "
+            "continue anyway"
         )
     for problem in problems:
         log.warning("continuing despite %s (force_load)", problem)
@@ -232,16 +234,13 @@ def resume(
         state = ckpt.read_trainer_state(own)
         check_resumable(state, cfg, data, own)
         state = ckpt.load_checkpoint(own, model, optim, d, hooks=RELORA_LOAD)
-    elif cfg.load_path:
+    elif cfg.load_path:  # OLMo's restart keys say what comes from it besides the weights (restart.py)
         path = ckpt.localize(cfg.load_path, d)
-        state = ckpt.read_trainer_state(path)
-        if cfg.reset_trainer_state:
-            log.info("loading weights only from %s (reset_trainer_state): a fresh run, first trained step 1", path)
-            ckpt.load_checkpoint(path, model, None, d, restore_rng=False, hooks=RELORA_LOAD)
-            return fresh
-        log.info("resuming from load_path %s", path)
-        check_resumable(state, cfg, data, path)
-        state = ckpt.load_checkpoint(path, model, optim, d, hooks=RELORA_LOAD)
+        if restart.plan(cfg).counters:
+            check_resumable(ckpt.read_trainer_state(path), cfg, data, path)
+        state, continues = restart.start_from(cfg, path, model, optim, fresh, d, RELORA_LOAD)
+        if not continues:
+            return state
     else:
         if cfg.relora.continue_from:
             relora_regime.continue_from(cfg, model, d)
@@ -338,6 +337,10 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
     optim = build_optimizer(model, cfg.optimizer)
     cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
     state = resume(cfg, model, optim, data, d)
+    if restart.pre_train_checkpoint_wanted(cfg, state):  # OLMo's: saving works, found out before step 1
+        save("sharded", cfg, model, optim, state, d)
+        restart.after_pre_train_save(save_folder / ckpt.step_dir(0, False) if d.is_main else None, optim)
+    warmup_from = restart.bolt_on_start(cfg, state)  # reset_optimizer_state in a continuing run: lr warms up again
     if d.is_main:  # only once the resume checks passed: a refused run must not rewrite the run's config
         with ckpt.space.refused_writes(save_folder, ckpt.CONFIG):
             save_config(cfg, save_folder / ckpt.CONFIG)
@@ -397,6 +400,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             progress = step if cfg.scheduler.units == "steps" else step * tokens_per_step
             total = total_steps if cfg.scheduler.units == "steps" else total_tokens
             lr = learning_rate(cfg.scheduler, cfg.optimizer.learning_rate, progress, total, cfg.relora)
+            if warmup_from is not None:
+                lr = restart.bolt_on_learning_rate(cfg, lr, warmup_from, step, tokens_per_step, total)
             set_learning_rate(optim, lr)
             result = train_step(model, optim, batch, cfg, d, preemption.requested)
             state.step = step

@@ -398,7 +398,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "schedule": ({"scheduler__name": "inverse_sqrt_with_warmup"}, r"scheduler\.name is \"inverse_sqrt_with_warmup\""),
     "clip-warmup": ({"scheduler__grad_clip_warmup_steps": 100}, r"scheduler\.grad_clip_warmup_steps is 100; only null"),
     "norm-ratio": ({"max_grad_norm_ratio": 1.0}, r": max_grad_norm_ratio is 1\.0; only null is supported here"),
-    "restore": ({"restore_dataloader": False}, r": restore_dataloader is false; only true is supported here"),
     "data-seed": ({"data__seed": 1}, r"data\.seed is 1, not the run's seed 6198"),
     "two-dtypes": ({"data__dtype": "uint16"}, r"config keys 'data\.\w+' and 'data\.\w+' both set 'data\.dtype'"),
     "fp16": ({"precision": "amp_fp16"}, r"config key 'precision': got 'amp_fp16', expected one of"),

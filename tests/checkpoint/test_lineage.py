@@ -1,0 +1,56 @@
+"""Lineage in trainer_state.json: a chain through stages, a soup, an import and a fine-tune, kept by a resume, and
+the tokens of every stage in total (`olmo-train verify --lineage`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from olmo_train import checkpoint as ckpt
+from olmo_train.convert import export_hf, import_hf
+from tests.checkpoint.test_soup import GBS, SEQ, anneals, tokens, train  # noqa: F401 (a fixture)
+
+STEP_TOKENS = GBS * SEQ
+
+
+def test_a_chain_through_a_soup_counts_shared_stage1_once(anneals: dict[str, Path]) -> None:  # noqa: F811
+    tmp = anneals["tmp"]
+    soup = ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], tmp / "chain-soup")
+    ft = train(tmp, "chain-ft", tokens(tmp / "ft", 5), load_path=str(soup), reset_trainer_state=True, max_duration=1)
+    state = ckpt.read_trainer_state(ft / "step1")
+    walked = [(depth, r["source"], r["run_name"], r["step"]) for depth, r in ckpt.lineage.walk(state.lineage)]
+    assert walked == [
+        (0, "checkpoint", "chain-soup", 0),
+        (1, "soup", "anneal-42", 2),
+        (2, "checkpoint", "stage1", 3),
+        (1, "soup", "anneal-666", 2),
+        (2, "checkpoint", "stage1", 3),
+    ]
+    lines = ckpt.lineage_lines(str(ft / "step1"))
+    assert lines[0] == f"lineage: chain-ft at step 1, {STEP_TOKENS:,} tokens seen"
+    assert f"    <- soup: anneal-42 step 2, {2 * STEP_TOKENS:,} tokens, weight 0.5" in lines[2]
+    # stage 1 (3 steps) once, the two anneals (2 steps each), the fine-tune (1 step); the soup trained nothing
+    assert lines[-1].endswith(f": {(3 + 2 + 2 + 1) * STEP_TOKENS:,}")
+
+
+def test_a_resume_keeps_the_lineage_and_a_continuation_is_not_counted_twice(anneals: dict[str, Path]) -> None:  # noqa: F811
+    tmp = anneals["tmp"]
+    web = str(tmp / "web" / "part-0.npy")  # stage 1's data: the counters continue (OLMo's plain load_path)
+    keys = {"load_path": str(anneals["stage1"]), "max_duration": 5, "run_name": "stage1-more"}
+    more = train(tmp, "stage1-more", web, stop_at=4, save_interval=1, **keys)
+    train(tmp, "stage1-more", web, **keys)  # resumed from its own step4
+    first, last = ckpt.read_trainer_state(more / "step4"), ckpt.read_trainer_state(more / "step5")
+    assert first.lineage == last.lineage and first.lineage[0]["step"] == 3
+    assert (last.step, last.tokens_seen) == (5, 5 * STEP_TOKENS)
+    assert ckpt.lineage.total_tokens(last.tokens_seen, last.data_fingerprint, last.lineage) == 5 * STEP_TOKENS
+
+
+@pytest.mark.slow
+def test_an_import_names_its_source(anneals: dict[str, Path]) -> None:  # noqa: F811
+    tmp = anneals["tmp"]
+    hf = export_hf(anneals["a"], tmp / "a-hf")
+    imported = import_hf(str(hf), tmp / "a-imported")
+    (record,) = ckpt.read_trainer_state(imported).lineage
+    assert (record["source"], record["given"], record["resolved"]) == ("import-hf", str(hf), str(hf.resolve()))
+    assert record["lineage"] == [] and record["weight"] is None
