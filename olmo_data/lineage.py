@@ -25,7 +25,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from olmo_data.errors import DataError, shown
@@ -37,6 +37,7 @@ from olmo_data.train_config import duration_steps, read_train_config
 TRAINER_STATE = "trainer_state.json"  # the trainer's names (olmo_train/checkpoint/layout.py), read here as files
 CONFIG = "config.yaml"
 SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
+TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 MAX_DEPTH = 64  # a chain longer than this is a loop in the records
 
@@ -61,6 +62,7 @@ class Stage:
     data_fingerprint: str | None
     weight: float | None = None  # a soup parent's weight
     note: str | None = None  # why its steps cannot be traced, where they cannot
+    also_loaded_by: list[int] = field(default_factory=list)  # other stages that loaded this same checkpoint
 
     @property
     def steps(self) -> int:
@@ -155,6 +157,10 @@ def _attach(
         key = str(rec["resolved"])
         if key in seen:
             raise DataError(f"{key}: the lineage loops back to this checkpoint; its records are damaged")
+        shared = next((s for s in stages[1:] if s.checkpoint == key), None)
+        if shared is not None:  # a common ancestor (a soup's anneals' stage 1): its steps and tokens count once
+            shared.also_loaded_by.append(child.index)
+            continue
         if (
             rec["source"] == "checkpoint"
             and int(rec["step"]) > 0
@@ -168,7 +174,7 @@ def _attach(
             continue
         if rec["source"] == "checkpoint" and child_cfg is not None and not restarts(child_cfg):
             child.first_step = int(rec["step"]) + 1  # continued on other data (force_load): later steps only
-        traced = rec["source"] == "checkpoint" and int(rec["step"]) > 0
+        traced = rec["source"] in TRAINED and int(rec["step"]) > 0
         stage = Stage(
             index=len(stages),
             parent_of=child.index,
@@ -264,7 +270,7 @@ def _read_parent(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str |
     path = _join(str(rec["resolved"]), CONFIG)
     if rec.get("unreadable"):
         return None, path, f"not reachable: {rec['unreadable']}; its steps are not traced"
-    if rec["source"] != "checkpoint":
+    if rec["source"] not in TRAINED:
         return None, path, None
     try:
         return read_stage_config(path), path, None
@@ -353,7 +359,7 @@ def format_lineage(stages: list[Stage]) -> str:
     for s in stages:
         lines.append("  " * s.depth + stage_line(s))
     total = sum(s.tokens_trained or 0 for s in stages)
-    unknown = [s.index for s in stages if s.tokens_trained is None and s.source in ("run", "checkpoint")]
+    unknown = [s.index for s in stages if s.tokens_trained is None and s.source in ("run", *TRAINED)]
     lines.append(
         f"tokens trained in all stages: {total:,}"
         + (f" (stages {', '.join(map(str, unknown))} not counted: unknown)" if unknown else "")
@@ -365,8 +371,9 @@ def stage_line(s: Stage) -> str:
     """`stage 1: run 'stage1' from checkpoint DIR (load_path 'X'), config C: steps 1..30 = 30 x 4,096 = ... tokens`."""
     head = f"stage {s.index}: run {s.run_name!r}"
     if s.parent_of is not None:
-        kind = "" if s.source == "checkpoint" else f" ({s.source})"
-        head += f"{kind}, loaded by stage {s.parent_of} from {s.checkpoint}"
+        kind = {"checkpoint": "", "soup": " (in a soup)"}.get(s.source, f" ({s.source})")
+        also = "".join(f" and {i}" for i in s.also_loaded_by)
+        head += f"{kind}, loaded by stage{'s' if also else ''} {s.parent_of}{also} from {s.checkpoint}"
         if s.given is not None and s.given != s.checkpoint:
             head += f" (given as {s.given!r})"
         if s.checkpoint_step is not None:

@@ -75,10 +75,10 @@ def fake_checkpoint(cfg: dict[str, Any], step: int, lineage: list[dict[str, Any]
 
 
 def record(ckpt: Path, given: str | None = None, weight: float | None = None) -> dict[str, Any]:
-    """The lineage record the trainer writes for a run started from `ckpt`."""
+    """The lineage record the trainer writes for a run started from `ckpt` (or `olmo-train soup` for a parent)."""
     state = json.loads((ckpt / "trainer_state.json").read_text())
     return {
-        "source": "checkpoint",
+        "source": "checkpoint" if weight is None else "soup",
         "given": given or str(ckpt),
         "resolved": str(ckpt.resolve()),
         "run_name": state["run_name"],
@@ -383,3 +383,76 @@ def test_with_real_training_a_stage2_run_traces_back_to_stage1(corpora: list[Pat
         if "train/batch_fingerprint" in r
     }
     assert logged[3] == inspect_batch(str(paths[1]), step=3).batch_fingerprint
+
+
+def real_run(path: Path, cfg: dict[str, Any]) -> None:
+    """One real training run of `cfg` (written to `path`), in this process: the trainer writes its checkpoints'
+    trainer_state.json (lineage included) as any run does."""
+    from olmo_train.train import main as train
+
+    path.write_text(yaml.safe_dump(cfg))
+    assert train([str(path)]) == 0
+
+
+@pytest.mark.slow
+def test_real_stage2_runs_and_their_soup_trace_and_count_back_to_stage1(corpora: list[Path], tmp_path: Path) -> None:
+    """Issue 24's Done-when with real runs: stage 1 trains 6 steps (checkpoints at 2, 4, 6); two anneals load its
+    step-4 checkpoint (not the last) with restore_dataloader: false on other data, their trainer writing the
+    lineage record; trace of an anneal's save-folder config.yaml reports a stage-1 document at exactly the steps
+    trace of stage 1 reports up to 4 (a later step of it is left out); a config loading the soup of the two
+    anneals lists both anneals and stage 1 once, with tokens as the runs' trainer_state.json count them."""
+    from olmo_cli.train_main import main as train_cli
+
+    s1, parent_step, s2 = 6, 4, 3
+    common: dict[str, Any] = {
+        "global_train_batch_size": GBS,
+        "device_train_microbatch_size": GBS,
+        "save_interval": 2,
+        "model": {"d_model": 32, "n_heads": 2, "n_layers": 1, "vocab_size": 2048, "max_sequence_length": SEQ},
+        "optimizer": {"learning_rate": 0.01},
+    }
+    cfg1 = {"run_name": "stage1", "seed": 11, "save_folder": str(tmp_path / "run1"), "max_duration": s1, **common}
+    cfg1["data"] = {"paths": [str(corpora[0])]}
+    real_run(tmp_path / "stage1.yaml", cfg1)
+    parent = tmp_path / "run1" / f"step{parent_step}"
+    anneals = []
+    for seed in (42, 666):
+        cfg = {"run_name": f"anneal{seed}", "seed": seed, "save_folder": str(tmp_path / f"anneal{seed}"), **common}
+        cfg |= {"max_duration": s2, "load_path": str(parent), "restore_dataloader": False}
+        cfg["data"] = {"paths": [str(corpora[1])]}
+        real_run(tmp_path / f"anneal{seed}.yaml", cfg)
+        anneals.append(tmp_path / f"anneal{seed}")
+    last = anneals[0] / f"step{s2}"
+    (record,) = json.loads((last / "trainer_state.json").read_text())["lineage"]  # written by the trainer
+    assert (record["run_name"], record["step"], record["resolved"]) == ("stage1", parent_step, str(parent.resolve()))
+
+    doc = busy_document(cfg1, parent_step)  # a stage-1 document trained both up to step 4 and after it
+    alone = hits_of(json.loads(cli("trace", str(tmp_path / "stage1.yaml"), "--document", doc, "--json")))
+    out = json.loads(cli("trace", str(anneals[0] / "config.yaml"), "--document", doc, "--json"))
+    assert [(s["run_name"], s["last_step"]) for s in out["stages"]] == [("anneal42", s2), ("stage1", parent_step)]
+    assert out["stages"][1]["checkpoint"] == str(parent.resolve()) and out["stages"][1]["not_traced"] is None
+    assert hits_of(out["stages"][1]["report"]) == [h for h in alone if h[0] <= parent_step]
+    assert any(h[0] > parent_step for h in alone)  # stage 1 alone trained it later too; those steps are left out
+
+    soup = tmp_path / "soup"
+    r = CliRunner().invoke(train_cli, ["soup", *(str(a / f"step{s2}") for a in anneals), "--destination", str(soup)])
+    assert r.exit_code == 0, r.output
+    ft = {"run_name": "ft", "seed": 1, "save_folder": str(tmp_path / "ft"), "max_duration": 2, **common}
+    ft |= {"load_path": str(soup), "reset_trainer_state": True, "data": {"paths": [str(corpora[1])]}}
+    (tmp_path / "ft.yaml").write_text(yaml.safe_dump(ft))
+    listed = json.loads(cli("lineage", str(tmp_path / "ft.yaml"), "--json"))["stages"]
+    assert sorted(s["run_name"] for s in listed) == ["anneal42", "anneal666", "ft", "soup", "stage1"]
+    seen = {s["run_name"]: s["tokens_trained"] for s in listed}
+    for a in anneals:
+        assert seen[a.name] == json.loads((a / f"step{s2}" / "trainer_state.json").read_text())["tokens_seen"]
+    stage1_tokens = json.loads((parent / "trainer_state.json").read_text())["tokens_seen"]
+    assert seen["stage1"] == stage1_tokens == parent_step * GBS * SEQ and seen["soup"] == 0
+    total = json.loads(cli("lineage", str(tmp_path / "ft.yaml"), "--json"))["tokens_total"]
+    assert total == 2 * GBS * SEQ + 2 * s2 * GBS * SEQ + stage1_tokens
+    # trace through the soup: both anneals traced over their steps, stage 1 once, up to step 4
+    out = json.loads(cli("trace", str(tmp_path / "ft.yaml"), "--document", doc, "--json"))
+    by_name = {s["run_name"]: s for s in out["stages"]}
+    assert [by_name[a.name]["last_step"] for a in anneals] == [s2, s2]
+    assert all(by_name[a.name]["not_traced"] is None for a in anneals)
+    assert hits_of(by_name["stage1"]["report"]) == [h for h in alone if h[0] <= parent_step]
+    assert by_name["stage1"]["also_loaded_by"] == [by_name["anneal666"]["index"]]
