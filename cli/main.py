@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
     "trace": "olmo_cli.trace:trace",
     "stats": "olmo_cli.stats:stats",
+    "spikes": "olmo_cli.spikes:spikes",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }
 
