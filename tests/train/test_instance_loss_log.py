@@ -86,7 +86,11 @@ def test_per_source_losses_average_to_the_step_loss(tmp_path: Path) -> None:
     assert ids.tolist() == [0] * 5 + [1] * 10  # 5 instances of 8 tokens in code.npy, then books.npy's 10
     loss_sum, tokens = step_values(3)
     record = source_metrics(sources.labels, np.array([0, 1, 1, 0, 1, 1]), loss_sum, tokens)
-    weighted = sum(record[f"train/source/{s}/loss"] * record[f"train/source/{s}/supervised_tokens"] for s in ["code", "books"])
-    assert record["train/source/code/supervised_tokens"] + record["train/source/books/supervised_tokens"] == tokens.sum()
+    weighted = sum(
+        record[f"train/source/{s}/loss"] * record[f"train/source/{s}/supervised_tokens"] for s in ["code", "books"]
+    )
+    assert (
+        record["train/source/code/supervised_tokens"] + record["train/source/books/supervised_tokens"] == tokens.sum()
+    )
     assert weighted / tokens.sum() == pytest.approx(loss_sum.sum() / tokens.sum(), rel=1e-12)
     assert record["train/source/code/supervised_tokens"] == tokens[[0, 3]].sum()
