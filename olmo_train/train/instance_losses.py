@@ -13,6 +13,7 @@ never holds a step twice and has no gap, on any world size.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from olmo_data.errors import DataError
 from olmo_data.instance_loss import ROW, aside_name
 from olmo_data.io import atomic_path
 from olmo_train.checkpoint import space
@@ -109,9 +111,15 @@ class InstanceLossLog:
         rows["position"] = np.arange(len(loss_sum))
         rows["tokens"] = tokens
         rows["loss_sum"] = loss_sum
-        with space.refused_writes(self.path.parent, f"{self.path.name} (step {step})"):
-            self._file.write(rows.tobytes())
-            self._file.flush()
+        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
+            with space.refused_writes(self.path.parent, f"{self.path.name} (step {step})"):
+                self._file.write(rows.tobytes())
+                self._file.flush()
+        except DataError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
+                file.close()
+            raise
 
     def close(self) -> None:
         if self._file is not None:

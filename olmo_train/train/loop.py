@@ -129,8 +129,9 @@ def forward_instance_losses(
     doc_starts: torch.Tensor | None = None,
     z_loss_multiplier: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """`forward_losses`' sums (bitwise the same) and each row's cross-entropy sum (float64, detached), from the
-    same forward (`olmo_train.nn.loss.token_loss_rows`)."""
+    """`forward_losses`' sums (the same gradients bitwise; the cross-entropy sum to float32 rounding, see
+    `olmo_train.nn.loss`) and each row's cross-entropy sum (float64, detached), from the same forward: what training
+    uses, so that every step records the loss of each of its instances."""
     doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
     ce, z, rows = model(
         input_ids, labels=labels, doc_ids=doc_ids, z_loss_multiplier=z_loss_multiplier, instance_losses=True

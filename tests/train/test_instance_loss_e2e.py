@@ -32,7 +32,7 @@ from tests.train.test_train_e2e import kill_during_save, launch
 
 transformers = pytest.importorskip("transformers")
 
-GBS, SEQ, STEPS = 8, 32, 6
+GBS, SEQ, STEPS = 8, 32, 4
 pytestmark = pytest.mark.slow
 
 
