@@ -5,10 +5,12 @@ summed loss only, what training did before) and with it: the rows' sums from the
 (`token_loss_rows`), the supervised counts, the gather into batch order (one rank here: no collective), the append
 to instance_loss.bin and the per-source sums. The two variants alternate in one process in the order off, on, on,
 off, ... (so neither always follows the other), and load from other processes falls on both alike; the overhead is
-the difference of their medians.
+the difference of their medians. Each step is timed by the process's CPU time as well as the wall clock: on a
+machine shared with other work the wall clock swings by more than the difference, the CPU time of one thread much
+less.
 
-    OMP_NUM_THREADS=2 python benchmarks/instance_loss.py
-    OMP_NUM_THREADS=2 python benchmarks/instance_loss.py --z-loss 1e-4
+    OMP_NUM_THREADS=1 python benchmarks/instance_loss.py
+    OMP_NUM_THREADS=1 python benchmarks/instance_loss.py --z-loss 1e-4
 """
 
 from __future__ import annotations
@@ -55,12 +57,13 @@ def main() -> None:
     labels = ids[:, 1:].clone()
     sources = np.arange(args.batch) % 3
     times: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
         log = InstanceLossLog(Path(tmp) / "instance_loss.bin", enabled=True)
         log.start(0)
         for i in range(2 * (args.steps + 2)):
             variant = "on" if (i // 2) % 2 == i % 2 else "off"  # off on on off off on on off ...
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if variant == "off":
                 out = model(ids, labels=labels, z_loss_multiplier=args.z_loss)
                 loss = out if args.z_loss is None else out[0] + out[1]
@@ -78,13 +81,15 @@ def main() -> None:
                 source_metrics(["a", "b", "c"], sources, gathered[:, 0], tokens)
             if i >= 4:
                 times[variant].append(time.perf_counter() - t0)
+                cpu[variant].append(time.process_time() - c0)
         log.close()
-    off, on = statistics.median(times["off"]), statistics.median(times["on"])
     print(
         f"d_model {args.d_model}, {args.layers} layers, vocab {args.vocab}, micro-batch {args.batch} x {args.seq}, "
-        f"z-loss {args.z_loss}, torch threads {torch.get_num_threads()}: step {off:.3f} s without the record, "
-        f"{on:.3f} s with it (medians of {args.steps}); overhead {100 * (on - off) / off:+.2f}%"
+        f"z-loss {args.z_loss}, torch threads {torch.get_num_threads()}, medians of {args.steps} steps each:"
     )
+    for name, series in (("CPU time", cpu), ("wall clock", times)):
+        off, on = statistics.median(series["off"]), statistics.median(series["on"])
+        print(f"  {name}: {off:.3f} s without the record, {on:.3f} s with it: {100 * (on - off) / off:+.2f}%")
 
 
 if __name__ == "__main__":
