@@ -94,3 +94,24 @@ def test_per_source_losses_average_to_the_step_loss(tmp_path: Path) -> None:
     )
     assert weighted / tokens.sum() == pytest.approx(loss_sum.sum() / tokens.sum(), rel=1e-12)
     assert record["train/source/code/supervised_tokens"] == tokens[[0, 3]].sum()
+
+
+def test_mix_sources_are_named_by_the_mix(tmp_path: Path) -> None:
+    """Through a mix, each instance's source is the mix source its tokens came from (read back from the tokens:
+    make_source writes 1,000,000-based ids for web, 2,000,000-based for code)."""
+    from olmo_data.mixture import build_mix, parse_spec
+    from tests.data.test_mixture import make_source, spec
+
+    paths = {
+        "web": make_source(tmp_path / "web", "web", [403, 205], 1_000_000),
+        "code": make_source(tmp_path / "code", "code", [161], 2_000_000),
+    }
+    build_mix(parse_spec(spec(paths)), str(tmp_path / "mix"))
+    source = open_dataset(sequence_length=8, mix=str(tmp_path / "mix"))
+    sources = Sources(source, None)
+    assert sources.labels == ["web", "code"]
+    indices = np.arange(len(source))
+    tokens, _ = source.get_batch(indices)
+    expected = np.where(tokens[:, 0] >= 2_000_000, 1, 0)
+    np.testing.assert_array_equal(sources.of(indices), expected)
+    assert 0 < expected.sum() < len(expected)
