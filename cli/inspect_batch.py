@@ -29,6 +29,18 @@ from olmo_cli.options import Command
     is_flag=True,
     help="Use the order even if it was built for data at other paths (check the batch fingerprint then).",
 )
+@click.option(
+    "--sort",
+    type=click.Choice(["position", "loss"]),
+    default="position",
+    show_default=True,
+    help="Order of the instances: the batch's, or by the run's loss on each at the step (highest first).",
+)
+@click.option(
+    "--save-folder",
+    default=None,
+    help="Where the run's per-instance losses are (default: the config's save_folder).",
+)
 @click.option("--max-tokens", default=16, show_default=True, help="Token ids shown per instance (text output).")
 def inspect_batch(
     config: str,
@@ -42,17 +54,22 @@ def inspect_batch(
     as_json: bool,
     max_tokens: int,
     no_verify_data: bool,
+    sort: str,
+    save_folder: str | None,
 ) -> None:
     """Show which instances, tokens and documents a training step of CONFIG's run trained on.
 
-    Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics.
+    Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics, and, once the run
+    trained the step, the loss it had on each instance (in --json: `loss`, per supervised token, and
+    `supervised_tokens`).
 
     \b
     Examples:
       olmo-data inspect-batch runs/tiny/config.yaml --step 40 --decode
       olmo-data inspect-batch configs/tiny.yaml --step 40 --rank 1 --world-size 2 --json
+      olmo-data inspect-batch runs/tiny/config.yaml --step 40 --sort loss
     """
-    from olmo_data.inspect import format_report
+    from olmo_data.inspect import format_report, sort_instances
     from olmo_data.inspect import inspect_batch as inspect
 
     report = inspect(
@@ -65,7 +82,9 @@ def inspect_batch(
         decode=decode,
         tokenizer=tokenizer,
         verify_data=not no_verify_data,
+        save_folder=save_folder,
     )
+    sort_instances(report, sort)
     if as_json:
         click.echo(json.dumps(report.to_json(), ensure_ascii=False))
     else:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "lineage": "olmo_cli.lineage:lineage",
     "index": "olmo_cli.index:index",
     "stats": "olmo_cli.stats:stats",
+    "spikes": "olmo_cli.spikes:spikes",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
 }
 

@@ -9,6 +9,9 @@ can be compared.
 Document lookups use the side index of `olmo_data.doc_index`, so inspecting a batch never scans a CSV, whatever
 the dataset size.
 
+When the run's save folder holds its per-instance loss record (`olmo_data.instance_loss`), each instance also
+carries the loss the model had on it at that step (mean per supervised token) and its supervised token count.
+
 When the config turns on `data.instance_filter`, each instance says whether OLMo's rule masks it (it stays in the
 batch, the trainer trains none of its tokens) and which repetition caught it: the function is the trainer's own
 (`olmo_data.instance_filter`), so the count matches the run's `train/masked_instances` for the step.
@@ -27,6 +30,7 @@ from olmo_data.doc_index import DocIndex, DocumentSpan
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.instance_filter import Repetition, instance_filter_from_config
+from olmo_data.instance_loss import FILE_NAME, logged_batch_fingerprint, save_folder_of, step_losses
 from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
 from olmo_data.lineage import format_lineage, read_lineage
@@ -58,6 +62,8 @@ class InstanceReport:
     text: str | None = None
     masked: bool | None = None  # caught by data.instance_filter (no target trains); None: the filter is off
     repetition: Repetition | None = None  # of a masked instance, the repetition with the most copies
+    loss: float | None = None  # the run's loss on it at this step, per supervised token; None: no record
+    supervised_tokens: int | None = None  # its target tokens in that loss
 
 
 @dataclass
@@ -82,6 +88,7 @@ class BatchReport:
     masked_instances: int | None = None  # of the instances reported, those the filter masks; None: it is off
     lineage: list[dict[str, Any]] | None = None  # where the run grew from other stages: each stage (lineage.py)
     lineage_note: str | None = None  # the lineage as text, or why it could not be read
+    loss_record: str | None = None  # the instance_loss.bin the losses come from; None: the run has none for the step
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -112,6 +119,8 @@ def inspect_batch(
     doc_index: DocIndex | None = None,
     source: InstanceSource | None = None,
     verify_data: bool = True,
+    save_folder: str | None = None,
+    positions: list[int] | None = None,
 ) -> BatchReport:
     """The global batch of training step `step` (1-based) or `batch_index` (0-based), or rank `rank`'s part.
 
@@ -119,6 +128,8 @@ def inspect_batch(
     epoch-0 order file or a URL). The batch fingerprint always covers the whole global batch, as the
     trainer's. `verify_data=False` uses an order whose recorded data fingerprint differs from the data's (the
     same files moved elsewhere, say); compare the batch fingerprint with the run's metrics to be sure.
+    The per-instance losses are read from `save_folder` (default: the config's, or the folder of a run's own
+    config.yaml). `positions` reports only those positions of the global batch.
     """
     cfg = read_train_config(config) if isinstance(config, str) else config
     rule = instance_filter_from_config(
@@ -175,18 +186,42 @@ def inspect_batch(
         world_size=world_size,
         run_steps=_run_steps(cfg, gbs, source.sequence_length, pos.batches_per_epoch),
     )
+    if positions is not None:
+        chosen = np.asarray(positions, dtype=np.int64)
+    elif rank is not None and world_size is not None:
+        chosen = rank_positions(gbs, rank, world_size)
+    else:
+        chosen = np.arange(gbs)
+    folder = save_folder or save_folder_of(cfg, config if isinstance(config, str) else None)
+    record = os.path.join(folder, FILE_NAME) if folder else None
+    losses = step_losses(record, pos.step) if record is not None else None
+    if losses is not None and len(losses.tokens) != gbs:
+        raise DataError(
+            f"{record}: step {pos.step} has {len(losses.tokens)} instances, but the config's global batch size is "
+            f"{gbs}; is this the run of this config?"
+        )
+    if losses is not None and folder:
+        logged = logged_batch_fingerprint(folder, pos.step)
+        if logged is not None and logged != report.batch_fingerprint:
+            raise DataError(
+                f"{record}: the run in {folder} trained another batch at step {pos.step} (fingerprint {logged} in its "
+                f"metrics, {report.batch_fingerprint} rebuilt from this config): its losses are not this batch's; "
+                "give the config that run used, or --save-folder of this config's run"
+            )
+        if logged is None:  # no way to tell whose batch the losses belong to: none shown rather than maybe wrong
+            losses = None
+    report.loss_record = record if losses is not None else None
     if isinstance(config, str):
         _add_lineage(report, config, cfg)
-    positions = rank_positions(gbs, rank, world_size) if rank is not None and world_size is not None else np.arange(gbs)
-    locations = source.locate_many(indices[positions])
+    locations = source.locate_many(indices[chosen])
     docs = doc_index or DocIndex()
     docs.prepare((loc.path, source.files[loc.file_index].metadata_path) for loc in locations)
     decoder = data_tokenizer(tokenizer, source) if decode else None
     L = source.sequence_length
-    masked = rule.filtered(tokens[positions]) if rule is not None else None
+    masked = rule.filtered(tokens[chosen]) if rule is not None else None
     if rule is not None and masked is not None:
         report.instance_filter, report.masked_instances = rule.settings(), int(masked.sum())
-    for row, (p, loc) in enumerate(zip(positions.tolist(), locations, strict=True)):
+    for row, (p, loc) in enumerate(zip(chosen.tolist(), locations, strict=True)):
         ids = tokens[p]
         caught = rule.repetitions(ids) if rule is not None and masked is not None and masked[row] else []
         report.instances.append(
@@ -208,6 +243,8 @@ def inspect_batch(
                 text=decoder.decode(ids.tolist()) if decoder is not None else None,
                 masked=bool(masked[row]) if masked is not None else None,
                 repetition=max(caught, key=lambda r: r.times) if caught else None,
+                loss=_loss_of(losses.loss[p]) if losses is not None else None,
+                supervised_tokens=int(losses.tokens[p]) if losses is not None else None,
             )
         )
     return report
@@ -224,6 +261,26 @@ def _add_lineage(report: BatchReport, config: str, cfg: dict[str, Any]) -> None:
     if len(stages) > 1:
         report.lineage = [s.to_json() for s in stages]
         report.lineage_note = format_lineage(stages)
+
+
+def _loss_of(value: float) -> float | None:
+    return None if np.isnan(value) else float(value)
+
+
+def sort_instances(report: BatchReport, by: str) -> None:
+    """Order the report's instances by `position` (the batch's order) or `loss` (highest first; instances without
+    a loss last). Sorting by loss needs the run's per-instance loss record for the step."""
+    if by == "position":
+        report.instances.sort(key=lambda i: i.position)
+    elif by == "loss":
+        if report.loss_record is None:
+            raise DataError(
+                f"--sort loss: no per-instance losses for step {report.step} (the save folder has no "
+                f"{FILE_NAME} with that step: the run did not train it yet, or predates the record)"
+            )
+        report.instances.sort(key=lambda i: (i.loss is None, -(i.loss or 0.0), i.position))
+    else:
+        raise DataError(f"--sort {by!r}: expected position or loss")
 
 
 def _run_steps(cfg: dict[str, Any], gbs: int, sequence_length: int, batches_per_epoch: int) -> int | None:
@@ -274,6 +331,9 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         src = f" (source {inst.source})" if inst.source else ""
         mark = " MASKED (instance filter)" if inst.masked else ""
         lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}{mark}")
+        if inst.supervised_tokens is not None:
+            value = "-" if inst.loss is None else f"{inst.loss:.4f}"
+            lines.append(f"    loss: {value} over {inst.supervised_tokens} supervised tokens (at this step)")
         if inst.repetition is not None:
             rep = inst.repetition
             lines.append(

@@ -8,6 +8,8 @@ A save folder holds:
   latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
   config.yaml             the run's resolved config
   metrics.jsonl           one JSON record per step, only ever appended to; metrics.N.jsonl: earlier ones set aside
+  instance_loss.bin       each step's per-instance loss sums and supervised tokens (olmo_data.instance_loss), kept
+                          across resume as metrics.jsonl is; instance_loss.N.bin: earlier ones set aside
   writer.lock             the run writing to the folder (host, pid, Slurm job, heartbeat): one writer at a time
 A checkpoint made by `import-hf` or `import-olmo` is an unsharded one at step 0 with tokenizer.json beside it.
 
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from olmo_data import instance_loss
 from olmo_data.errors import DataError, shown
 from olmo_data.io import json_bytes
 from olmo_train.checkpoint.lineage import check_lineage
@@ -42,6 +45,7 @@ TMP_PREFIX = ".tmp-"  # a checkpoint being written, renamed into place when comp
 REPLACED_PREFIX = ".replaced-"  # a complete checkpoint moved aside while a new save of the same step takes its name
 SAVING_SUFFIX = ".saving"  # marker of the save test hook's pause
 METRICS = "metrics.jsonl"  # save folder: one JSON record per trained step (train/metrics.py)
+INSTANCE_LOSS = instance_loss.FILE_NAME  # save folder: per-instance loss rows of every step (train/instance_losses.py)
 WRITER_LOCK = "writer.lock"  # save folder: who is writing to it (lock.py); removed when that run ends
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 

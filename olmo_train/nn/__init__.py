@@ -16,7 +16,7 @@ from olmo_train.nn.documents import (
     document_positions,
     use_flex,
 )
-from olmo_train.nn.loss import chunk_tokens, token_loss_sum, token_loss_sums
+from olmo_train.nn.loss import chunk_tokens, token_loss_rows, token_loss_sum, token_loss_sums
 from olmo_train.nn.model import Transformer, mlp_hidden_size
 from olmo_train.nn.recompute import checkpointed
 
@@ -33,6 +33,7 @@ __all__ = [
     "float8",
     "lora",
     "mlp_hidden_size",
+    "token_loss_rows",
     "token_loss_sum",
     "token_loss_sums",
     "use_flex",

@@ -24,7 +24,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from olmo_train.config import CHOICES, ModelConfig
 from olmo_train.nn.documents import attention_mask, document_positions, use_flex
-from olmo_train.nn.loss import token_loss_sum, token_loss_sums
+from olmo_train.nn.loss import token_loss_rows, token_loss_sum, token_loss_sums
 from olmo_train.nn.recompute import checkpointed
 
 try:  # optional: only on GPU machines that have it
@@ -263,12 +263,14 @@ class Transformer(nn.Module):
         doc_ids: torch.Tensor | None = None,
         z_loss_multiplier: float | None = None,
         logits_at: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        instance_losses: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(B, T) token ids -> (B, T, embedding_size) logits; with `labels` (B, T - 1), the next-token targets
         (-100: not trained), the summed cross-entropy instead, computed without ever holding the full logits
         (`olmo_train.nn.loss`): training passes them. With `z_loss_multiplier` too, the pair (cross-entropy sum,
         z-loss sum), both over the supervised tokens (a tuple: FSDP2 and DDP follow the tensors of a tuple into
-        backward).
+        backward). With `instance_losses` too, the triple (cross-entropy sum, z-loss sum or None, each row's
+        cross-entropy sum, detached float64 (B,)): the per-instance record of the same forward, the sums unchanged.
 
         Generation passes `positions` (B, T) (each row's own, e.g. after left padding), `mask` (see
         `Attention.forward`), one cache per layer, and `last_only` to compute the logits of the last position
@@ -295,6 +297,8 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
         if labels is not None:
             hidden, chunk = self.norm(x[:, :-1]), self.cfg.loss_chunk_tokens
+            if instance_losses:
+                return token_loss_rows(hidden, self.lm_head.weight, labels, z_loss_multiplier, chunk)
             if z_loss_multiplier is not None:
                 return token_loss_sums(hidden, self.lm_head.weight, labels, z_loss_multiplier, chunk)
             return token_loss_sum(hidden, self.lm_head.weight, labels, chunk)

@@ -41,6 +41,7 @@ from olmo_data.order import (
     rank_slice,
     step_position,
 )
+from olmo_data.sources import Sources
 from olmo_data.train_config import duration_steps
 from olmo_train.checkpoint import space
 from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
@@ -61,6 +62,7 @@ class Batch:
     doc_starts: torch.Tensor | None = None  # (local batch, L) bool, True where a document starts (document_masking)
     # (local batch,) bool, OLMo's instance_mask: False = caught by data.instance_filter (no target trains); None: off
     instance_mask: torch.Tensor | None = None
+    sources: np.ndarray | None = None  # rank 0: the source (index into TrainData.sources.labels) of every position
 
 
 def open_train_source(cfg: TrainConfig) -> InstanceSource:
@@ -115,6 +117,7 @@ class TrainData:
                 "global_train_batch_size"
             )
         self.fingerprint = self.source.fingerprint()
+        self.sources = Sources(self.source, cfg.data.paths)  # labels for train/source/<label>/...
         self.documents = document_starts(self.source, cfg)
         self.instance_filter = instance_filter(cfg)
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
@@ -186,11 +189,12 @@ class TrainData:
         indices = global_batch_indices(
             self.order_location, step, self.gbs, num_instances=self.num_instances, seed=self.cfg.seed
         ).astype(np.int64)
-        fingerprint = None
+        fingerprint, sources = None, None
         local = rank_slice(indices, self.d.rank, self.d.world_size)
         if self.d.is_main:
             tokens, masks = self.source.get_batch(indices)
             fingerprint = batch_fingerprint(tokens)
+            sources = self.sources.of(indices)
             tokens = rank_slice(tokens, 0, self.d.world_size)
             masks = rank_slice(masks, 0, self.d.world_size) if masks is not None else None
         else:
@@ -206,6 +210,7 @@ class TrainData:
             fingerprint=fingerprint,
             doc_starts=torch.from_numpy(starts) if starts is not None else None,
             instance_mask=torch.from_numpy(keep) if keep is not None else None,
+            sources=sources,
         )
 
     def close(self) -> None:

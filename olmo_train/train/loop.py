@@ -42,6 +42,7 @@ from olmo_train.train import relora as relora_regime
 from olmo_train.train import restart
 from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
 from olmo_train.train.downstream import Downstream, start_downstream
+from olmo_train.train.instance_losses import InstanceLossLog, gather_rows, source_metrics
 from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.train.optim import build_optimizer, learning_rate, set_learning_rate
 from olmo_train.train.relora import RELORA_LOAD
@@ -77,6 +78,10 @@ class StepResult:
     stop_requested: bool
     z_loss: float | None = None  # per supervised token, like loss; None: z_loss_multiplier is off
     masked_instances: int = 0  # all ranks' instances caught by data.instance_filter
+    # every instance of the global batch, by position: its cross-entropy sum and supervised tokens (rank 0 writes
+    # them to instance_loss.bin; every rank has them)
+    instance_loss_sum: np.ndarray | None = None
+    instance_tokens: np.ndarray | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -119,6 +124,23 @@ def forward_losses(
     return ce, z
 
 
+def forward_instance_losses(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    doc_starts: torch.Tensor | None = None,
+    z_loss_multiplier: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`forward_losses`' sums (the same gradients bitwise; the cross-entropy sum to float32 rounding, see
+    `olmo_train.nn.loss`) and each row's cross-entropy sum (float64, detached), from the same forward: what training
+    uses, so that every step records the loss of each of its instances."""
+    doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
+    ce, z, rows = model(
+        input_ids, labels=labels, doc_ids=doc_ids, z_loss_multiplier=z_loss_multiplier, instance_losses=True
+    )
+    return ce, z, rows
+
+
 def train_step(
     model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig, d: Dist, stop_flag: bool
 ) -> StepResult:
@@ -140,10 +162,11 @@ def train_step(
     starts = list(range(0, input_ids.shape[0], mbs))
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     z_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    row_sums = []
     for i, start in enumerate(starts):
         with gradient_sync(model, enabled=i == len(starts) - 1), autocast(cfg, d.device):
             rows = slice(start, start + mbs)
-            ce, z = forward_losses(
+            ce, z, row_sum = forward_instance_losses(
                 model,
                 input_ids[rows],
                 labels[rows],
@@ -152,6 +175,7 @@ def train_step(
             )
             ((ce if z is None else ce + z) * scale).backward()
         loss_sum += ce.detach().double()
+        row_sums.append(row_sum)
         if z is not None:
             z_sum += z.detach().double()
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
@@ -161,6 +185,8 @@ def train_step(
     optim.step()
     float8.refresh_scales(model, cfg)  # fp8 all-gather: all weights' new scales in one all-reduce
     optim.zero_grad(set_to_none=True)
+    local_rows = torch.stack([torch.cat(row_sums), (labels != -100).sum(-1).double()], dim=-1)
+    instances = gather_rows(local_rows, d.world_size)  # (global batch, 2), by position
     total_loss, stop, total_z = all_reduce_sum([float(loss_sum), float(stop_flag), float(z_sum)], d.device)
     z_loss = total_z / max(global_count, 1.0) if cfg.z_loss_multiplier is not None else None
     return StepResult(
@@ -170,6 +196,8 @@ def train_step(
         stop > 0,
         z_loss=z_loss,
         masked_instances=int(masked),
+        instance_loss_sum=instances[:, 0],
+        instance_tokens=instances[:, 1].astype(np.int64),
     )
 
 
@@ -191,6 +219,7 @@ def evaluate(
             count += float((labels != -100).sum())
         total, count = all_reduce_sum([total, count], d.device)
         out[f"eval/{label}/loss"] = total / max(count, 1.0)
+        out[f"eval/{label}/supervised_tokens"] = int(count)
     model.train()
     return out
 
@@ -359,6 +388,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         return 0
     metrics = MetricsLog(save_folder / ckpt.METRICS, enabled=d.is_main)
     metrics.start(state.step)
+    instance_log = InstanceLossLog(save_folder / ckpt.INSTANCE_LOSS, enabled=d.is_main)
+    instance_log.start(state.step)  # as metrics.jsonl: the rows up to the checkpoint, then this run's
     state.wandb_run_id = metrics.start_wandb(cfg, state.wandb_run_id)
     L = cfg.model.max_sequence_length
     tokens_per_step = cfg.global_train_batch_size * L
@@ -422,6 +453,13 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
                 "optim/grad_norm": result.grad_norm,
                 "throughput/tokens_per_second": tokens_per_step / dt,
             }
+            if result.instance_loss_sum is not None and result.instance_tokens is not None:
+                instance_log.write(step, result.instance_loss_sum, result.instance_tokens)
+                if batch.sources is not None:  # rank 0: per source, averaging (token-weighted) to train/loss
+                    labels = data.sources.labels
+                    record.update(
+                        source_metrics(labels, batch.sources, result.instance_loss_sum, result.instance_tokens)
+                    )
             if result.z_loss is not None:  # z_loss_multiplier: the optimized loss is train/loss + train/z_loss
                 record["train/z_loss"] = result.z_loss
             if relora is not None:  # adapter norms; after every merge_every-th step, the merge (before any save)
@@ -454,6 +492,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
     finally:  # also on errors: stop the prefetch thread, flush metrics, end the wandb run
         data.close()
         metrics.close()
+        instance_log.close()
     if d.is_main:
         done = "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
         log.info("%s at step %d, %d tokens seen", done, state.step, state.tokens_seen)

@@ -1,0 +1,184 @@
+"""Loss spikes of a run and the data that made them.
+
+A step is a spike when its train/loss is at least `z` standard deviations above the mean of the `window` steps
+before it (the rolling baseline). For each spike the per-instance loss record (`olmo_data.instance_loss`) says how
+much each instance added to the jump: (its loss sum - baseline x its supervised tokens) / the step's supervised
+tokens. These shares add up exactly to (step loss - baseline), so the first few name the data the jump came from;
+their documents and sources are found as `inspect-batch` finds them.
+
+Reads the save folder's files (config.yaml, metrics.jsonl, instance_loss.bin) with numpy alone, never the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from olmo_data.doc_index import DocumentSpan
+from olmo_data.errors import DataError
+from olmo_data.inspect import inspect_batch
+from olmo_data.instance_loss import FILE_NAME, save_folder_of, step_losses
+from olmo_data.instances import open_from_config
+from olmo_data.sources import Sources
+from olmo_data.train_config import read_train_config
+
+METRICS = "metrics.jsonl"  # the trainer's name (olmo_train.checkpoint.layout.METRICS)
+CONFIG = "config.yaml"
+
+
+@dataclass
+class Contributor:
+    position: int  # in the global batch
+    instance: int
+    source: str
+    loss: float | None  # per supervised token
+    supervised_tokens: int
+    contribution: float  # to the step's loss above the baseline
+    path: str
+    token_offset: int
+    documents: list[DocumentSpan] | None
+
+
+@dataclass
+class Spike:
+    step: int
+    loss: float
+    baseline: float
+    std: float
+    z: float
+    contributors: list[Contributor] = field(default_factory=list)
+
+
+@dataclass
+class SpikeReport:
+    run: str
+    window: int
+    z: float
+    steps: int  # steps with a train/loss in metrics.jsonl
+    loss_record: str | None  # instance_loss.bin, None when the run has none
+    spikes: list[Spike] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for spike in out["spikes"]:  # inf (a flat baseline) is not JSON
+            spike["z"] = spike["z"] if math.isfinite(spike["z"]) else None
+        return out
+
+
+def run_files(run: str) -> tuple[str, str]:
+    """(config path, save folder) of RUN: a save folder (its config.yaml) or a training config."""
+    if os.path.isdir(run):
+        config = os.path.join(run, CONFIG)
+        if not os.path.isfile(config):
+            raise DataError(f"{run}: no {CONFIG} in it; give a run's save folder or its training config")
+        return config, run
+    if not os.path.isfile(run):
+        raise DataError(f"{run}: not found; give a run's save folder or its training config")
+    folder = save_folder_of(read_train_config(run), run)
+    if folder is None:
+        raise DataError(f"{run}: the config has no save_folder")
+    return run, folder
+
+
+def read_losses(path: str) -> dict[int, float]:
+    """train/loss by step from a metrics.jsonl (a line cut short by a kill is skipped)."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: not found; the run has logged no steps yet (or this is not its save folder)")
+    out: dict[int, float] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("train/loss"), (int, float)):
+                out[int(record["step"])] = float(record["train/loss"])
+    return out
+
+
+def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> SpikeReport:
+    """The spikes of RUN (save folder or config) and, for each, the `top` instances that added most to it."""
+    if window < 2:
+        raise DataError(f"--window {window}: the baseline needs at least 2 earlier steps")
+    if top < 0:
+        raise DataError(f"--top {top}: expected 0 or more instances per spike")
+    config_path, folder = run_files(run)
+    losses = read_losses(os.path.join(folder, METRICS))
+    record = os.path.join(folder, FILE_NAME)
+    report = SpikeReport(run, window, z, len(losses), record if os.path.isfile(record) else None)
+    steps = sorted(losses)
+    values = np.array([losses[s] for s in steps], dtype=np.float64)
+    for j in range(window, len(steps)):
+        base = values[j - window : j]
+        mean, std = float(base.mean()), float(base.std())
+        score = (values[j] - mean) / std if std > 0 else (math.inf if values[j] > mean else 0.0)
+        if score >= z:
+            report.spikes.append(Spike(steps[j], float(values[j]), mean, std, score))
+    if report.loss_record is not None and top and report.spikes:
+        cfg = read_train_config(config_path)
+        source = open_from_config(cfg)
+        sources = Sources(source, (cfg.get("data") or {}).get("paths"))
+        for spike in report.spikes:
+            spike.contributors = _contributors(config_path, cfg, folder, source, sources, spike, top)
+    return report
+
+
+def _contributors(
+    config_path: str, cfg: dict[str, Any], folder: str, source: Any, sources: Sources, spike: Spike, top: int
+) -> list[Contributor]:
+    rows = step_losses(os.path.join(folder, FILE_NAME), spike.step)
+    if rows is None or rows.tokens.sum() == 0:
+        return []
+    shares = (rows.loss_sum - spike.baseline * rows.tokens) / rows.tokens.sum()
+    order = [int(p) for p in np.argsort(-shares, kind="stable")[:top] if shares[p] > 0]
+    if not order:
+        return []
+    batch = inspect_batch(cfg, step=spike.step, source=source, save_folder=folder, positions=order)
+    labels = sources.of([i.instance for i in batch.instances])
+    return [
+        Contributor(
+            position=i.position,
+            instance=i.instance,
+            source=sources.labels[int(label)],
+            loss=i.loss,
+            supervised_tokens=int(rows.tokens[i.position]),
+            contribution=float(shares[i.position]),
+            path=i.path,
+            token_offset=i.token_offset,
+            documents=i.documents,
+        )
+        for i, label in zip(batch.instances, labels, strict=True)
+    ]
+
+
+def format_spikes(report: SpikeReport) -> str:
+    """The text `olmo-data spikes` prints."""
+    r = report
+    lines = [
+        f"{r.run}: {r.steps} steps of train/loss; a spike is a loss >= {r.z:g} standard deviations above the mean "
+        f"of the {r.window} steps before it: {len(r.spikes)} found"
+    ]
+    if r.loss_record is None and r.spikes:
+        lines.append(f"(no {FILE_NAME} in the save folder: the instances behind each spike cannot be named)")
+    for s in r.spikes:
+        score = f"{s.z:.1f}" if math.isfinite(s.z) else "inf (flat baseline)"
+        lines.append(f"step {s.step}: loss {s.loss:.4f}, baseline {s.baseline:.4f} ± {s.std:.4f}, z {score}")
+        if s.contributors:
+            lines.append(f"  instances adding most to the jump of {s.loss - s.baseline:+.4f}:")
+        for c in s.contributors:
+            loss = "-" if c.loss is None else f"{c.loss:.4f}"
+            lines.append(
+                f"  [{c.position}] instance {c.instance} (source {c.source}): loss {loss} over {c.supervised_tokens} "
+                f"tokens, {c.contribution:+.4f} to the step's loss; {c.path} @ token {c.token_offset}"
+            )
+            for d in c.documents or []:
+                lines.append(
+                    f"      doc {d.id!r} from {d.src} line {d.loc}: instance tokens [{d.instance_start}, "
+                    f"{d.instance_end})"
+                )
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""The trainer's per-instance and per-source loss records.
+
+Each step's forward also gives every row's cross-entropy sum (`olmo_train.nn.loss.token_loss_rows`); `train_step`
+gathers all ranks' rows into global batch order (rank r holds positions r, r+W, ...), and rank 0 appends them to
+`save_folder/instance_loss.bin` (format: `olmo_data.instance_loss`) and sums them per source of the data (each
+data.paths entry or mix source, `olmo_data.sources`) into `train/source/<label>/loss` and `.../supervised_tokens`.
+
+The side file follows metrics.jsonl's rule on resume: it is continued when it holds exactly the steps up to the
+checkpoint resumed from; otherwise (steps past it, a row cut short by a kill, an earlier run's rows before a fresh
+start) it is kept whole as instance_loss.N.bin and the new file begins with the rows up to the checkpoint. So it
+never holds a step twice and has no gap, on any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from olmo_data.errors import DataError
+from olmo_data.instance_loss import ROW, aside_name
+from olmo_data.io import atomic_path
+from olmo_train.checkpoint import space
+
+log = logging.getLogger("olmo_train")
+
+
+def gather_rows(values: torch.Tensor, world_size: int) -> np.ndarray:
+    """All ranks' (local batch, k) float64 rows in global batch order: rank r's row i is position r + W*i."""
+    if world_size > 1 and dist.is_initialized():
+        parts = [torch.empty_like(values) for _ in range(world_size)]
+        dist.all_gather(parts, values.contiguous())
+        stacked = torch.stack(parts, dim=1)  # (local batch, W, k): position i*W + r
+        values = stacked.reshape(-1, values.shape[-1])
+    return values.cpu().numpy()
+
+
+def source_metrics(
+    labels: list[str], source_ids: np.ndarray, loss_sum: np.ndarray, tokens: np.ndarray
+) -> dict[str, Any]:
+    """train/source/<label>/supervised_tokens for every source and .../loss (mean per supervised token) where the
+    step had any; their token-weighted mean is the step's train/loss."""
+    out: dict[str, Any] = {}
+    token_sums = np.bincount(source_ids, weights=tokens, minlength=len(labels))
+    loss_sums = np.bincount(source_ids, weights=loss_sum, minlength=len(labels))
+    for i, label in enumerate(labels):
+        out[f"train/source/{label}/supervised_tokens"] = int(token_sums[i])
+        if token_sums[i] > 0:
+            out[f"train/source/{label}/loss"] = float(loss_sums[i] / token_sums[i])
+    return out
+
+
+class InstanceLossLog:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+        self._file: Any = None
+
+    def start(self, resume_step: int) -> None:
+        """Append after the rows of steps up to `resume_step`; a file holding anything else is set aside first."""
+        if not self.enabled:
+            return
+        with space.refused_writes(self.path.parent, self.path.name):
+            self._start(resume_step)
+
+    def _start(self, resume_step: int) -> None:
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        keep = 0
+        if size >= ROW.itemsize:
+            rows = np.memmap(self.path, dtype=ROW, mode="r", shape=(size // ROW.itemsize,))
+            keep = int(np.searchsorted(rows["step"], resume_step, "right")) * ROW.itemsize
+            del rows
+        if keep != size:
+            aside = self._free_aside()
+            try:  # a second name for the whole file (no moment without either), or a copy without hard links
+                os.link(self.path, aside)
+            except OSError:
+                shutil.copyfile(self.path, aside)
+            with atomic_path(self.path) as tmp, aside.open("rb") as src, tmp.open("wb") as dst:
+                _copy_prefix(src, dst, keep)
+            log.warning(
+                "%s holds rows past step %d, where this run resumes (or a row cut short): kept whole as %s; "
+                "%s continues after step %d",
+                self.path,
+                resume_step,
+                aside.name,
+                self.path.name,
+                resume_step,
+            )
+        self._file = self.path.open("ab")
+
+    def _free_aside(self) -> Path:
+        n = 1
+        while self.path.with_name(aside_name(n)).exists():
+            n += 1
+        return self.path.with_name(aside_name(n))
+
+    def write(self, step: int, loss_sum: np.ndarray, tokens: np.ndarray) -> None:
+        """Append step `step`'s rows (global batch order) in one write."""
+        if not self.enabled:
+            return
+        rows = np.empty(len(loss_sum), dtype=ROW)
+        rows["step"] = step
+        rows["position"] = np.arange(len(loss_sum))
+        rows["tokens"] = tokens
+        rows["loss_sum"] = loss_sum
+        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
+            with space.refused_writes(self.path.parent, f"{self.path.name} (step {step})"):
+                self._file.write(rows.tobytes())
+                self._file.flush()
+        except DataError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
+                file.close()
+            raise
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _copy_prefix(src: Any, dst: Any, length: int) -> None:
+    left = length
+    while left > 0:
+        chunk = src.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        dst.write(chunk)
+        left -= len(chunk)

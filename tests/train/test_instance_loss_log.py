@@ -1,0 +1,117 @@
+"""instance_loss.bin: the trainer's writer and olmo_data's reader agree, a resume keeps exactly the rows up to its
+checkpoint (the rest, and a row cut short, set aside whole), and per-source sums average to the step's loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmo_data.errors import DataError
+from olmo_data.instance_loss import ROW, aside_name, read_rows, step_losses
+from olmo_data.instances import open_dataset
+from olmo_data.sources import Sources
+from olmo_train.train.instance_losses import InstanceLossLog, source_metrics
+
+GBS = 6
+
+
+def step_values(step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(step)
+    tokens = rng.integers(0, 40, GBS)
+    return rng.random(GBS) * tokens * 3, tokens
+
+
+def write_steps(path: Path, resume: int, steps: range) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = InstanceLossLog(path, enabled=True)
+    log.start(resume)
+    for step in steps:
+        log.write(step, *step_values(step))
+    log.close()
+
+
+def test_rows_read_back_by_step(tmp_path: Path) -> None:
+    path = tmp_path / "instance_loss.bin"
+    write_steps(path, 0, range(1, 6))
+    assert path.stat().st_size == 5 * GBS * 20 == 5 * GBS * ROW.itemsize
+    for step in range(1, 6):
+        got = step_losses(path, step)
+        loss_sum, tokens = step_values(step)
+        assert got is not None and got.step == step
+        np.testing.assert_array_equal(got.tokens, tokens)
+        np.testing.assert_array_equal(got.loss_sum, loss_sum)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            np.testing.assert_array_equal(got.loss, np.where(tokens > 0, loss_sum / tokens, np.nan))
+    assert step_losses(path, 6) is None and step_losses(tmp_path / "none.bin", 1) is None
+
+
+def test_resume_keeps_rows_up_to_the_checkpoint_and_sets_the_rest_aside(tmp_path: Path) -> None:
+    unbroken = tmp_path / "a" / "instance_loss.bin"
+    write_steps(unbroken, 0, range(1, 9))
+    path = tmp_path / "b" / "instance_loss.bin"
+    write_steps(path, 0, range(1, 6))  # trained to 5, but its last checkpoint is step 3 (killed)
+    with path.open("ab") as f:
+        f.write(b"\x07" * 9)  # a row cut short by the kill
+    before = path.read_bytes()
+    write_steps(path, 3, range(4, 9))  # the resumed run trains 4..8
+    assert path.read_bytes() == unbroken.read_bytes()  # no gap, no step twice
+    assert (path.parent / aside_name(1)).read_bytes() == before  # every row any run wrote is still on disk
+    write_steps(path, 8, range(9, 9))  # a plain continuation: nothing set aside
+    assert not (path.parent / aside_name(2)).exists() and path.read_bytes() == unbroken.read_bytes()
+    write_steps(path, 0, range(1, 3))  # a fresh start in the same folder: the old file goes aside whole
+    assert (path.parent / aside_name(2)).read_bytes() == unbroken.read_bytes()
+    assert read_rows(path)["step"].tolist() == [1] * GBS + [2] * GBS
+
+
+def test_a_foreign_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "instance_loss.bin"
+    rows = np.zeros(3, dtype=ROW)
+    rows["step"] = 1
+    rows["position"] = [0, 2, 1]
+    path.write_bytes(rows.tobytes())
+    with pytest.raises(DataError, match=r"instance_loss.bin: step 1's rows are not positions 0..2 in order"):
+        step_losses(path, 1)
+
+
+def test_per_source_losses_average_to_the_step_loss(tmp_path: Path) -> None:
+    paths = [tmp_path / "code.npy", tmp_path / "books.npy"]
+    for i, p in enumerate(paths):
+        np.arange(40 * (i + 1), dtype=np.uint16).tofile(p)
+    source = open_dataset([str(p) for p in paths], sequence_length=8)
+    sources = Sources(source, [str(p) for p in paths])
+    assert sources.labels == ["code", "books"]
+    ids = sources.of(np.arange(len(source)))
+    assert ids.tolist() == [0] * 5 + [1] * 10  # 5 instances of 8 tokens in code.npy, then books.npy's 10
+    loss_sum, tokens = step_values(3)
+    record = source_metrics(sources.labels, np.array([0, 1, 1, 0, 1, 1]), loss_sum, tokens)
+    weighted = sum(
+        record[f"train/source/{s}/loss"] * record[f"train/source/{s}/supervised_tokens"] for s in ["code", "books"]
+    )
+    assert (
+        record["train/source/code/supervised_tokens"] + record["train/source/books/supervised_tokens"] == tokens.sum()
+    )
+    assert weighted / tokens.sum() == pytest.approx(loss_sum.sum() / tokens.sum(), rel=1e-12)
+    assert record["train/source/code/supervised_tokens"] == tokens[[0, 3]].sum()
+
+
+def test_mix_sources_are_named_by_the_mix(tmp_path: Path) -> None:
+    """Through a mix, each instance's source is the mix source its tokens came from (read back from the tokens:
+    make_source writes 1,000,000-based ids for web, 2,000,000-based for code)."""
+    from olmo_data.mixture import build_mix, parse_spec
+    from tests.data.test_mixture import make_source, spec
+
+    paths = {
+        "web": make_source(tmp_path / "web", "web", [403, 205], 1_000_000),
+        "code": make_source(tmp_path / "code", "code", [161], 2_000_000),
+    }
+    build_mix(parse_spec(spec(paths)), str(tmp_path / "mix"))
+    source = open_dataset(sequence_length=8, mix=str(tmp_path / "mix"))
+    sources = Sources(source, None)
+    assert sources.labels == ["web", "code"]
+    indices = np.arange(len(source))
+    tokens, _ = source.get_batch(indices)
+    expected = np.where(tokens[:, 0] >= 2_000_000, 1, 0)
+    np.testing.assert_array_equal(sources.of(indices), expected)
+    assert 0 < expected.sum() < len(expected)
