@@ -18,7 +18,6 @@ documents.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from olmo_data.instances import InstanceSource
 from olmo_data.io import is_remote
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace import SCAN_CHUNK, Target, TraceReport, open_run, parse_steps, trace
+from olmo_data.trace import SCAN_CHUNK, Target, TraceReport, open_run, parse_steps, scan_tasks, trace
 
 MIN_TOKENS = 8
 _WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
@@ -152,20 +151,9 @@ def scan_matches(
     with tqdm(
         total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
     ) as bar:
-        results: Iterator[tuple[str, int, np.ndarray]]
-        if processes <= 1 or total < 4 * SCAN_CHUNK:
-            results = map(_scan_chunk, tasks)
-            for path, n, found in results:
-                parts[path].append(found)
-                bar.update(n)
-        else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ctx.Pool(min(processes, len(tasks))) as pool:
-                for path, n, found in pool.imap_unordered(_scan_chunk, tasks):
-                    parts[path].append(found)
-                    bar.update(n)
+        for path, n, found in scan_tasks(_scan_chunk, tasks, processes, total):
+            parts[path].append(found)
+            bar.update(n)
     out = {}
     for path, pieces in parts.items():
         rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)

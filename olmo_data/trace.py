@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,20 @@ def _rows_with_id(blob: bytes, offsets: np.ndarray, doc_id: bytes) -> Iterator[i
         at = blob.find(doc_id, at + 1)
 
 
+def scan_tasks(fn: Callable[[Any], Any], tasks: list[Any], processes: int, total_tokens: int) -> Iterator[Any]:
+    """`fn` over the chunks of a scan, in completion order: here for small data (starting processes costs more
+    than it saves below a few chunks), else in a pool of `processes` (forked where the platform can, so the
+    workers share the memory maps' page cache)."""
+    if processes <= 1 or total_tokens < 4 * SCAN_CHUNK:
+        yield from map(fn, tasks)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(min(processes, len(tasks))) as pool:
+        yield from pool.imap_unordered(fn, tasks)
+
+
 def find_tokens(
     source: InstanceSource,
     sequence: Sequence[int],
@@ -195,19 +209,9 @@ def find_tokens(
     with tqdm(
         total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
     ) as bar:
-        if processes <= 1 or total < 4 * SCAN_CHUNK:  # small data: starting processes costs more than it saves
-            results: Iterator[tuple[str, int, list[int]]] = map(_scan_chunk, tasks)
-            for path, n, hits in results:
-                found[path].extend(hits)
-                bar.update(n)
-        else:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            with ctx.Pool(min(processes, len(tasks))) as pool:
-                for path, n, hits in pool.imap_unordered(_scan_chunk, tasks):
-                    found[path].extend(hits)
-                    bar.update(n)
+        for path, n, hits in scan_tasks(_scan_chunk, tasks, processes, total):
+            found[path].extend(hits)
+            bar.update(n)
     seconds = time.perf_counter() - t0
     targets = [Target(name, k, at, at + len(seq)) for k, f in enumerate(source.files) for at in sorted(found[f.path])]
     return targets, {"tokens": float(total), "seconds": seconds, "tokens_per_second": total / max(seconds, 1e-9)}
