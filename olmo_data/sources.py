@@ -13,8 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource
 from olmo_data.io import is_remote
+from olmo_data.token_files import entry_file_counts
 
 
 class Sources:
@@ -38,23 +40,37 @@ class Sources:
 
 def _path_entries(files: list[str], paths: list[str]) -> tuple[list[str], np.ndarray]:
     """Each data.paths entry's label, and the entry of each token file. Entries expand to their files in order, so
-    the files of entry e follow those of entry e-1; a file no entry names is its own source."""
+    the files of entry e follow those of entry e-1, as many as it expands to (an entry listed twice, OLMo's way to
+    upsample, is two sources of its own files); files that do not line up with the entries are one source each."""
     entries = [p if is_remote(p) else os.path.abspath(os.path.expanduser(p)) for p in map(str, paths)]
     entries = [e.rstrip("/") for e in entries]
-    labels: list[str] = []
-    names = [_short(e) for e in entries]
-    for i, name in enumerate(names):
-        labels.append(name if names.count(name) == 1 else f"{name}.{i}")
-    out = np.zeros(len(files), dtype=np.int64)
-    e = 0
-    for k, f in enumerate(files):
-        while e < len(entries) and not (f == entries[e] or f.startswith(entries[e] + "/")):
-            e += 1
-        if e == len(entries):  # not data.paths' files (a caller without paths): one source per file
-            labels = [_short(x) for x in files]
-            return labels, np.arange(len(files), dtype=np.int64)
-        out[k] = e
-    return labels, out
+    try:
+        counts = entry_file_counts(entries)
+    except DataError:  # the entries are not where the files were read from (another working directory)
+        counts = []
+    out = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    lined_up = len(out) == len(files) and all(
+        f == entries[e] or f.startswith(entries[e] + "/") for f, e in zip(files, out.tolist(), strict=True)
+    )
+    if not lined_up:  # not data.paths' files (a caller without paths): one source per file
+        return unique_labels([_short(x) for x in files]), np.arange(len(files), dtype=np.int64)
+    return unique_labels([_short(e) for e in entries]), out
+
+
+def unique_labels(names: list[str]) -> list[str]:
+    """The names, each one that another shares given its position as a suffix ("train.0", "train.1"): repeated
+    until none collides, so a name that itself ends in ".1" cannot take another's label (metrics by label would
+    overwrite each other). Two suffixed labels never collide: the digits after the last "." tell them apart."""
+    labels = list(names)
+    suffixed = [False] * len(labels)
+    while True:
+        clashing = [i for i, x in enumerate(labels) if not suffixed[i] and labels.count(x) > 1]
+        if not clashing:
+            break
+        for i in clashing:
+            labels[i], suffixed[i] = f"{labels[i]}.{i}", True
+    assert len(set(labels)) == len(labels), labels
+    return labels
 
 
 def _short(path: str) -> str:

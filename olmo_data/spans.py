@@ -29,7 +29,16 @@ from olmo_data.instances import InstanceSource
 from olmo_data.io import is_remote
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace import SCAN_CHUNK, Target, TraceReport, open_run, parse_steps, scan_tasks, trace
+from olmo_data.trace import (
+    SCAN_CHUNK,
+    Target,
+    TraceReport,
+    check_token_ids,
+    open_run,
+    parse_steps,
+    scan_tasks,
+    trace,
+)
 
 MIN_TOKENS = 8
 _WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
@@ -176,7 +185,7 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, int]) -> tuple[str, 
     top = int(query.max()) + 1
     table = np.zeros(top + 1, dtype=bool)
     table[query] = True
-    inside = table[np.minimum(window, top)]
+    inside = table[np.minimum(window.astype(np.int64), top)]  # in int64: top may exceed the dtype (65535 + 1)
     running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
     candidates = np.flatnonzero(running[k : k + count] - running[:count] == k)
     if not len(candidates):
@@ -227,10 +236,10 @@ def trace_spans(
     """The maximal spans of `text` (or of token ids `tokens`) found in the training data of `config`'s run, each
     with its documents and the steps (within `steps`, "A..B") that trained on it."""
     if (text is None) == (tokens is None):
-        raise DataError("--spans: give a text or token ids, not both")
+        raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
     cfg, source = open_run(config)
     tok = data_tokenizer(tokenizer, source, "--spans")
-    query = list(tokens) if tokens is not None else tok.encode(str(text))
+    query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))
     if not query:
         raise DataError("--spans: the text encodes to no tokens")
     index = open_index(source, index_dir) if use_index else None

@@ -65,8 +65,13 @@ class SpikeReport:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        for spike in out["spikes"]:  # inf (a flat baseline) is not JSON
-            spike["z"] = spike["z"] if math.isfinite(spike["z"]) else None
+        for spike in out["spikes"]:  # inf (a flat baseline, a NaN/inf loss) and NaN are not JSON: null
+            for key in ("z", "loss", "baseline", "std"):
+                spike[key] = spike[key] if math.isfinite(spike[key]) else None
+            spike["finite"] = spike["loss"] is not None
+            for c in spike["contributors"]:
+                for key in ("loss", "contribution"):
+                    c[key] = c[key] if c[key] is None or math.isfinite(c[key]) else None
         return out
 
 
@@ -86,7 +91,8 @@ def run_files(run: str) -> tuple[str, str]:
 
 
 def read_losses(path: str) -> dict[int, float]:
-    """train/loss by step from a metrics.jsonl (a line cut short by a kill is skipped)."""
+    """train/loss by step from a metrics.jsonl (a line cut short by a kill, and a record of no step, such as the
+    eval_on_start ones, are skipped)."""
     if not os.path.isfile(path):
         raise DataError(f"{path}: not found; the run has logged no steps yet (or this is not its save folder)")
     out: dict[int, float] = {}
@@ -96,8 +102,10 @@ def read_losses(path: str) -> dict[int, float]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and isinstance(record.get("train/loss"), (int, float)):
-                out[int(record["step"])] = float(record["train/loss"])
+            if not isinstance(record, dict) or type(record.get("step")) is not int:
+                continue
+            if isinstance(record.get("train/loss"), (int, float)):
+                out[record["step"]] = float(record["train/loss"])
     return out
 
 
@@ -112,13 +120,20 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
     record = os.path.join(folder, FILE_NAME)
     report = SpikeReport(run, window, z, len(losses), record if os.path.isfile(record) else None)
     steps = sorted(losses)
-    values = np.array([losses[s] for s in steps], dtype=np.float64)
-    for j in range(window, len(steps)):
-        base = values[j - window : j]
-        mean, std = float(base.mean()), float(base.std())
-        score = (values[j] - mean) / std if std > 0 else (math.inf if values[j] > mean else 0.0)
+    finite: list[float] = []  # the losses the baseline is made of: a NaN or inf would poison every later one
+    for step in steps:
+        loss = losses[step]
+        base = np.array(finite[-window:])
+        mean, std = (float(base.mean()), float(base.std())) if len(base) else (math.nan, math.nan)
+        if not math.isfinite(loss):  # a diverged step is always a spike, with or without a baseline
+            report.spikes.append(Spike(step, loss, mean, std, math.inf))
+            continue
+        finite.append(loss)
+        if len(base) < window:
+            continue
+        score = (loss - mean) / std if std > 0 else (math.inf if loss > mean else 0.0)
         if score >= z:
-            report.spikes.append(Spike(steps[j], float(values[j]), mean, std, score))
+            report.spikes.append(Spike(step, loss, mean, std, score))
     if report.loss_record is not None and top and report.spikes:
         cfg = read_train_config(config_path)
         source = open_from_config(cfg)
@@ -134,7 +149,11 @@ def _contributors(
     rows = step_losses(os.path.join(folder, FILE_NAME), spike.step)
     if rows is None or rows.tokens.sum() == 0:
         return []
-    shares = (rows.loss_sum - spike.baseline * rows.tokens) / rows.tokens.sum()
+    baseline = spike.baseline if math.isfinite(spike.baseline) else 0.0
+    with np.errstate(invalid="ignore"):  # a row whose loss is NaN/inf is what made a non-finite step: first
+        shares = np.where(
+            np.isfinite(rows.loss_sum), (rows.loss_sum - baseline * rows.tokens) / rows.tokens.sum(), np.inf
+        )
     order = [int(p) for p in np.argsort(-shares, kind="stable")[:top] if shares[p] > 0]
     if not order:
         return []
@@ -167,8 +186,12 @@ def format_spikes(report: SpikeReport) -> str:
         lines.append(f"(no {FILE_NAME} in the save folder: the instances behind each spike cannot be named)")
     for s in r.spikes:
         score = f"{s.z:.1f}" if math.isfinite(s.z) else "inf (flat baseline)"
+        if not math.isfinite(s.loss):
+            score = "- (the loss is not a finite number: the step diverged)"
         lines.append(f"step {s.step}: loss {s.loss:.4f}, baseline {s.baseline:.4f} ± {s.std:.4f}, z {score}")
-        if s.contributors:
+        if s.contributors and not math.isfinite(s.loss):
+            lines.append("  instances with a non-finite loss first, then those adding most above the baseline:")
+        elif s.contributors:
             lines.append(f"  instances adding most to the jump of {s.loss - s.baseline:+.4f}:")
         for c in s.contributors:
             loss = "-" if c.loss is None else f"{c.loss:.4f}"

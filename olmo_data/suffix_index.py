@@ -15,7 +15,10 @@ token) into the existing file. Each token file gets a folder `suffix-index/NAME/
 
 Shards are built in bounded memory (about 64 bytes a token of a shard with numpy, 10 with divsufsort), in
 parallel over processes, and a rerun skips done shards; a token file changed since its index was built makes
-queries refuse the index, and a rerun rebuilds only the shards whose window checksum changed.
+queries refuse the index, and a rerun rebuilds only the shards whose window checksum changed. A rerun that will
+rewrite shards (the file or the settings changed) deletes the manifest first, and queries check that the shards
+cover the file exactly, so a rebuild cut short never answers from a mix of old and new shards. Empty token files
+hold no match and get no index.
 """
 
 from __future__ import annotations
@@ -166,12 +169,16 @@ def build_index(
     for path, f in files.items():
         if is_remote(path):
             raise DataError(f"{path}: indexing reads whole token files; copy the token files here first")
+        if f.num_tokens == 0:  # holds no match; a memory map of it cannot even be opened
+            continue
         folder = index_folder(path, index_dir)
         stamp = file_stamp(path)
         old = _read_manifest(folder)
-        trust = old is not None and old.get("stamp") == stamp and old.get("shard_tokens") == shard_tokens
-        if old is not None and old.get("stamp") != stamp:
-            messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
+        settings = {"version": INDEX_VERSION, "dtype": f.dtype, "shard_tokens": shard_tokens, "context": context}
+        trust = old is not None and old.get("stamp") == stamp and all(old.get(k) == v for k, v in settings.items())
+        if old is not None and not trust:  # shards are about to change: no manifest may vouch for a mix of them
+            if old.get("stamp") != stamp:
+                messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
             (folder / "manifest.json").unlink()
         folder.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build
@@ -187,13 +194,10 @@ def build_index(
             else:
                 tasks.append(task)
         manifests[path] = {
-            "version": INDEX_VERSION,
+            **settings,
             "token_file": os.path.abspath(path),
-            "dtype": f.dtype,
             "num_tokens": n,
             "stamp": stamp,
-            "shard_tokens": shard_tokens,
-            "context": context,
             "shards": len(shards),
         }
     from tqdm import tqdm
@@ -281,11 +285,21 @@ class FileSuffixIndex:
         self.path = path
         self.tokens = token_array(path, dtype)
         self.shards: list[Shard] = []
+        n = len(self.tokens)
         for k in range(int(manifest["shards"])):
-            meta = json.loads((folder / f"shard-{k:05d}.json").read_text())
             data = folder / f"shard-{k:05d}.u32"
-            positions = np.memmap(data, dtype="<u4", mode="r") if meta["end"] > meta["start"] else np.zeros(0, "<u4")
-            self.shards.append(Shard(int(meta["start"]), int(meta["end"]), int(meta["window_end"]), positions))
+            try:
+                meta = json.loads((folder / f"shard-{k:05d}.json").read_text())
+                size = data.stat().st_size
+            except (OSError, ValueError):
+                meta, size = {}, -1
+            start, end, window_end = (int(meta.get(key, -1)) for key in ("start", "end", "window_end"))
+            previous = self.shards[-1].end if self.shards else 0
+            if start != previous or not start < end <= window_end <= n or size != 4 * (end - start):
+                raise _not_covering(folder, path, n)
+            self.shards.append(Shard(start, end, window_end, np.memmap(data, dtype="<u4", mode="r")))
+        if (self.shards[-1].end if self.shards else 0) != n:
+            raise _not_covering(folder, path, n)
 
     def _compare(self, pos: np.ndarray, queries: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
         return compare_suffixes(self.tokens, pos, queries, limit)
@@ -351,23 +365,39 @@ class FileSuffixIndex:
         return np.minimum(best, n - starts)
 
 
+def _not_covering(folder: Path, path: str, n: int) -> DataError:
+    return DataError(
+        f"{folder}: the suffix index's shards do not cover the {n} tokens of {path} exactly (a rebuild cut "
+        "short?); rerun `olmo-data index CONFIG`, or trace with --no-index"
+    )
+
+
 class RunIndex:
     """The indexes of every distinct token file of a run, checked fresh."""
 
-    def __init__(self, files: dict[str, FileSuffixIndex], tokens: int) -> None:
+    def __init__(self, files: dict[str, FileSuffixIndex], tokens: int, empty: Sequence[str] = ()) -> None:
         self.files = files
         self.tokens = tokens
+        self.empty = list(empty)  # token files of no tokens: never indexed, never a match
 
     def find(self, sequence: Sequence[int]) -> dict[str, np.ndarray]:
-        seq = np.asarray(sequence, dtype=np.int64)
-        return {path: index.find(seq) for path, index in self.files.items()}
+        seq = _never_past_end(sequence)
+        out = {path: np.zeros(0, dtype=np.int64) for path in self.empty}
+        return out | {path: index.find(seq) for path, index in self.files.items()}
 
     def longest(self, query: Sequence[int], starts: np.ndarray) -> np.ndarray:
-        q = np.asarray(query, dtype=np.int64)
+        q = _never_past_end(query)
         best = np.zeros(len(starts), dtype=np.int64)
         for index in self.files.values():
             best = np.maximum(best, index.longest(q, starts))
         return best
+
+
+def _never_past_end(query: Sequence[int]) -> np.ndarray:
+    """The query as int64, a negative id (which no token file holds) made one that sorts after every suffix, so
+    that it cannot equal the PAST_END marker and match where a scan would not."""
+    q = np.asarray(query, dtype=np.int64)
+    return np.where(q < 0, QUERY_ABOVE << 1, q)
 
 
 def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex | None:
@@ -376,7 +406,10 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
     files = {f.path: f for f in source.files}
     found: dict[str, FileSuffixIndex] = {}
     missing = []
+    empty = [path for path, f in files.items() if f.num_tokens == 0]
     for path, f in files.items():
+        if f.num_tokens == 0:
+            continue
         folder = index_folder(path, index_dir)
         manifest = None if is_remote(path) else _read_manifest(folder)
         if manifest is None:
@@ -387,6 +420,11 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
                 f"{folder}: this suffix index was built for another version of {path} (its size, modification time "
                 "or content changed); rerun `olmo-data index CONFIG` to update it, or trace with --no-index"
             )
+        if manifest.get("dtype") != f.dtype or manifest.get("num_tokens") != f.num_tokens:
+            raise DataError(
+                f"{folder / 'manifest.json'}: indexes {manifest.get('num_tokens')} {manifest.get('dtype')} tokens, "
+                f"but the run reads {path} as {f.num_tokens} {f.dtype} tokens; rerun `olmo-data index CONFIG`"
+            )
         found[path] = FileSuffixIndex(path, f.dtype, folder, manifest)
     if not found:
         return None
@@ -395,4 +433,4 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
             f"{missing[0]}: no suffix index, though {len(found)} other token file(s) of the run have one; run "
             "`olmo-data index CONFIG` to index them all, or trace with --no-index"
         )
-    return RunIndex(found, sum(int(len(i.tokens)) for i in found.values()))
+    return RunIndex(found, sum(int(len(i.tokens)) for i in found.values()), empty)

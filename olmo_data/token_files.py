@@ -48,10 +48,16 @@ class _Entry:
     instance_length: int | None = None  # a chat directory's instances are whole examples of this length
 
 
-def _expand_paths(paths: Sequence[str], dtype: str | None) -> list[_Entry]:
+def entry_file_counts(paths: Sequence[str], dtype: str | None = None) -> list[int]:
+    """How many token files each data.paths entry expands to (its files follow the previous entry's)."""
+    manifests = Manifests()
+    return [len(_expand_paths([p], dtype, manifests)) for p in paths]
+
+
+def _expand_paths(paths: Sequence[str], dtype: str | None, manifests: Manifests | None = None) -> list[_Entry]:
     """Token files (with what their manifest says) for each path or directory of data.paths, in order."""
     out: list[_Entry] = []
-    manifests = Manifests()
+    manifests = manifests if manifests is not None else Manifests()
     for raw in paths:
         path = str(raw)
         path = path if is_remote(path) else os.path.abspath(os.path.expanduser(path))

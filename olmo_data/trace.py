@@ -429,7 +429,7 @@ def find_targets(
     if text is None and tokens is None:
         return find_documents(source, ids, source_glob, missing_ok=missing_ok), None
     if tokens is not None:
-        sequence, name = parse_token_ids(tokens), tokens
+        sequence, name = check_token_ids(source, parse_token_ids(tokens), "--tokens"), tokens
     else:
         sequence, name = data_tokenizer(tokenizer, source, "--text").encode(str(text)), str(text)
     index = open_index(source, index_dir) if use_index else None
@@ -449,6 +449,16 @@ def parse_token_ids(value: str) -> list[int]:
         return [int(x) for x in value.replace(" ", "").split(",") if x]
     except ValueError as e:
         raise DataError(f"--tokens {value!r}: expected token ids separated by commas") from e
+
+
+def check_token_ids(source: InstanceSource, ids: list[int], option: str) -> list[int]:
+    """Token ids the run's token files can hold: a negative id or one above every file's dtype matches nothing in
+    a scan, and -1 would match the suffix index's past-the-end marker, so both are refused rather than answered."""
+    top = max(int(np.iinfo(DTYPES[f.dtype]).max) for f in source.files)
+    bad = [t for t in ids if not 0 <= t <= top]
+    if bad:
+        raise DataError(f"{option}: token id {bad[0]} is outside 0..{top}, the ids the run's token files can hold")
+    return ids
 
 
 def parse_steps(value: str | None) -> tuple[int, int] | None:

@@ -7,8 +7,8 @@ data.paths entry or mix source, `olmo_data.sources`) into `train/source/<label>/
 
 The side file follows metrics.jsonl's rule on resume: it is continued when it holds exactly the steps up to the
 checkpoint resumed from; otherwise (steps past it, a row cut short by a kill, an earlier run's rows before a fresh
-start) it is kept whole as instance_loss.N.bin and the new file begins with the rows up to the checkpoint. So it
-never holds a step twice and has no gap, on any world size.
+start) it is kept whole as instance_loss.N.bin and the new file begins with the rows up to the checkpoint (with none,
+when they end before the checkpoint's step). So it never holds a step twice and has no gap, on any world size.
 """
 
 from __future__ import annotations
@@ -72,11 +72,16 @@ class InstanceLossLog:
 
     def _start(self, resume_step: int) -> None:
         size = self.path.stat().st_size if self.path.is_file() else 0
-        keep = 0
+        keep, last, why = 0, 0, ""
         if size >= ROW.itemsize:
             rows = np.memmap(self.path, dtype=ROW, mode="r", shape=(size // ROW.itemsize,))
-            keep = int(np.searchsorted(rows["step"], resume_step, "right")) * ROW.itemsize
+            kept = int(np.searchsorted(rows["step"], resume_step, "right"))
+            keep, last = kept * ROW.itemsize, int(rows["step"][kept - 1]) if kept else 0
             del rows
+        if keep != size:
+            why = f"holds rows past step {resume_step}, where this run resumes, or a row cut short"
+        if keep and last != resume_step:  # steps last+1..resume_step are missing: continuing would leave a gap
+            keep, why = 0, f"ends at step {last}, before step {resume_step}, where this run resumes"
         if keep != size:
             aside = self._free_aside()
             try:  # a second name for the whole file (no moment without either), or a copy without hard links
@@ -86,10 +91,9 @@ class InstanceLossLog:
             with atomic_path(self.path) as tmp, aside.open("rb") as src, tmp.open("wb") as dst:
                 _copy_prefix(src, dst, keep)
             log.warning(
-                "%s holds rows past step %d, where this run resumes (or a row cut short): kept whole as %s; "
-                "%s continues after step %d",
+                "%s %s: kept whole as %s; %s continues after step %d",
                 self.path,
-                resume_step,
+                why,
                 aside.name,
                 self.path.name,
                 resume_step,

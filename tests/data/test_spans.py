@@ -156,3 +156,27 @@ def test_generate_marks_the_spans_of_a_continuation(
     listed = res.stdout[len(expected) + 2 :].splitlines()
     assert len(listed) == 1 and listed[0].startswith("  in the training data: ")
     assert doc_a in listed[0] and "; steps " in listed[0] and "(none in the run)" not in listed[0]
+
+
+def test_the_largest_uint16_token_is_scanned(tmp_path: Path) -> None:
+    """Token 65535 in uint16 data: the candidate table's lookup must not compute in uint16 (it overflowed)."""
+    import numpy as np
+
+    from olmo_data.spans import find_spans
+
+    tokens = np.random.default_rng(1).integers(0, 50, 1000).astype(np.uint16)
+    tokens[5] = 65535
+    path = tmp_path / "part-0.npy"
+    tokens.tofile(path)
+    source = open_from_config({"model": {"max_sequence_length": 16}, "data": {"paths": [str(path)], "dtype": "uint16"}})
+    found, _ = find_spans(source, tokens[0:20].astype(int).tolist(), 8)
+    assert [(i, j, at[str(path)].tolist()) for i, j, at in found] == [(0, 20, [0])]
+
+
+def test_spans_need_a_text_or_token_ids(run: dict[str, Any]) -> None:
+    from olmo_data.errors import DataError
+
+    with pytest.raises(DataError, match="neither was given"):
+        trace_spans(run["config"], None)
+    with pytest.raises(DataError, match=r"^--spans: token id -1 is outside 0\.\.\d+,"):
+        trace_spans(run["config"], tokens=[3, -1])

@@ -4,6 +4,7 @@ found, and the instances named are exactly the noise ones of that step, with the
 from __future__ import annotations
 
 import json
+import math
 import random
 import string
 from pathlib import Path
@@ -18,7 +19,7 @@ from olmo_data.errors import DataError
 from olmo_data.inspect import inspect_batch
 from olmo_data.instance_loss import FILE_NAME
 from olmo_data.order import build_config_orders
-from olmo_data.spikes import find_spikes
+from olmo_data.spikes import find_spikes, format_spikes
 from olmo_train.train.instance_losses import InstanceLossLog
 from tests.helpers import docs, write_jsonl
 
@@ -144,3 +145,34 @@ def test_losses_of_another_runs_batches_are_never_shown(run: tuple[Path, int, li
     (unchecked / "metrics.jsonl").write_text(json.dumps({"step": step, "train/loss": 3.0}) + "\n")
     bare = inspect_batch(str(folder / "config.yaml"), step=step, save_folder=str(unchecked))
     assert bare.loss_record is None and all(i.loss is None for i in bare.instances)
+
+
+def write_metrics(folder: Path, lines: list[dict[str, object]]) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.yaml").write_text("save_folder: x\n")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_a_non_finite_loss_is_a_spike_and_stays_out_of_the_baseline(tmp_path: Path) -> None:
+    """Step 8 diverges (NaN) and step 20 is inf; step 15 is a real spike, which a NaN in the baseline hid."""
+    gen = np.random.default_rng(0)
+    losses = {s: 3.0 + float(gen.normal(0, 0.01)) for s in range(1, 25)}
+    losses[8], losses[15], losses[20] = math.nan, 5.0, math.inf
+    write_metrics(tmp_path, [{"step": s, "train/loss": v} for s, v in losses.items()])
+    report = find_spikes(str(tmp_path), window=5, z=10)
+    assert [s.step for s in report.spikes] == [8, 15, 20]
+    finite = [v for s, v in sorted(losses.items()) if s < 15 and math.isfinite(v)]
+    assert report.spikes[1].baseline == pytest.approx(float(np.mean(finite[-5:])), rel=1e-12)
+    text = format_spikes(report)
+    assert "step 8: loss nan" in text and "not a finite number" in text
+    as_json = json.loads(json.dumps(report.to_json(), allow_nan=False))
+    assert [(s["step"], s["finite"]) for s in as_json["spikes"]] == [(8, False), (15, True), (20, False)]
+
+
+def test_records_without_a_step_are_skipped(tmp_path: Path) -> None:
+    lines: list[dict[str, object]] = [{"eval/on_start": 1.0, "train/loss": 9.0}]
+    lines += [{"step": s, "train/loss": 3.0 + 0.01 * (s % 3)} for s in range(1, 12)]
+    lines.append({"step": 12, "train/loss": 6.0})
+    write_metrics(tmp_path, lines)
+    report = find_spikes(str(tmp_path), window=5, z=10)
+    assert (report.steps, [s.step for s in report.spikes]) == (12, [12])

@@ -183,3 +183,91 @@ def test_the_command_builds_in_parallel_into_a_chosen_folder(tmp_path: Path) -> 
     assert indexed.output.splitlines()[2:] == scanned.output.splitlines()[2:]
     bad = CliRunner().invoke(main, ["index", str(tmp_path / "config.yaml"), "--shard-tokens", "0"])
     assert bad.exit_code == 2 and "shard_tokens 0 and context 4096: expected positive" in bad.output
+
+
+def test_a_rebuild_with_other_settings_never_leaves_a_manifest_over_mixed_shards(tmp_path: Path) -> None:
+    """Rerunning with another --shard-tokens rewrites the shards: the old manifest goes first, so a rebuild killed
+    midway leaves no index (the scan answers), and a manifest over mixed shards (put back) is refused."""
+    paths, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    build_index(source, shard_tokens=1000, context=8, progress=False)
+    folder = index_folder(paths[0])
+    old_manifest = (folder / "manifest.json").read_bytes()
+    import olmo_data.suffix_index as si
+
+    built = []
+
+    def dying(task: Any) -> int:
+        if built:
+            raise KeyboardInterrupt
+        built.append(task)
+        return int(original(task))
+
+    original, si._build_shard = si._build_shard, dying  # type: ignore[assignment]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build_index(source, shard_tokens=400, context=8, progress=False)
+    finally:
+        si._build_shard = original  # type: ignore[assignment]
+    assert not (folder / "manifest.json").exists()
+    (folder / "manifest.json").write_bytes(old_manifest)  # as the old code left it: shard 0 is now [0, 400)
+    with pytest.raises(DataError, match=rf"^{folder}: the suffix index's shards do not cover the 3000 tokens of"):
+        open_index(source)
+    build_index(source, shard_tokens=400, context=8, progress=False)
+    index = open_index(source)
+    assert index is not None
+    seq = np.fromfile(paths[0], dtype=np.uint16)[450:460].astype(np.int64).tolist()
+    scanned, _ = find_tokens(source, seq, name="x", progress=False)
+    found, _ = find_tokens(source, seq, name="x", progress=False, index=index)
+    assert [(t.file_index, t.start) for t in found] == [(t.file_index, t.start) for t in scanned] != []
+
+
+def test_an_index_of_another_dtype_is_refused(tmp_path: Path) -> None:
+    paths, cfg = make_files(tmp_path, "uint16")
+    build_index(open_from_config(cfg), shard_tokens=1000, context=8, progress=False)
+    cfg["data"]["dtype"] = "uint32"
+    manifest = index_folder(paths[0]) / "manifest.json"
+    with pytest.raises(DataError, match=rf"^{manifest}: indexes 3000 uint16 tokens, but the run reads .* as 1500"):
+        open_index(open_from_config(cfg))
+
+
+def test_empty_token_files_are_skipped_by_index_and_queries(tmp_path: Path) -> None:
+    paths, cfg = make_files(tmp_path, "uint16")
+    empty = tmp_path / "part-2.npy"
+    empty.write_bytes(b"")
+    cfg["data"]["paths"].append(str(empty))
+    source = open_from_config(cfg)
+    assert build_index(source, shard_tokens=1000, context=8, progress=False).tokens == 6000
+    index = open_index(source)
+    assert index is not None
+    query = np.fromfile(paths[1], dtype=np.uint16)[100:130].astype(np.int64).tolist()
+    seq = query[:10]
+    scanned, _ = find_tokens(source, seq, name="x", progress=False)
+    found, _ = find_tokens(source, seq, name="x", progress=False, index=index)
+    assert [(t.file_index, t.start) for t in found] == [(t.file_index, t.start) for t in scanned] != []
+    indexed_spans, _ = find_spans(source, query, 8, index=index)
+    scanned_spans, _ = find_spans(source, query, 8)
+    as_lists = [
+        [(i, j, {p: v.tolist() for p, v in m.items() if len(v)}) for i, j, m in s]
+        for s in (indexed_spans, scanned_spans)
+    ]
+    assert as_lists[0] == as_lists[1] != []
+
+
+def test_token_ids_outside_the_dtype_are_refused_and_never_match(tmp_path: Path) -> None:
+    """-1 is the index's past-the-end marker: a query ending in it matched a file's last tokens through the index
+    (never through the scan). The command refuses such ids; the index itself never matches them."""
+    paths, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    build_index(source, shard_tokens=1000, context=8, progress=False)
+    index = open_index(source)
+    assert index is not None
+    tail = np.fromfile(paths[1], dtype=np.uint16)[-3:].astype(np.int64).tolist()
+    for seq in (tail + [-1], tail + [-1, -1]):
+        assert [t.start for t in find_tokens(source, seq, name="x", progress=False)[0]] == []
+        assert [t.start for t in find_tokens(source, seq, name="x", progress=False, index=index)[0]] == []
+    cfg.update(seed=1, global_train_batch_size=4, max_duration="1ep")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    for ids, bad in ((f"{tail[0]},-1", "-1"), ("65536,3", "65536")):
+        res = CliRunner().invoke(main, ["trace", str(tmp_path / "config.yaml"), "--tokens", ids])
+        assert res.exit_code == 2 and f"error: --tokens: token id {bad} is outside 0..65535" in res.output, res.output

@@ -115,3 +115,52 @@ def test_mix_sources_are_named_by_the_mix(tmp_path: Path) -> None:
     expected = np.where(tokens[:, 0] >= 2_000_000, 1, 0)
     np.testing.assert_array_equal(sources.of(indices), expected)
     assert 0 < expected.sum() < len(expected)
+
+
+def test_a_resume_past_the_files_last_step_sets_it_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Rows of steps 1-2, a resume at step 10: continuing would leave steps 3-10 missing, so the file goes aside."""
+    path = tmp_path / "instance_loss.bin"
+    write_steps(path, 0, range(1, 3))
+    before = path.read_bytes()
+    with caplog.at_level("WARNING", logger="olmo_train"):
+        write_steps(path, 10, range(11, 12))
+    assert read_rows(path)["step"].tolist() == [11] * GBS
+    assert (tmp_path / aside_name(1)).read_bytes() == before
+    assert "ends at step 2, before step 10, where this run resumes" in caplog.text
+
+
+def test_an_entry_listed_twice_is_two_sources_of_its_own_files(tmp_path: Path) -> None:
+    """OLMo upsamples by listing a path again: [x, x, y], or a file and then its directory [A/x.npy, A]."""
+    import json
+
+    folder = tmp_path / "A"
+    folder.mkdir()
+    for name, n in (("x", 40), ("y", 24)):
+        np.arange(n, dtype=np.uint16).tofile(folder / f"{name}.npy")
+    files = [{"path": "x.npy", "tokens": 40}, {"path": "y.npy", "tokens": 24}]
+    (folder / "manifest.json").write_text(json.dumps({"dtype": "uint16", "files": files}))
+    x, y = str(folder / "x.npy"), str(folder / "y.npy")
+    for paths, labels, per_file in (
+        ([x, x, y], ["x.0", "x.1", "y"], [0, 1, 2]),
+        ([x, str(folder)], ["x", "A"], [0, 1, 1]),
+    ):
+        source = open_dataset(paths, sequence_length=8)
+        sources = Sources(source, paths)
+        assert sources.labels == labels
+        assert sources.file_source.tolist() == per_file
+        assert np.bincount(sources.of(np.arange(len(source)))).tolist() == [
+            sum(f.num_tokens // 8 for f, s in zip(source.files, per_file, strict=True) if s == k)
+            for k in range(len(labels))
+        ]
+
+
+def test_source_labels_never_collide(tmp_path: Path) -> None:
+    paths = []
+    for folder, name in (("a", "train"), ("b", "train"), ("c", "train.1")):
+        (tmp_path / folder).mkdir()
+        paths.append(str(tmp_path / folder / f"{name}.npy"))
+        np.arange(16, dtype=np.uint16).tofile(paths[-1])
+    sources = Sources(open_dataset(paths, sequence_length=8), paths)
+    assert len(set(sources.labels)) == 3 and sources.labels[:2] == ["train.0", "train.1"]
+    record = source_metrics(sources.labels, np.array([0, 1, 2]), np.array([10.0, 20.0, 90.0]), np.full(3, 10))
+    assert sorted(v for k, v in record.items() if k.endswith("/loss")) == [1.0, 2.0, 9.0]
