@@ -35,7 +35,8 @@ def make_reproducible(deterministic: bool) -> int:
     """Fix this process's thread count (returned: the start line reports it) and, with `deterministic`, select
     deterministic GPU kernels. Called before the model is built, so the first matmul already runs under these."""
     threads = cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    torch.set_num_threads(threads)
+    if torch.get_num_threads() != threads:  # a second run in one process (a test, a notebook) keeps its pool
+        torch.set_num_threads(threads)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)  # as configured, also when an earlier run in this process

@@ -6,7 +6,10 @@ stage. The checkpoints are fakes (config.yaml + trainer_state.json), all the dat
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.trace import find_documents, trace
 from olmo_data.trace_stages import trace_chain
 
+ROOT = Path(__file__).resolve().parents[2]
 SEQ, GBS, PARENT_STEP = 128, 8, 12
 
 
@@ -386,12 +390,14 @@ def test_with_real_training_a_stage2_run_traces_back_to_stage1(corpora: list[Pat
 
 
 def real_run(path: Path, cfg: dict[str, Any]) -> None:
-    """One real training run of `cfg` (written to `path`), in this process: the trainer writes its checkpoints'
-    trainer_state.json (lineage included) as any run does."""
-    from olmo_train.train import main as train
-
+    """One real training run of `cfg` (written to `path`), as a user starts one (`python -m olmo_train`): the
+    trainer writes its checkpoints' trainer_state.json (lineage included) as any run does."""
     path.write_text(yaml.safe_dump(cfg))
-    assert train([str(path)]) == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "olmo_train", str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.slow
