@@ -38,6 +38,7 @@ from olmo_data.errors import DataError
 from olmo_data.instances import InstanceSource
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES
+from olmo_data.processes import pool_context
 from olmo_data.suffix_sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
@@ -209,11 +210,9 @@ def build_index(
             for task in tasks:
                 bar.update(_build_shard(task))
         else:
-            import multiprocessing as mp
-
             from olmo_data.interrupts import quiet_worker
 
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            ctx = pool_context()
             with ctx.Pool(min(processes, len(tasks)), initializer=quiet_worker) as pool:
                 for done in pool.imap_unordered(_build_shard, tasks):
                     bar.update(done)

@@ -33,6 +33,7 @@ from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
 from olmo_data.manifest import DTYPES
 from olmo_data.order import batches_per_epoch, build_order, load_order, order_location, order_path_for_epoch
+from olmo_data.processes import pool_context
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.train_config import duration_steps, read_train_config
@@ -162,9 +163,8 @@ def scan_tasks(fn: Callable[[Any], Any], tasks: list[Any], processes: int, total
     if processes <= 1 or total_tokens < 4 * SCAN_CHUNK:
         yield from map(fn, tasks)
         return
-    import multiprocessing as mp
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ctx = pool_context()
     with ctx.Pool(min(processes, len(tasks))) as pool:
         yield from pool.imap_unordered(fn, tasks)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import multiprocessing as mp
 import os
 import queue
 import time
@@ -20,6 +19,7 @@ from olmo_data.documents import BadDocuments, Document, ReadPosition, read_docum
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
 from olmo_data.manifest import DTYPES
+from olmo_data.processes import pool_context
 from olmo_data.tokenize.options import InputResult, ResolvedOptions
 from olmo_data.tokenize.parts import PartWriter
 from olmo_data.tokenizer import Tokenizer
@@ -214,9 +214,9 @@ def run_tasks(
             return
         # inputs are independent: largest first, so the last worker to finish is not stuck with a big file
         todo = sorted(todo, key=lambda t: -t[2])
-        # fork where there is one: workers start at once and inherit the imported modules; each loads its own
-        # tokenizer in the initializer, with thread pools off, so nothing threaded crosses the fork
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        # fork where it is safe (olmo_data.processes): workers start at once and inherit the imported modules;
+        # each loads its own tokenizer in the initializer, with thread pools off, so nothing threaded crosses it
+        ctx = pool_context()
         progress_q, stop = ctx.Queue(), ctx.Event()
         workers = min(processes, len(todo))
         threads = max(1, processes // workers)  # fewer inputs than processes: encode with threads instead

@@ -382,6 +382,7 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_leaves_no_temporaries(
             self._npy = _FillingFile(self._npy, room)
 
     monkeypatch.setattr(PartWriter, "_open", open_on_a_filling_disk)
+    monkeypatch.setattr("olmo_data.processes.THREADED_RUNTIMES", ())  # workers forked (torch loaded here or not)
     dest = tmp_path / "out"
     with pytest.raises(DataError, match=rf"{dest}: the disk is full \(\[Errno 28\] .*\); free space there and rerun"):
         tokenize(inputs, dest, opts, processes=processes)
