@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+
 import click
 
 from olmo_cli.options import Command
@@ -10,9 +11,7 @@ from olmo_cli.options import Command
 
 @click.command("soup", cls=Command)
 @click.argument("checkpoints", nargs=-1, required=True)
-@click.option(
-    "--destination", required=True, help="The local checkpoint directory to create."
-)
+@click.option("--destination", required=True, help="The local checkpoint directory to create.")
 @click.option(
     "--weights",
     default=None,

@@ -149,9 +149,7 @@ def _check_same(first: _Parent, other: _Parent) -> None:
             )
 
 
-def average_checkpoints(
-    checkpoints: list[str], destination: str | Path, weights: list[float] | None = None
-) -> Path:
+def average_checkpoints(checkpoints: list[str], destination: str | Path, weights: list[float] | None = None) -> Path:
     """Write the weighted mean (`weights`, normalised to sum to 1; equal when None) of the model weights of
     `checkpoints` (directories or URLs) to `destination`, a local unsharded checkpoint; return its path."""
     # a Path collapses s3://b/x to s3:/b/x, so the scheme is matched with one slash or two
