@@ -158,8 +158,10 @@ def lineage_of_config(config_path: str) -> list[Stage]:
         pass
     if isinstance(cfg.get("stop_at"), int) and last is not None:
         last = min(last, int(cfg["stop_at"]))  # the trainer stops there (with a checkpoint)
+    beside = os.path.join(os.path.dirname(config_path), TRAINER_STATE)  # a checkpoint's own config.yaml: its step
     latest = _latest_checkpoint(str(cfg.get("save_folder") or ""))
-    step = _json(os.path.join(latest, TRAINER_STATE)).get("step") if latest is not None else None
+    state = beside if not is_remote(config_path) and os.path.isfile(beside) else latest and _join(latest, TRAINER_STATE)
+    step = _json(state).get("step") if state else None
     if isinstance(step, int) and not isinstance(step, bool):
         last = step  # what the run has trained so far, not what it plans
     elif last is not None:

@@ -522,3 +522,7 @@ def test_lineage_counts_the_runs_saved_steps_or_its_planned_ones_up_to_stop_at(
     (run,) = lineage_of_config(str(d / "s.yaml"))
     assert (run.last_step, run.planned, run.tokens_trained) == (5, False, 5 * GBS * SEQ)
     assert "planned" not in cli("lineage", str(d / "s.yaml"))
+    fake_checkpoint(cfg, 6)
+    (run,) = lineage_of_config(str(d / "run-s" / "step5" / "config.yaml"))  # a checkpoint's config: its own step
+    assert (run.last_step, run.planned) == (5, False)
+    assert lineage_of_config(str(d / "s.yaml"))[0].last_step == 6
