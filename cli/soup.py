@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import click
 
@@ -12,15 +11,13 @@ from olmo_cli.options import Command
 
 @click.command("soup", cls=Command)
 @click.argument("checkpoints", nargs=-1, required=True)
-@click.option(
-    "--destination", type=click.Path(path_type=Path), required=True, help="The checkpoint directory to create."
-)
+@click.option("--destination", required=True, help="The local checkpoint directory to create.")
 @click.option(
     "--weights",
     default=None,
     help="Comma-separated weights, one per checkpoint, normalised to sum to 1 [default: equal weights].",
 )
-def soup(checkpoints: tuple[str, ...], destination: Path, weights: str | None) -> None:
+def soup(checkpoints: tuple[str, ...], destination: str, weights: str | None) -> None:
     """Average the model weights of CHECKPOINTS (two or more stepN/ or stepN-unsharded/ directories or URLs of one
     architecture, saved by any number of processes) into an unsharded checkpoint at DESTINATION, as OLMo 2 souped
     its stage-2 anneals. Read tensor by tensor: memory holds about two tensors, not the models. The result has

@@ -7,7 +7,9 @@ weights). The chain is read from the files the trainer writes, never through the
 
   - a checkpoint's `trainer_state.json` may hold `lineage`: a list of parent records, each
     {source, given, resolved, run_name, data_fingerprint, step, tokens_seen, weight, lineage: [...]}
-    ([] for a fresh run, one for a run started from load_path, N for a soup);
+    ([] for a fresh run, one for a run started from load_path, N for a soup), and in newer checkpoints
+    `counters`: "continued" or "restarted", whether the child kept the parent's counters (older records: guessed
+    from the child's config);
   - a checkpoint directory also holds `config.yaml`, the run's resolved config (what `read_train_config` reads).
 
 Older checkpoints have no `lineage`; then the chain is rebuilt from configs: a config's `load_path` names the
@@ -39,6 +41,7 @@ CONFIG = "config.yaml"
 SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
 TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
+COUNTERS = (None, "continued", "restarted")  # a record's optional `counters` key (absent in older records)
 MAX_DEPTH = 64  # a chain longer than this is a loop in the records
 
 
@@ -63,6 +66,8 @@ class Stage:
     weight: float | None = None  # a soup parent's weight
     note: str | None = None  # why its steps cannot be traced, where they cannot
     also_loaded_by: list[int] = field(default_factory=list)  # other stages that loaded this same checkpoint
+    planned: bool = False  # the run asked about: last_step is its planned length (no checkpoint of it saved yet)
+    identity: tuple[str, str, int, str] | None = field(default=None, repr=False)  # checkpoint_identity of its record
 
     @property
     def steps(self) -> int:
@@ -81,7 +86,26 @@ class Stage:
         return self.note is None and self.config is not None and self.steps > 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"steps": self.steps, "tokens_trained": self.tokens_trained}
+        out = asdict(self) | {"steps": self.steps, "tokens_trained": self.tokens_trained}
+        out.pop("identity")
+        return out
+
+
+def checkpoint_identity(rec: dict[str, Any]) -> tuple[str, str, int, str]:
+    """What makes two parent records the same weights: run, data fingerprint, step and the save folder (a
+    checkpoint's stepN/ and stepN-unsharded/ copies are one checkpoint; elsewhere the directory itself), so a
+    shared ancestor reached through both copies counts once."""
+    resolved = str(rec.get("resolved") or "").rstrip("/")
+    folder, _, name = resolved.rpartition("/")
+    where = folder if _STEP_DIR.match(name) else resolved
+    return (str(rec.get("run_name") or ""), str(rec.get("data_fingerprint") or ""), int(rec.get("step") or 0), where)
+
+
+def counters_continued(rec: dict[str, Any]) -> bool | None:
+    """A record's `counters` key ("continued": the child kept the parent's step and token counters; "restarted":
+    it counted from zero); None for records written before the key, whose readers guess as they did."""
+    value = rec.get("counters")
+    return None if value is None else value == "continued"
 
 
 def read_lineage(
@@ -118,7 +142,7 @@ def lineage_of_config(config_path: str) -> list[Stage]:
     """`read_lineage` with the run's data fingerprint and length read from its data (`olmo-data lineage`); data
     that cannot be opened leaves them unknown rather than failing the summary."""
     cfg = read_train_config(config_path)
-    fingerprint, last = None, None
+    fingerprint, last, planned = None, None, False
     try:
         source = open_from_config(cfg)
         fingerprint = source.fingerprint()
@@ -132,7 +156,19 @@ def lineage_of_config(config_path: str) -> list[Stage]:
             )
     except DataError:
         pass
-    return read_lineage(config_path, cfg, fingerprint=fingerprint, last_step=last)
+    if isinstance(cfg.get("stop_at"), int) and last is not None:
+        last = min(last, int(cfg["stop_at"]))  # the trainer stops there (with a checkpoint)
+    beside = os.path.join(os.path.dirname(config_path), TRAINER_STATE)  # a checkpoint's own config.yaml: its step
+    latest = _latest_checkpoint(str(cfg.get("save_folder") or ""))
+    state = beside if not is_remote(config_path) and os.path.isfile(beside) else latest and _join(latest, TRAINER_STATE)
+    step = _json(state).get("step") if state else None
+    if isinstance(step, int) and not isinstance(step, bool):
+        last = step  # what the run has trained so far, not what it plans
+    elif last is not None:
+        planned = True
+    stages = read_lineage(config_path, cfg, fingerprint=fingerprint, last_step=last)
+    stages[0].planned = planned
+    return stages
 
 
 def restarts(cfg: dict[str, Any]) -> bool:
@@ -157,22 +193,25 @@ def _attach(
         key = str(rec["resolved"])
         if key in seen:
             raise DataError(f"{key}: the lineage loops back to this checkpoint; its records are damaged")
-        shared = next((s for s in stages[1:] if s.checkpoint == key), None)
+        identity = checkpoint_identity(rec)
+        shared = next((s for s in stages[1:] if s.identity == identity), None)
         if shared is not None:  # a common ancestor (a soup's anneals' stage 1): its steps and tokens count once
             shared.also_loaded_by.append(child.index)
             continue
+        recorded = counters_continued(rec)
+        continued = recorded if recorded is not None else child_cfg is not None and not restarts(child_cfg)
         if (
             rec["source"] == "checkpoint"
             and int(rec["step"]) > 0
             and child_cfg is not None
-            and not restarts(child_cfg)
+            and continued
             and _same_order(rec, parent_cfg, child_cfg, child_fingerprint)
         ):  # a plain resume: the child's own steps 1..N are the parent's, in the same order
             if parent_cfg is not None or rec.get("lineage") is not None:
                 grand = _records_of(rec, parent_config, parent_cfg)
                 _attach(stages, child, parent_cfg, grand, rec.get("data_fingerprint"), [*seen, key])
             continue
-        if rec["source"] == "checkpoint" and child_cfg is not None and not restarts(child_cfg):
+        if rec["source"] == "checkpoint" and child_cfg is not None and continued:
             child.first_step = int(rec["step"]) + 1  # continued on other data (force_load): later steps only
         traced = rec["source"] in TRAINED and int(rec["step"]) > 0
         stage = Stage(
@@ -192,6 +231,7 @@ def _attach(
             data_fingerprint=rec.get("data_fingerprint") or None,
             weight=rec.get("weight"),
             note=note,
+            identity=identity,
         )
         stages.append(stage)
         if parent_cfg is not None or rec.get("lineage") is not None:
@@ -314,6 +354,8 @@ def _checked(rec: Any, where: str, i: int) -> dict[str, Any]:
     weight = rec.get("weight")
     if weight is not None and (isinstance(weight, bool) or not isinstance(weight, (int, float))):
         raise DataError(f"{at}.weight must be a number or null, got {shown(weight)}")
+    if rec.get("counters") not in COUNTERS:
+        raise DataError(f"{at}.counters must be continued, restarted or absent, got {shown(rec.get('counters'))}")
     if rec.get("lineage") is not None and not isinstance(rec["lineage"], list):
         raise DataError(f"{at}.lineage must be a list of parent records, got {shown(rec['lineage'])}")
     return rec
@@ -392,4 +434,5 @@ def stage_line(s: Stage) -> str:
     if s.steps == 0:
         return f"{head}: no training steps of its own"
     tokens = f"{s.steps:,} x {s.batch_tokens:,} = {s.tokens_trained:,} tokens" if s.batch_tokens else ""
-    return f"{head}: steps {s.first_step}..{s.last_step} = {tokens}"
+    planned = " planned (no checkpoint saved yet)" if s.planned else ""
+    return f"{head}: steps {s.first_step}..{s.last_step}{planned} = {tokens}"

@@ -8,6 +8,8 @@ stage, fine-tuning) or an import, N for a soup. A resumed run keeps its lineage.
      "resolved": the parent checkpoint's absolute local directory, or its URL,
      "run_name": str, "data_fingerprint": str, "step": int, "tokens_seen": int,
      "weight": the parent's soup weight (a float), or null,
+     "counters": "continued" (the child kept the parent's step and token counters) | "restarted" (it counted
+                 from zero: a new stage, a reset, a soup, an import); absent in records written before it,
      "lineage": the parent's own lineage records, recursively}
 
 so the whole chain of a model (stage 1, its anneals, their soup, a fine-tune of it) is read from the last
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
+from olmo_data.lineage import COUNTERS, checkpoint_identity, counters_continued
 
 SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
 _FIELDS: dict[str, str] = {
@@ -53,9 +56,17 @@ def resolved_location(given: str, local: Path | None = None) -> str:
 
 
 def parent_record(
-    source: str, given: str, location: str, local: Path, parent: _State, weight: float | None = None
+    source: str,
+    given: str,
+    location: str,
+    local: Path,
+    parent: _State,
+    weight: float | None = None,
+    *,
+    continued: bool = False,
 ) -> dict[str, Any]:
-    """The record naming `parent` (the trainer state of the checkpoint at `local`, reached as `location`)."""
+    """The record naming `parent` (the trainer state of the checkpoint at `local`, reached as `location`);
+    `continued`: the child keeps the parent's counters (so its tokens_seen already holds the parent's)."""
     return {
         "source": source,
         "given": given,
@@ -65,6 +76,7 @@ def parent_record(
         "step": parent.step,
         "tokens_seen": parent.tokens_seen,
         "weight": weight,
+        "counters": "continued" if continued else "restarted",
         "lineage": list(parent.lineage),
     }
 
@@ -81,6 +93,7 @@ def import_record(source: str, given: str) -> dict[str, Any]:
         "step": 0,
         "tokens_seen": 0,
         "weight": None,
+        "counters": "restarted",
         "lineage": [],
     }
 
@@ -111,6 +124,11 @@ def check_lineage(value: Any, where: str, key: str = "lineage") -> None:
                 ok, expected = True, ""
             if not ok:
                 raise DataError(f"{where}: {at}.{name} must be {expected}, got {shown(v)}; the checkpoint is damaged")
+        if record.get("counters") not in COUNTERS:
+            raise DataError(
+                f'{where}: {at}.counters must be "continued", "restarted" or absent, got '
+                f"{shown(record.get('counters'))}; the checkpoint is damaged"
+            )
         if record["source"] not in SOURCES:
             raise DataError(
                 f"{where}: {at}.source must be one of {list(SOURCES)}, got {shown(record['source'])}; the checkpoint "
@@ -130,22 +148,25 @@ def walk(lineage: list[dict[str, Any]], depth: int = 0) -> list[tuple[int, dict[
 
 def total_tokens(own_tokens: int, own_fingerprint: str, lineage: list[dict[str, Any]]) -> int:
     """Tokens trained on to make this model: its own stage's and every ancestor stage's, shared ancestors (a
-    soup's parents' common stage 1) once. A stage whose counters continued its parent's (a plain load_path
-    restart: same data, counters not reset) already holds the parent's tokens in its own count, so such a parent
-    adds nothing; it is told by the same data fingerprint and counters not below the parent's (a new stage on new
-    data, a reset, an import or a soup starts its counters at zero)."""
-    seen: set[tuple[str, int]] = set()
+    soup's parents' common stage 1, reached through its sharded or its unsharded copy) once. A stage whose
+    counters continued its parent's (a plain load_path restart) already holds the parent's tokens in its own
+    count, so such a parent adds nothing; the record's `counters` says so, and a record older than that key is
+    guessed from the same data fingerprint and counters not below the parent's."""
+    seen: set[tuple[str, str, int, str]] = set()
     total = own_tokens
 
     def add(records: list[dict[str, Any]], fingerprint: str, tokens: int) -> None:
         nonlocal total
         for r in records:
-            key = (r["resolved"], r["step"])
+            key = checkpoint_identity(r)
             if key in seen:
                 continue
             seen.add(key)
-            continued = r["source"] == "checkpoint" and r["data_fingerprint"] == fingerprint != ""
-            if not (continued and tokens >= r["tokens_seen"]):
+            continued = counters_continued(r)
+            if continued is None:  # an older record: guessed
+                same = r["source"] == "checkpoint" and r["data_fingerprint"] == fingerprint != ""
+                continued = same and tokens >= r["tokens_seen"]
+            if not continued:
                 total += r["tokens_seen"]
             add(r["lineage"], r["data_fingerprint"], r["tokens_seen"])
 

@@ -109,10 +109,13 @@ def load_checkpoint(
     files are checked (`check_files`); no file of it is unpickled freely."""
     state = integrity.read_trainer_state(path)
     if is_unsharded(path) and optim is not None and not (path / OPTIM_FILE).is_file():
-        # weights only (`unshard --model-only`)
+        # weights only (`unshard --model-only`, a soup, an import); an OLMo-form YAML sets reset_optimizer_state:
+        # false, so reset_trainer_state alone still asks for the optimizer state: the advice names both keys
         raise DataError(
-            f"{path / OPTIM_FILE}: no optimizer state in this checkpoint, so a run cannot continue from it; "
-            f"start a fresh run from its weights with --load_path={path} --reset_trainer_state"
+            f"{path / OPTIM_FILE}: no optimizer state in this checkpoint (weights only), so neither a resume nor "
+            f"a start that keeps the optimizer (reset_optimizer_state: false, restore_dataloader: false) can load "
+            f"it; start from its weights alone with --load_path={path} --reset_trainer_state "
+            "--reset_optimizer_state=true"
         )
     raise_together(lambda: check_files(path, weights_only=optim is None, rank=d.rank, world_size=d.world_size))
     if optim is not None:

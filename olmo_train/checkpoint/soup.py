@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import struct
 import warnings
 import zipfile
@@ -78,12 +79,21 @@ def parse_weights(text: str | None, n: int) -> list[float]:
         weights = [float(w) for w in text.split(",")]
     except ValueError as e:
         raise DataError(f"--weights {text!r}: expected comma-separated numbers, one per checkpoint ({e})") from e
+    return normalise_weights(weights, n, f"--weights {text!r}")
+
+
+def normalise_weights(weights: list[float], n: int, what: str = "weights") -> list[float]:
+    """`weights` checked (one per checkpoint, finite, 0 or more, not all 0) and scaled to sum to 1, so a caller of
+    `average_checkpoints` giving [1, 1] gets the mean, not the sum. Divided by the largest first, so huge weights
+    (1e308) do not overflow the sum to inf and make every weight 0."""
     if len(weights) != n:
-        raise DataError(f"--weights {text!r}: {len(weights)} weights for {n} checkpoints; give one per checkpoint")
-    if any(not math.isfinite(w) or w < 0 for w in weights) or sum(weights) <= 0:
-        raise DataError(f"--weights {text!r}: weights must be finite, 0 or more, and not all 0")
-    total = sum(weights)
-    return [w / total for w in weights]
+        raise DataError(f"{what}: {len(weights)} weights for {n} checkpoints; give one per checkpoint")
+    if any(not math.isfinite(w) or w < 0 for w in weights) or max(weights, default=0.0) <= 0:
+        raise DataError(f"{what}: weights must be finite, 0 or more, and not all 0")
+    largest = max(weights)
+    scaled = [w / largest for w in weights]
+    total = sum(scaled)
+    return [w / total for w in scaled]
 
 
 def _open(spec: str) -> _Parent:
@@ -139,15 +149,17 @@ def _check_same(first: _Parent, other: _Parent) -> None:
             )
 
 
-def average_checkpoints(checkpoints: list[str], destination: Path, weights: list[float] | None = None) -> Path:
-    """Write the weighted mean (`weights` summing to 1; equal when None) of the model weights of `checkpoints`
-    (directories or URLs) to `destination`, an unsharded checkpoint; return its path."""
+def average_checkpoints(checkpoints: list[str], destination: str | Path, weights: list[float] | None = None) -> Path:
+    """Write the weighted mean (`weights`, normalised to sum to 1; equal when None) of the model weights of
+    `checkpoints` (directories or URLs) to `destination`, a local unsharded checkpoint; return its path."""
+    # a Path collapses s3://b/x to s3:/b/x, so the scheme is matched with one slash or two
+    if is_remote(str(destination)) or re.match(r"(s3|gs|gcs|https?):/", str(destination)):
+        raise DataError(f"--destination {destination}: a soup is written to a local directory; copy it up after")
     dest = Path(destination).expanduser()
     if len(checkpoints) < 2:
         raise DataError(f"a soup needs two checkpoints or more, got {len(checkpoints)}")
-    weights = weights if weights is not None else [1.0 / len(checkpoints)] * len(checkpoints)
-    if len(weights) != len(checkpoints):
-        raise DataError(f"{len(weights)} weights for {len(checkpoints)} checkpoints; give one per checkpoint")
+    weights = weights if weights is not None else [1.0] * len(checkpoints)
+    weights = normalise_weights(list(weights), len(checkpoints))
     refuse_existing(dest)
     parents = [_open(spec) for spec in checkpoints]
     for other in parents[1:]:

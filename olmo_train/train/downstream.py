@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import load_tokenizer
 from olmo_train.checkpoint import recorded_tokenizer
-from olmo_train.config import TrainConfig
+from olmo_train.config import ModelConfig, TrainConfig
 from olmo_train.distributed import Dist, all_gather_objects, use_bf16
 
 log = logging.getLogger(__name__)
@@ -112,11 +112,25 @@ def load_identified(identifier: str) -> Any:
     return load_tokenizer(spec, "hf")
 
 
+def check_vocab(tokenizer: Any, model: ModelConfig, where: str) -> None:
+    """Refuse a tokenizer with more tokens than the model has embedding rows: its higher ids would index no row,
+    and the run would train and then die at its first evaluation (an IndexError deep in the embedding)."""
+    rows = model.embedding_size or model.vocab_size
+    if tokenizer is not None and tokenizer.vocab_size > rows:
+        padded = f", model.embedding_size {model.embedding_size:,}" if model.embedding_size else ""
+        raise DataError(
+            f"{where}: the tokenizer has {tokenizer.vocab_size:,} tokens, more than the model's model.vocab_size "
+            f"{model.vocab_size:,}{padded}; evaluate with the tokenizer the model was trained with"
+        )
+
+
 def loop_tokenizer(cfg: TrainConfig) -> Any:
     """The tokenizer of a run's downstream evaluations: `tokenizer.identifier`, else the one the data manifests
     record (with their BOS choice); EOS from `model.eos_token_id` when set."""
     if cfg.tokenizer.identifier:
-        return eval_tokenizer(load_identified(cfg.tokenizer.identifier), eos_token_id=cfg.model.eos_token_id)
+        tokenizer = load_identified(cfg.tokenizer.identifier)
+        check_vocab(tokenizer, cfg.model, f"tokenizer.identifier {cfg.tokenizer.identifier!r}")
+        return eval_tokenizer(tokenizer, eos_token_id=cfg.model.eos_token_id)
     identity = recorded_tokenizer(cfg)
     if identity is None or not identity.get("path"):
         raise DataError(
@@ -129,6 +143,7 @@ def loop_tokenizer(cfg: TrainConfig) -> Any:
             f"{identity['path']}: sha256 {tokenizer.sha256} differs from the {identity['sha256']} the data manifests "
             "record; set tokenizer.identifier to the tokenizer the data was made with"
         )
+    check_vocab(tokenizer, cfg.model, f"{identity['path']} (the tokenizer the data manifests record)")
     eos = cfg.model.eos_token_id if cfg.model.eos_token_id is not None else identity.get("eos_token_id")
     return eval_tokenizer(tokenizer, eos_token_id=eos, bos_token_id=identity.get("bos_token_id"))
 

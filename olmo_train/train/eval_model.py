@@ -24,6 +24,7 @@ from olmo_train.train.downstream import (
     Timing,
     build_tasks,
     check_labels,
+    check_vocab,
     eval_tokenizer,
     evaluate_tasks,
     load_identified,
@@ -82,8 +83,11 @@ def evaluate_model(
         t0 = time.perf_counter()
         model, own = load_model(model_path, device=where)
         if tokenizer:
-            tok = eval_tokenizer(load_identified(tokenizer), eos_token_id=model.cfg.eos_token_id)
+            given = load_identified(tokenizer)
+            check_vocab(given, model.cfg, f"--tokenizer {tokenizer}")
+            tok = eval_tokenizer(given, eos_token_id=model.cfg.eos_token_id)
         else:  # as the loop: a BOS before each prompt when the training documents began with one
+            check_vocab(own, model.cfg, f"{model_path}: its tokenizer")
             tok = eval_tokenizer(own, eos_token_id=model.cfg.eos_token_id, **_recorded_bos(model_path))
         ctx = seq_len or model.cfg.max_sequence_length
         rank, world = (d.rank, d.world_size) if d else (0, 1)

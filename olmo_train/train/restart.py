@@ -81,7 +81,8 @@ def start_from(
         why = "reset_trainer_state" if cfg.reset_trainer_state else "restore_dataloader: false"
         log.info("loading %s from %s (%s): a fresh run, first trained step 1", p.describe(), path, why)
     loaded = ckpt.load_checkpoint(path, model, optim if p.optimizer else None, d, restore_rng=p.rng, hooks=hooks)
-    record = ckpt.lineage.parent_record("checkpoint", str(cfg.load_path), str(cfg.load_path), path, parent)
+    given = str(cfg.load_path)
+    record = ckpt.lineage.parent_record("checkpoint", given, given, path, parent, continued=p.counters)
     if p.counters:
         state = loaded
         state.wandb_run_id = None  # a new run, though it continues the counters

@@ -4,6 +4,7 @@ the tokens of every stage in total (`olmo-train verify --lineage`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,8 +43,36 @@ def test_a_resume_keeps_the_lineage_and_a_continuation_is_not_counted_twice(anne
     train(tmp, "stage1-more", web, **keys)  # resumed from its own step4
     first, last = ckpt.read_trainer_state(more / "step4"), ckpt.read_trainer_state(more / "step5")
     assert first.lineage == last.lineage and first.lineage[0]["step"] == 3
+    assert first.lineage[0]["counters"] == "continued"
     assert (last.step, last.tokens_seen) == (5, 5 * STEP_TOKENS)
     assert ckpt.lineage.total_tokens(last.tokens_seen, last.data_fingerprint, last.lineage) == 5 * STEP_TOKENS
+
+
+def test_a_reset_on_the_same_data_counts_the_parents_tokens_too(anneals: dict[str, Path]) -> None:  # noqa: F811
+    """reset_trainer_state on stage 1's own data: the counters restart at 0, so stage 1's tokens are added, though
+    the fingerprint matches and the child's count (4 steps) passes the parent's (3): the record says so."""
+    tmp = anneals["tmp"]
+    web = str(tmp / "web" / "part-0.npy")
+    again = train(tmp, "again", web, load_path=str(anneals["stage1"]), reset_trainer_state=True, max_duration=4)
+    state = ckpt.read_trainer_state(again / "step4")
+    assert state.lineage[0]["counters"] == "restarted" and state.tokens_seen == 4 * STEP_TOKENS
+    assert ckpt.lineage.total_tokens(state.tokens_seen, state.data_fingerprint, state.lineage) == 7 * STEP_TOKENS
+    assert ckpt.lineage_lines(str(again / "step4"))[-1].endswith(f": {7 * STEP_TOKENS:,}")
+
+
+def test_a_shared_ancestor_by_its_sharded_and_unsharded_copy_counts_once() -> None:
+    """Two anneals, one loaded from stage 1's step3/, the other from its step3-unsharded/: one checkpoint."""
+
+    def rec(resolved: str, run: str, step: int, parents: list[dict[str, Any]], **keys: Any) -> dict[str, Any]:
+        return {"source": "checkpoint", "given": resolved, "resolved": resolved, "run_name": run,
+                "data_fingerprint": f"fp-{run}", "step": step, "tokens_seen": step * 100, "weight": None,
+                "counters": "restarted", "lineage": parents, **keys}  # fmt: skip
+
+    stage1 = [rec("/r/s1/step3", "s1", 3, []), rec("/r/s1/step3-unsharded", "s1", 3, [])]
+    soup = [rec(f"/r/{n}/step2", n, 2, [s], source="soup", weight=0.5) for n, s in zip("ab", stage1, strict=True)]
+    assert ckpt.lineage.total_tokens(0, "", soup) == (3 + 2 + 2) * 100
+    other = [rec("/r/s1/step3", "s1", 3, []), rec("/elsewhere/s1/step3", "s1", 3, [])]  # a rerun elsewhere
+    assert ckpt.lineage.total_tokens(0, "", other) == 2 * 3 * 100
 
 
 @pytest.mark.slow

@@ -91,6 +91,19 @@ def test_the_soup_is_the_weighted_mean_and_passes_verify(anneals: dict[str, Path
     assert all(r["lineage"][0]["resolved"] == str(anneals["stage1"].resolve()) for r in lineage)
 
 
+@pytest.mark.parametrize("raw", [[1.0, 3.0], [5e307, 1.5e308]])
+def test_raw_weights_are_normalised_inside(anneals: dict[str, Path], raw: list[float]) -> None:
+    """A caller of the library (not the CLI) giving unnormalised weights gets the weighted mean, not the sum; weights
+    whose sum overflows float still give the mean, not an all-zero soup."""
+    dest = anneals["tmp"] / f"soup-raw-{raw[0]:g}"
+    ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], dest, raw)
+    expected = mean_of([anneals["a"], anneals["b"]], [0.25, 0.75])
+    got = ckpt.read_stored_model(dest)
+    for name, tensor in got.items():
+        assert torch.allclose(tensor.double(), expected[name], atol=1e-6, rtol=0), name
+    assert [r["weight"] for r in ckpt.read_trainer_state(dest).lineage] == pytest.approx([0.25, 0.75])
+
+
 @pytest.mark.slow
 def test_the_soup_exports_generates_and_fine_tunes(anneals: dict[str, Path]) -> None:
     tmp = anneals["tmp"]
@@ -122,6 +135,12 @@ def test_mismatches_are_refused_by_name_and_leave_nothing(anneals: dict[str, Pat
         ckpt.parse_weights("1,x", 2)
     with pytest.raises(DataError, match=r"--weights '0,0': weights must be finite, 0 or more, and not all 0"):
         ckpt.parse_weights("0,0", 2)
+    with pytest.raises(DataError, match=r"--weights '1e308,inf': weights must be finite, 0 or more, and not all 0"):
+        ckpt.parse_weights("1e308,inf", 2)
+    with pytest.raises(DataError, match=r"weights: weights must be finite, 0 or more, and not all 0"):
+        ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], dest, [1.0, -1.0])
+    with pytest.raises(DataError, match=r"weights: 3 weights for 2 checkpoints"):
+        ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], dest, [1.0, 1.0, 1.0])
     with pytest.raises(DataError, match=r"a soup needs two checkpoints or more, got 1"):
         ckpt.average_checkpoints([str(anneals["a"])], dest)
     assert not os.path.lexists(dest) and not any(p.name.startswith(".tmp-") for p in tmp.iterdir())
@@ -130,8 +149,10 @@ def test_mismatches_are_refused_by_name_and_leave_nothing(anneals: dict[str, Pat
         ckpt.average_checkpoints([str(anneals["a"]), str(anneals["b"])], dest)
 
 
-def test_the_command(anneals: dict[str, Path]) -> None:
+def test_the_command(anneals: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     from olmo_cli.train_main import main as olmo_train
+
+    monkeypatch.chdir(anneals["tmp"])  # where a remote destination taken for a local path would be written
 
     dest = anneals["tmp"] / "soup-cli"
     args = ["soup", str(anneals["a"]), str(anneals["b"]), "--destination", str(dest), "--weights", "2,2"]
@@ -140,6 +161,9 @@ def test_the_command(anneals: dict[str, Path]) -> None:
     assert [r["weight"] for r in ckpt.read_trainer_state(dest).lineage] == [0.5, 0.5]
     result = CliRunner().invoke(olmo_train, [*args[:-1], "1,2,3"])
     assert result.exit_code == 2 and "error: --weights '1,2,3': 3 weights for 2 checkpoints" in result.output
+    result = CliRunner().invoke(olmo_train, [*args[:3], "--destination", "s3://bkt/soup"])
+    assert result.exit_code == 2 and "error: --destination s3://bkt/soup: a soup is written to a local" in result.output
+    assert not os.path.lexists("s3:")
     result = CliRunner().invoke(olmo_train, ["verify", "--lineage", str(dest)])
     assert result.exit_code == 0 and "<- soup: anneal-42 step 2" in result.output, result.output
 

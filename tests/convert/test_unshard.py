@@ -167,7 +167,7 @@ def test_model_only_loads_weights_and_refuses_a_resume_by_name(small: tuple[Path
         ckpt.load_checkpoint(out, model, optim, SINGLE)
     message = str(e.value)
     assert str(out / "optim.pt") in message and "no optimizer state" in message
-    assert f"--load_path={out} --reset_trainer_state" in message
+    assert f"--load_path={out} --reset_trainer_state --reset_optimizer_state=true" in message
 
 
 # ---- bad input: a message naming the problem, and nothing left behind ----------------------------------------

@@ -462,3 +462,73 @@ def test_real_stage2_runs_and_their_soup_trace_and_count_back_to_stage1(corpora:
     assert all(by_name[a.name]["not_traced"] is None for a in anneals)
     assert hits_of(by_name["stage1"]["report"]) == [h for h in alone if h[0] <= parent_step]
     assert by_name["stage1"]["also_loaded_by"] == [by_name["anneal666"]["index"]]
+
+
+def test_a_shared_stage1_reached_by_its_sharded_and_unsharded_copy_is_one_stage(
+    two_stages: dict[str, Any], corpora: list[Path]
+) -> None:
+    """Two anneals of a soup, one loaded from stage 1's stepN/, the other from its stepN-unsharded/ copy: the
+    same weights, so stage 1 is one stage (loaded by both) and its tokens count once."""
+    d, ckpt1 = two_stages["dir"], two_stages["ckpt1"]
+    copy = ckpt1.with_name(f"{ckpt1.name}-unsharded")
+    shutil.copytree(ckpt1, copy)
+    anneals = []
+    for name, parent, seed in (("a", ckpt1, 1), ("b", copy, 2)):
+        cfg = write_config(
+            d / f"{name}.yaml", corpora[1], name, d / f"run-{name}", seed=seed, load_path=str(parent),
+            restore_dataloader=False, max_duration=4,
+        )  # fmt: skip
+        anneals.append(fake_checkpoint(cfg, 4, lineage=[record(parent)]))
+    soup = d / "soup2"
+    soup.mkdir()
+    lineage = [record(a, weight=0.5) for a in anneals]
+    (soup / "trainer_state.json").write_text(json.dumps({"step": 0, "run_name": "soup2", "lineage": lineage}))
+    write_config(d / "ft.yaml", corpora[1], "ft", d / "run-ft", load_path=str(soup), reset_trainer_state=True)
+    stages = lineage_of_config(str(d / "ft.yaml"))
+    assert [s.run_name for s in stages] == ["ft", "soup2", "a", "stage1", "b"]
+    assert stages[3].also_loaded_by == [4]
+    assert sum(s.tokens_trained or 0 for s in stages) == (40 + 4 + PARENT_STEP + 4) * GBS * SEQ
+
+
+def test_a_records_counters_key_says_whether_the_child_continued(
+    two_stages: dict[str, Any], corpora: list[Path]
+) -> None:
+    """A child on stage 1's data, seed and batch with no reset keys looks like a plain resume; its record's
+    `counters` (written by the trainer from what it restored) decides, and an older record without it is guessed
+    from the config as before."""
+    d, ckpt1 = two_stages["dir"], two_stages["ckpt1"]
+    cfg = write_config(d / "c.yaml", corpora[0], "stage1", d / "run-c", load_path=str(ckpt1), max_duration=20)
+    saved = fake_checkpoint(cfg, 20, lineage=[record(ckpt1)])
+    state_file = saved / "trainer_state.json"
+    assert len(lineage_of_config(str(d / "c.yaml"))) == 1  # no key: guessed a plain resume
+    for counters, n in (("continued", 1), ("restarted", 2)):
+        state = json.loads(state_file.read_text())
+        state["lineage"][0]["counters"] = counters
+        state_file.write_text(json.dumps(state))
+        stages = lineage_of_config(str(d / "c.yaml"))
+        assert len(stages) == n, counters
+    assert [(s.run_name, s.first_step, s.last_step) for s in stages] == [("stage1", 1, 20), ("stage1", 1, PARENT_STEP)]
+    state["lineage"][0]["counters"] = "maybe"
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(DataError, match=r"trainer_state.json: lineage\[0\]\.counters must be continued, restarted"):
+        lineage_of_config(str(d / "c.yaml"))
+
+
+def test_lineage_counts_the_runs_saved_steps_or_its_planned_ones_up_to_stop_at(
+    two_stages: dict[str, Any], corpora: list[Path]
+) -> None:
+    d = two_stages["dir"]
+    cfg = write_config(d / "s.yaml", corpora[1], "s", d / "run-s", max_duration=40, stop_at=7)
+    (run,) = lineage_of_config(str(d / "s.yaml"))
+    assert (run.last_step, run.planned) == (7, True)  # nothing saved yet: the plan, stopped at stop_at
+    out = json.loads(cli("lineage", str(d / "s.yaml"), "--json"))
+    assert out["stages"][0]["planned"] is True and out["stages"][0]["last_step"] == 7
+    assert "steps 1..7 planned" in cli("lineage", str(d / "s.yaml"))
+    fake_checkpoint(cfg, 5)  # the run has trained 5 steps so far
+    (run,) = lineage_of_config(str(d / "s.yaml"))
+    assert (run.last_step, run.planned, run.tokens_trained) == (5, False, 5 * GBS * SEQ)
+    assert "planned" not in cli("lineage", str(d / "s.yaml"))
+    fake_checkpoint(cfg, 6)
+    (run,) = lineage_of_config(str(d / "run-s" / "step5" / "config.yaml"))  # a checkpoint's config: its own step
+    assert (run.last_step, run.planned) == (5, False)
+    assert lineage_of_config(str(d / "s.yaml"))[0].last_step == 6

@@ -94,6 +94,33 @@ def test_unknown_label_is_refused_before_step_1(tmp_path: Path, capfd: pytest.Ca
     assert not (tmp_path / "run").exists()
 
 
+def test_a_tokenizer_larger_than_the_model_is_refused_before_step_1_and_in_eval(
+    demo_tokenizer: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Token ids past the model's embedding rows would train step 1 and then die at the first evaluation with an
+    IndexError; refused at start, in one line naming the tokenizer and model.vocab_size, as `olmo-train eval`."""
+    from olmo_cli.train_main import main as olmo_train_cli
+
+    tokens = tmp_path / "t.npy"
+    np.random.default_rng(0).integers(2, 250, 4096).astype(np.uint16).tofile(tokens)
+    size = load_tokenizer(demo_tokenizer, "hf").vocab_size
+    assert size > 256
+    cfg = tiny_config(tmp_path / "run", str(tokens), labels=["copa"], vocab=256)
+    raw = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**raw, "tokenizer": {"identifier": demo_tokenizer}}))
+    assert main([str(cfg)]) == 2
+    err = capfd.readouterr().err
+    line = f"error: tokenizer.identifier {demo_tokenizer!r}: the tokenizer has {size:,} tokens, more than the model's "
+    assert line + "model.vocab_size 256;" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    plain = tiny_config(tmp_path / "plain", str(tokens), labels=[], vocab=256)
+    assert main([str(plain)]) == 0
+    args = ["eval", str(tmp_path / "plain" / "step2-unsharded"), "--tasks", "copa", "--tokenizer", demo_tokenizer]
+    result = CliRunner().invoke(olmo_train_cli, args)
+    assert result.exit_code == 2
+    assert f"error: --tokenizer {demo_tokenizer}: the tokenizer has {size:,} tokens" in result.output
+
+
 def test_the_27_labels_of_olmo2_stage1_are_accepted(tmp_path: Path) -> None:
     from tests.train.test_olmo_config import olmo_file, shaped
 

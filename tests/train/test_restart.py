@@ -188,12 +188,14 @@ def test_lineage_shape_is_checked_by_key(tmp_path: Path) -> None:
         "lineage": [],
     }
     ckpt.TrainerState.parse(json.dumps({"lineage": [good]}).encode(), tmp_path)
+    ckpt.TrainerState.parse(json.dumps({"lineage": [{**good, "counters": "continued"}]}).encode(), tmp_path)
     bad: list[tuple[Any, str]] = [
         ("x", r"lineage must be a list of parent records, got 'x'"),
         ([{**good, "step": "1"}], r"lineage\[0\]\.step must be an integer of 0 or more, got '1'"),
         ([{**good, "lineage": [{**good, "source": "git"}]}], r"lineage\[0\]\.lineage\[0\]\.source must be one of"),
         ([{k: v for k, v in good.items() if k != "resolved"}], r"lineage\[0\] has no 'resolved'"),
         ([{**good, "weight": "half"}], r"lineage\[0\]\.weight must be a number or null"),
+        ([{**good, "counters": "maybe"}], r"lineage\[0\]\.counters must be \"continued\", \"restarted\" or absent"),
     ]
     for value, match in bad:
         with pytest.raises(DataError, match=match):
