@@ -151,6 +151,9 @@ class SaveFolderLock:
         self.holder: Holder | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # who took the lock over while this run held it (it was silent past the timeout, e.g. suspended); the loop
+        # then stops without writing more: two writers would overwrite each other's checkpoints and metrics
+        self.lost_to: str | None = None
 
     def acquire(self) -> None:
         """Take the lock, taking over a dead holder's; the save folder must exist. Every failure is a DataError,
@@ -265,17 +268,19 @@ class SaveFolderLock:
 
     def _beat(self) -> None:
         """Refresh the heartbeat until released. If another launch took the lock over (this run was silent past
-        the timeout, e.g. suspended), say so once and stop refreshing: the file is no longer this run's."""
+        the timeout, e.g. suspended), say so once, record it in `lost_to` (the loop stops at its next step, before
+        writing anything more) and stop refreshing: the file is no longer this run's."""
         assert self.holder is not None
         warned = False
         while not self._stop.wait(heartbeat_interval(self.timeout_s)):
             current = self._read_quietly()
             if current is not None and current.token != self.holder.token:
+                self.lost_to = current.describe()
                 log.error(
-                    "the save folder lock %s was taken over by another run (%s): two runs now write to this save "
-                    "folder; stop one of them",
+                    "the save folder lock %s was taken over by another run (%s): this run stops at its next step "
+                    "without writing to the save folder again",
                     self.path,
-                    current.describe(),
+                    self.lost_to,
                 )
                 return
             self.holder.heartbeat = _now()

@@ -78,6 +78,7 @@ class StepResult:
     stop_requested: bool
     z_loss: float | None = None  # per supervised token, like loss; None: z_loss_multiplier is off
     masked_instances: int = 0  # all ranks' instances caught by data.instance_filter
+    lock_lost: bool = False  # another run took the save folder's lock over (rank 0 saw it; every rank knows)
     # every instance of the global batch, by position: its cross-entropy sum and supervised tokens (rank 0 writes
     # them to instance_loss.bin; every rank has them)
     instance_loss_sum: np.ndarray | None = None
@@ -142,7 +143,13 @@ def forward_instance_losses(
 
 
 def train_step(
-    model: nn.Module, optim: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig, d: Dist, stop_flag: bool
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: TrainConfig,
+    d: Dist,
+    stop_flag: bool,
+    lock_lost: bool = False,
 ) -> StepResult:
     """One optimizer step over this rank's part of the global batch, in micro-batches.
 
@@ -187,7 +194,9 @@ def train_step(
     optim.zero_grad(set_to_none=True)
     local_rows = torch.stack([torch.cat(row_sums), (labels != -100).sum(-1).double()], dim=-1)
     instances = gather_rows(local_rows, d.world_size)  # (global batch, 2), by position
-    total_loss, stop, total_z = all_reduce_sum([float(loss_sum), float(stop_flag), float(z_sum)], d.device)
+    total_loss, stop, total_z, lost = all_reduce_sum(
+        [float(loss_sum), float(stop_flag), float(z_sum), float(lock_lost)], d.device
+    )
     z_loss = total_z / max(global_count, 1.0) if cfg.z_loss_multiplier is not None else None
     return StepResult(
         total_loss / max(global_count, 1.0),
@@ -198,6 +207,7 @@ def train_step(
         masked_instances=int(masked),
         instance_loss_sum=instances[:, 0],
         instance_tokens=instances[:, 1].astype(np.int64),
+        lock_lost=lost > 0,
     )
 
 
@@ -434,7 +444,14 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if warmup_from is not None:
                 lr = restart.bolt_on_learning_rate(cfg, lr, warmup_from, step, tokens_per_step, total)
             set_learning_rate(optim, lr)
-            result = train_step(model, optim, batch, cfg, d, preemption.requested)
+            result = train_step(model, optim, batch, cfg, d, preemption.requested, lock.lost_to is not None)
+            if result.lock_lost:  # on every rank, before this step writes anything
+                raise DataError(
+                    f"{save_folder / ckpt.WRITER_LOCK}: another run took this save folder over"
+                    f"{f' ({lock.lost_to})' if lock.lost_to else ''} while this one was silent past "
+                    f"save_folder_lock_timeout_s ({cfg.save_folder_lock_timeout_s:g} s); stopped at step {step} "
+                    "without writing it, so that the two runs do not overwrite each other's checkpoints and metrics"
+                )
             state.step = step
             state.epoch = batch.epoch
             state.tokens_seen += tokens_per_step

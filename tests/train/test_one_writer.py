@@ -231,3 +231,35 @@ def test_a_second_launch_beside_a_live_run_is_refused_naming_it(tmp_path: Path) 
     assert steps(run) == list(range(1, last + 3))
     assert not list(run.glob("metrics.*.jsonl")), "nothing was ever set aside"
     assert not (run / WRITER_LOCK).exists()
+
+
+def test_a_run_whose_lock_is_taken_over_stops_without_writing_again(tmp_path: Path) -> None:
+    """A run silent past the timeout (suspended, say) whose folder another launch took over must not go on writing
+    beside it: at its next step it stops on every rank, one line naming the new holder, and writes nothing more
+    (no metrics record, no checkpoint), leaving the new holder's lock in place."""
+    data = write_tokens(tmp_path / "tokens")
+    cfg = tiny_config(tmp_path, data, distributed_strategy="single", save_interval=1000)
+    run = tmp_path / "run"
+    first = launch(cfg, 1, "--max_duration=100000", "--save_folder_lock_timeout_s=1", wait=False)
+    assert isinstance(first, subprocess.Popen)
+    try:
+        deadline = time.time() + 120
+        while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
+            assert first.poll() is None, first.communicate()[0]
+            assert time.time() < deadline, "the run never trained"
+            time.sleep(0.2)
+        write_lock(run, heartbeat=stamp(0))  # the new holder (its pid need not live here: another host's)
+        taken = json.loads((run / WRITER_LOCK).read_text())
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 2, output
+    error = [x for x in output.splitlines() if x.startswith("error:")]
+    assert len(error) == 1, output
+    assert f"{run / WRITER_LOCK}: another run took this save folder over (host gpu-node-17, pid 4242" in error[0]
+    assert "stopped at step" in error[0]
+    stopped_at = int(error[0].split("stopped at step ")[1].split()[0])
+    assert steps(run) == list(range(1, stopped_at)), "every step before it once, not the one it stopped at"
+    assert not list(run.glob("step*")), "no checkpoint written"
+    assert json.loads((run / WRITER_LOCK).read_text()) == taken
