@@ -24,9 +24,8 @@ from typing import Any, Protocol
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
-from olmo_data.lineage import COUNTERS, checkpoint_identity, counters_continued
+from olmo_data.lineage import COUNTERS, SOURCES, checkpoint_identity, counters_continued
 
-SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
 _FIELDS: dict[str, str] = {
     "source": "str",
     "given": "str",

@@ -13,21 +13,17 @@ when they end before the checkpoint's step). So it never holds a step twice and 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from olmo_data.errors import DataError
 from olmo_data.instance_loss import ROW, aside_name
 from olmo_data.io import atomic_path
 from olmo_train.checkpoint import space
+from olmo_train.train.metrics import AppendOnlyLog, copy_aside, free_aside
 
 log = logging.getLogger("olmo_train")
 
@@ -57,12 +53,7 @@ def source_metrics(
     return out
 
 
-class InstanceLossLog:
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path = path
-        self.enabled = enabled
-        self._file: Any = None
-
+class InstanceLossLog(AppendOnlyLog):
     def start(self, resume_step: int) -> None:
         """Append after the rows of steps up to `resume_step`; a file holding anything else is set aside first."""
         if not self.enabled:
@@ -83,11 +74,8 @@ class InstanceLossLog:
         if keep and last != resume_step:  # steps last+1..resume_step are missing: continuing would leave a gap
             keep, why = 0, f"ends at step {last}, before step {resume_step}, where this run resumes"
         if keep != size:
-            aside = self._free_aside()
-            try:  # a second name for the whole file (no moment without either), or a copy without hard links
-                os.link(self.path, aside)
-            except OSError:
-                shutil.copyfile(self.path, aside)
+            aside = free_aside(self.path, aside_name)
+            copy_aside(self.path, aside)
             with atomic_path(self.path) as tmp, aside.open("rb") as src, tmp.open("wb") as dst:
                 _copy_prefix(src, dst, keep)
             log.warning(
@@ -100,12 +88,6 @@ class InstanceLossLog:
             )
         self._file = self.path.open("ab")
 
-    def _free_aside(self) -> Path:
-        n = 1
-        while self.path.with_name(aside_name(n)).exists():
-            n += 1
-        return self.path.with_name(aside_name(n))
-
     def write(self, step: int, loss_sum: np.ndarray, tokens: np.ndarray) -> None:
         """Append step `step`'s rows (global batch order) in one write."""
         if not self.enabled:
@@ -115,20 +97,7 @@ class InstanceLossLog:
         rows["position"] = np.arange(len(loss_sum))
         rows["tokens"] = tokens
         rows["loss_sum"] = loss_sum
-        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
-            with space.refused_writes(self.path.parent, f"{self.path.name} (step {step})"):
-                self._file.write(rows.tobytes())
-                self._file.flush()
-        except DataError:
-            file, self._file = self._file, None
-            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
-                file.close()
-            raise
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self.append(rows.tobytes(), step)
 
 
 def _copy_prefix(src: Any, dst: Any, length: int) -> None:

@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,16 @@ def _step_of(line: str) -> int:
     return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
-def _free_aside(path: Path) -> Path:
-    """The first metrics.N.jsonl not taken: earlier files keep their names, the latest set aside has the highest N."""
+def free_aside(path: Path, aside_name: Callable[[int], str]) -> Path:
+    """The first `aside_name(N)` beside `path` not taken (N = 1, 2, ...): earlier files keep their names, the
+    latest set aside has the highest N."""
     n = 1
-    while path.with_name(metrics_aside(n)).exists():
+    while path.with_name(aside_name(n)).exists():
         n += 1
-    return path.with_name(metrics_aside(n))
+    return path.with_name(aside_name(n))
 
 
-def _copy_aside(path: Path, aside: Path) -> None:
+def copy_aside(path: Path, aside: Path) -> None:
     """`aside` as a second name of `path`'s file (a hard link: nothing copied, and no moment without either), or
     a copy where the filesystem has no hard links."""
     try:
@@ -82,11 +84,36 @@ def _copy_aside(path: Path, aside: Path) -> None:
             shutil.copyfile(path, tmp)
 
 
-class MetricsLog:
+class AppendOnlyLog:
+    """A save-folder file that rank 0 only ever appends to, a step at a time (metrics.jsonl, instance_loss.bin):
+    each append flushed, a full disk one line naming the file and the step (after which the file is closed, its
+    unwritten rest dropped, so that `close` does not fail again). Subclasses open `_file` in their `start`."""
+
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
         self._file: Any = None
+
+    def append(self, data: str | bytes, step: int) -> None:
+        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
+            with space.refused_writes(self.path.parent, f"{self.path.name} (step {step})"):
+                self._file.write(data)
+                self._file.flush()
+        except DataError:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()
+            raise
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MetricsLog(AppendOnlyLog):
+    def __init__(self, path: Path, enabled: bool) -> None:
+        super().__init__(path, enabled)
         self._wandb: Any = None
 
     def start(self, resume_step: int) -> None:
@@ -102,8 +129,8 @@ class MetricsLog:
         first = 0 if resume_step else 1  # step 0: the evaluation before training (eval_on_start) of this run
         kept = [line + "\n" for line in text.splitlines() if first <= _step_of(line) <= resume_step]
         if text != "".join(kept):
-            aside = _free_aside(self.path)
-            _copy_aside(self.path, aside)
+            aside = free_aside(self.path, metrics_aside)
+            copy_aside(self.path, aside)
             with atomic_path(self.path) as tmp:
                 tmp.write_text("".join(kept))
             if resume_step:
@@ -139,23 +166,13 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        try:  # a full disk is met here, by rank 0 alone (torchrun then ends the other ranks)
-            with space.refused_writes(self.path.parent, f"{self.path.name} (step {record['step']})"):
-                self._file.write(json.dumps(record, sort_keys=True) + "\n")
-                self._file.flush()
-        except DataError:
-            file, self._file = self._file, None
-            with contextlib.suppress(OSError):  # closed now, its unwritten rest dropped: `close` would fail again
-                file.close()
-            raise
+        self.append(json.dumps(record, sort_keys=True) + "\n", record["step"])
         if self._wandb is not None:
             numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
             self._wandb.log(numbers, step=record["step"])
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        super().close()
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
