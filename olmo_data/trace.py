@@ -358,46 +358,6 @@ def open_run(config: str) -> tuple[dict[str, Any], InstanceSource]:
     return cfg, open_from_config(cfg)
 
 
-def trace_run(
-    config: str,
-    *,
-    document_ids: Sequence[str] = (),
-    document_list: str | None = None,
-    source_glob: str | None = None,
-    text: str | None = None,
-    tokens: str | None = None,
-    tokenizer: str | None = None,
-    steps: str | None = None,
-    world_size: int | None = None,
-    order: str | None = None,
-    processes: int = 1,
-    progress: bool | None = None,
-    index_dir: str | None = None,
-    use_index: bool = True,
-) -> TraceReport:
-    """`trace` with the targets named as `olmo-data trace` takes them: documents by id (`document_ids`, and a
-    `document_list` file of ids, one per line), every document of source files matching `source_glob`, or one
-    passage, as `text` (encoded with the data's own tokenizer, or `tokenizer`, checked against the manifest) or as
-    `tokens` ("ID,ID,..."), looked up in the suffix index (in `index_dir`, else beside the token files) when the
-    run has one and `use_index`. `steps` is "A..B" (1-based, inclusive) or one step "N"; default the whole run."""
-    cfg, source = open_run(config)
-    targets, scan = find_targets(
-        source,
-        read_ids(document_ids, document_list),
-        source_glob=source_glob,
-        text=text,
-        tokens=tokens,
-        tokenizer=tokenizer,
-        processes=processes,
-        progress=progress,
-        index_dir=index_dir,
-        use_index=use_index,
-    )
-    report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
-    report.scan = scan
-    return report
-
-
 def read_ids(document_ids: Sequence[str], document_list: str | None) -> list[str]:
     """The ids of `--document` and of a `--document-list` file (one per line)."""
     ids = list(document_ids)

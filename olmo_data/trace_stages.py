@@ -80,11 +80,14 @@ def trace_chain(
     index_dir: str | None = None,
     use_index: bool = True,
 ) -> ChainTrace:
-    """`trace_run` of `config`, and (with `lineage`) of every ancestor stage up to the step of the checkpoint it
-    handed on. `steps`, `order` apply to the run itself; ancestors use their own configs' orders. A document id
-    must be found in some stage's data; a stage without it simply has no hits. A passage is looked up in each
-    stage's suffix index where it has one (`use_index`; `index_dir` is the run's own, ancestors' are found beside
-    their token files)."""
+    """`trace` of `config` with the targets named as `olmo-data trace` takes them: documents by id
+    (`document_ids`, and a `document_list` file of ids, one per line), every document of source files matching
+    `source_glob`, or one passage, as `text` (encoded with the data's own tokenizer, or `tokenizer`) or as `tokens`
+    ("ID,ID,..."); `steps` is "A..B" (1-based, inclusive) or one step "N", default the whole run. With `lineage`,
+    also every ancestor stage's trace, up to the step of the checkpoint it handed on. `steps`, `order` apply to
+    the run itself; ancestors use their own configs' orders. A document id must be found in some stage's data; a
+    stage without it simply has no hits. A passage is looked up in each stage's suffix index where it has one
+    (`use_index`; `index_dir` is the run's own, ancestors' are found beside their token files)."""
     ids = read_ids(document_ids, document_list)
     check_target_options(ids, source_glob, text, tokens)
     cfg = read_train_config(config)
