@@ -106,23 +106,8 @@ def forward_loss_sum(
     """Sum of the cross-entropy of every supervised target token (labels -100 are skipped), computed inside the
     model's forward (where FSDP has the output head gathered) a chunk of tokens at a time; with `doc_starts`
     (model.document_masking: `olmo_train.train.documents.DocumentStarts`), attention stays within documents."""
-    return forward_losses(model, input_ids, labels, doc_starts)[0]
-
-
-def forward_losses(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    labels: torch.Tensor,
-    doc_starts: torch.Tensor | None = None,
-    z_loss_multiplier: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`forward_loss_sum`'s cross-entropy sum and, with `z_loss_multiplier`, the z-loss sum over the same tokens
-    (the same chunks of the same forward: `olmo_train.nn.loss`); None without it."""
     doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
-    if z_loss_multiplier is None:
-        return model(input_ids, labels=labels, doc_ids=doc_ids), None
-    ce, z = model(input_ids, labels=labels, doc_ids=doc_ids, z_loss_multiplier=z_loss_multiplier)
-    return ce, z
+    return model(input_ids, labels=labels, doc_ids=doc_ids)
 
 
 def forward_instance_losses(
@@ -132,9 +117,9 @@ def forward_instance_losses(
     doc_starts: torch.Tensor | None = None,
     z_loss_multiplier: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """`forward_losses`' sums (the same gradients bitwise; the cross-entropy sum to float32 rounding, see
-    `olmo_train.nn.loss`) and each row's cross-entropy sum (float64, detached), from the same forward: what training
-    uses, so that every step records the loss of each of its instances."""
+    """The training forward: `forward_loss_sum`'s cross-entropy sum (to float32 rounding, see `olmo_train.nn.loss`),
+    with `z_loss_multiplier` the z-loss sum over the same tokens and chunks (else None), and each row's
+    cross-entropy sum (float64, detached), so that every step records the loss of each of its instances."""
     doc_ids = doc_ids_from_starts(doc_starts) if doc_starts is not None else None
     ce, z, rows = model(
         input_ids, labels=labels, doc_ids=doc_ids, z_loss_multiplier=z_loss_multiplier, instance_losses=True
