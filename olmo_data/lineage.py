@@ -115,27 +115,32 @@ def read_lineage(
     parent after the stage that loaded it. `fingerprint` is the run's data fingerprint (to tell a plain resume
     from a new stage) and `last_step` its last step (default: unknown)."""
     cfg = cfg if cfg is not None else read_train_config(config_path)
-    stages = [
-        Stage(
-            index=0,
-            parent_of=None,
-            depth=0,
-            source="run",
-            run_name=str(cfg.get("run_name") or "olmo-run"),
-            config=config_path,
-            checkpoint=None,
-            given=None,
-            first_step=1,
-            last_step=last_step,
-            checkpoint_step=None,
-            tokens_seen=None,
-            batch_tokens=_batch_tokens(cfg),
-            data_fingerprint=fingerprint,
-        )
-    ]
+    stages = [run_stage(config_path, cfg, 1, last_step, fingerprint)]
     records = _own_records(config_path, cfg)
     _attach(stages, stages[0], cfg, records, fingerprint, [os.path.abspath(config_path)])
     return stages
+
+
+def run_stage(
+    config_path: str, cfg: dict[str, Any], first_step: int, last_step: int | None, fingerprint: str | None
+) -> Stage:
+    """The run `config_path` describes, as the first stage (index 0), steps [first_step, last_step]."""
+    return Stage(
+        index=0,
+        parent_of=None,
+        depth=0,
+        source="run",
+        run_name=str(cfg.get("run_name") or "olmo-run"),
+        config=config_path,
+        checkpoint=None,
+        given=None,
+        first_step=first_step,
+        last_step=last_step,
+        checkpoint_step=None,
+        tokens_seen=None,
+        batch_tokens=_batch_tokens(cfg),
+        data_fingerprint=fingerprint,
+    )
 
 
 def lineage_of_config(config_path: str) -> list[Stage]:

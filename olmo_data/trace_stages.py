@@ -16,7 +16,7 @@ from typing import Any
 
 from olmo_data.errors import DataError
 from olmo_data.instances import open_from_config
-from olmo_data.lineage import Stage, format_lineage, read_lineage, read_stage_config, stage_line
+from olmo_data.lineage import Stage, format_lineage, read_lineage, read_stage_config, run_stage, stage_line
 from olmo_data.trace import (
     TraceReport,
     check_target_options,
@@ -111,7 +111,7 @@ def trace_chain(
     report = trace(cfg, targets, source=source, steps=own_steps, world_size=world_size, order=order)
     report.scan = scan
     if not stages:
-        return ChainTrace([StageTrace(read_lineage_stub(config, cfg, own_steps), report)])
+        return ChainTrace([StageTrace(run_stage(config, cfg, own_steps[0], own_steps[1], None), report)])
     stages[0].first_step, stages[0].last_step = own_steps
     out = [StageTrace(stages[0], report)]
     found = {t.name for t in targets}
@@ -151,26 +151,6 @@ def trace_chain(
     if source_glob is not None and not any(s.report and s.report.targets for s in out):
         raise DataError(f"no document of any stage's token files comes from a source file matching {source_glob!r}")
     return ChainTrace(out)
-
-
-def read_lineage_stub(config: str, cfg: dict[str, Any], steps: tuple[int, int]) -> Stage:
-    """The run itself as a stage, lineage not read (`--no-lineage`)."""
-    return Stage(
-        index=0,
-        parent_of=None,
-        depth=0,
-        source="run",
-        run_name=str(cfg.get("run_name") or "olmo-run"),
-        config=config,
-        checkpoint=None,
-        given=None,
-        first_step=steps[0],
-        last_step=steps[1],
-        checkpoint_step=None,
-        tokens_seen=None,
-        batch_tokens=int(cfg["global_train_batch_size"]) * int(cfg["model"]["max_sequence_length"]),
-        data_fingerprint=None,
-    )
 
 
 def format_chain(chain: ChainTrace, *, max_targets: int = 20) -> str:
