@@ -1,4 +1,4 @@
-"""The instance filter's cost (`olmo_data.instance_filter`, OLMo 2's settings 13/1/32) against a training step.
+"""The instance filter's cost (`olmo_data.dataset.instance_filter`, OLMo 2's settings 13/1/32) against a training step.
 
 Times `RepetitionFilter.filtered` on batches of 4096-token instances (int64, as the trainer's batches are), on two
 kinds of data: random ids below 50,280 (nothing repeats: the cheap path), and Python's standard library sources as
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from olmo_data.instance_filter import RepetitionFilter
-from olmo_train.config import load_config
+from olmo_data.config.load import load_config
+from olmo_data.dataset.instance_filter import RepetitionFilter
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer
 

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from synthetic_data import write_document_metadata, write_manifest  # noqa: E402
 
-from olmo_data.doc_index import DocIndex  # noqa: E402
-from olmo_data.inspect import inspect_batch  # noqa: E402
-from olmo_data.instances import open_from_config  # noqa: E402
-from olmo_data.order import build_config_orders, build_order, write_order  # noqa: E402
+from olmo_data.dataset.doc_index import DocIndex  # noqa: E402
+from olmo_data.dataset.instances import open_from_config  # noqa: E402
+from olmo_data.dataset.order import build_config_orders, build_order, write_order  # noqa: E402
+from olmo_data.run.batches import inspect_batch  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-def]

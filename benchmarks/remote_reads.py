@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from synthetic_data import write_document_metadata, write_manifest  # noqa: E402
 
-from olmo_data.order import build_config_orders  # noqa: E402
+from olmo_data.dataset.order import build_config_orders  # noqa: E402
 
 
 def make_token_dir(directory: Path, files: int, tokens: int, vocab: int, seed: int) -> None:

@@ -32,10 +32,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from olmo_data.instances import open_from_config  # noqa: E402
-from olmo_data.spans import find_spans  # noqa: E402
-from olmo_data.suffix_index import build_index, open_index  # noqa: E402
-from olmo_data.suffix_sort import have_divsufsort  # noqa: E402
+from olmo_data.dataset.instances import open_from_config  # noqa: E402
+from olmo_data.suffix_index.index import build_index, open_index  # noqa: E402
+from olmo_data.suffix_index.sort import have_divsufsort  # noqa: E402
+from olmo_data.trace.spans import find_spans  # noqa: E402
 
 
 def make_tokens(path: Path, n: int, seed: int) -> None:
@@ -110,7 +110,7 @@ def main() -> None:
         results["spans"] = [(i, j) for i, j, _ in answers["index"]]
         results["query_index_s"] = timings["index"]
         results["query_scan_s"] = timings["scan"]
-        from olmo_data.trace import find_tokens
+        from olmo_data.trace.find import find_tokens
 
         for mode in ("index", "scan"):  # `trace --tokens` of the first 40 tokens
             t0 = time.perf_counter()

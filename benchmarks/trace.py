@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from order_and_inspect import make_sparse_dataset  # noqa: E402
 
-from olmo_data.doc_index import DocIndex  # noqa: E402
-from olmo_data.instances import open_from_config  # noqa: E402
-from olmo_data.order import build_config_orders  # noqa: E402
-from olmo_data.trace import find_documents, find_tokens, trace  # noqa: E402
+from olmo_data.dataset.doc_index import DocIndex  # noqa: E402
+from olmo_data.dataset.instances import open_from_config  # noqa: E402
+from olmo_data.dataset.order import build_config_orders  # noqa: E402
+from olmo_data.trace.find import find_documents, find_tokens, trace  # noqa: E402
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ def build_order(config: str, epochs: int, first_epoch: int, destination: str | N
     Examples:
       olmo-data build-order configs/tiny.yaml --epochs 2
     """
-    from olmo_data.order import build_config_orders
+    from olmo_data.dataset import build_config_orders
 
     for summary in build_config_orders(config, epochs=epochs, first_epoch=first_epoch, location=destination):
         click.echo(summary.line())

@@ -87,7 +87,7 @@ def generate(
             if not ((trace_spans or trace_config) and text.strip()):
                 click.echo(f"{head}{prompt}{text}")
                 continue
-            from olmo_data.spans import marked_text
+            from olmo_data.trace import marked_text
             from olmo_train.generate import trace_continuation
 
             found = trace_continuation(checkpoint, text, config=trace_config, min_tokens=min_tokens)

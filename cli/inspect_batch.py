@@ -69,8 +69,8 @@ def inspect_batch(
       olmo-data inspect-batch configs/tiny.yaml --step 40 --rank 1 --world-size 2 --json
       olmo-data inspect-batch runs/tiny/config.yaml --step 40 --sort loss
     """
-    from olmo_data.inspect import format_report, sort_instances
-    from olmo_data.inspect import inspect_batch as inspect
+    from olmo_data.run import format_report, sort_instances
+    from olmo_data.run import inspect_batch as inspect
 
     report = inspect(
         config,

@@ -23,7 +23,7 @@ def lineage(config: str, as_json: bool) -> None:
       olmo-data lineage configs/stage2.yaml
       olmo-data lineage runs/anneal-42/config.yaml --json
     """
-    from olmo_data.lineage import format_lineage, lineage_of_config
+    from olmo_data.run import format_lineage, lineage_of_config
 
     stages = lineage_of_config(config)
     if as_json:

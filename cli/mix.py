@@ -23,7 +23,7 @@ def mix(spec: str, destination: str) -> None:
     Examples:
       olmo-data mix configs/mix_example.yaml --destination runs/mix
     """
-    from olmo_data.mixture import build_mix, mix_report
+    from olmo_data.dataset import build_mix, mix_report
 
     manifest = build_mix(spec, destination)
     click.echo(mix_report(manifest))

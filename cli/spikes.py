@@ -26,7 +26,7 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool) -> None:
       olmo-data spikes runs/tiny
       olmo-data spikes runs/tiny/config.yaml --window 50 --z 4 --json
     """
-    from olmo_data.spikes import find_spikes, format_spikes
+    from olmo_data.run import find_spikes, format_spikes
 
     report = find_spikes(run, window=window, z=z, top=top)
     click.echo(json.dumps(report.to_json()) if as_json else format_spikes(report))

@@ -39,7 +39,7 @@ def stats(
       olmo-data stats configs/tiny.yaml
       olmo-data stats runs/demo/tokens --sequence-length 128 --global-batch-size 16
     """
-    from olmo_data.stats import format_stats, stats_for
+    from olmo_data.dataset import format_stats, stats_for
 
     result = stats_for(
         paths,

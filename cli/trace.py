@@ -81,7 +81,7 @@ def trace(
     if spans is not None:
         if document_ids or document_list or source_glob or text is not None or tokens is not None:
             raise DataError("--spans takes a text alone: give documents, --text, --tokens or --spans")
-        from olmo_data.spans import format_spans, trace_spans
+        from olmo_data.trace import format_spans, trace_spans
 
         found = trace_spans(
             config,
@@ -98,7 +98,7 @@ def trace(
         )
         click.echo(json.dumps(found.to_json()) if as_json else format_spans(found))
         return
-    from olmo_data.trace_stages import format_chain, trace_chain
+    from olmo_data.trace import format_chain, trace_chain
 
     report = trace_chain(
         config,

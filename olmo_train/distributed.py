@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from olmo_data.config import ConfigError, TrainConfig
 from olmo_data.errors import DataError
-from olmo_train.config import ConfigError, TrainConfig
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 
 from olmo_data.errors import DataError
-from olmo_data.spans import SpansReport, trace_spans
+from olmo_data.trace import SpansReport, trace_spans
 from olmo_train.checkpoint import config_path
 from olmo_train.convert import load_model
 from olmo_train.nn import Transformer

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from olmo_data.doc_index import DocIndex
-from olmo_data.inspect import inspect_batch
-from olmo_data.order import build_config_orders
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.order import build_config_orders
+from olmo_data.run.batches import inspect_batch
 from olmo_data.tokenize import TokenizeOptions, tokenize
 
 ROOT = Path(__file__).resolve().parents[1]

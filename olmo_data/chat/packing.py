@@ -29,9 +29,9 @@ from typing import IO, Any
 
 import numpy as np
 
+from olmo_data.dataset import DTYPES
 from olmo_data.errors import DataError
 from olmo_data.io import gzip_text_writer
-from olmo_data.manifest import DTYPES
 
 INPUT_IDS = "input_ids.npy"
 LABEL_MASK = "label_mask.npy"

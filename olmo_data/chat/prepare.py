@@ -37,6 +37,7 @@ from olmo_data.chat.packing import (
 )
 from olmo_data.chat.rows import RowChunk, is_hub_dataset, parse_rows, row_chunks
 from olmo_data.chat.templates import TEMPLATES, encode_conversations
+from olmo_data.dataset import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.documents import file_format
 from olmo_data.errors import DataError, is_disk_full
 from olmo_data.interrupts import quiet_worker
@@ -48,7 +49,6 @@ from olmo_data.io import (
     remove_stale_temporaries,
     write_json_atomic,
 )
-from olmo_data.manifest import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset import DTYPES, smallest_dtype
 from olmo_data.errors import DataError
-from olmo_data.manifest import DTYPES, smallest_dtype
 from olmo_data.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from olmo_data import __version__
+from olmo_data.dataset import MANIFEST_NAME, MANIFEST_VERSION
 from olmo_data.errors import DataError, is_disk_full
 from olmo_data.io import expand_patterns, file_size, remove_stale_temporaries, write_json_atomic
-from olmo_data.manifest import MANIFEST_NAME, MANIFEST_VERSION
 from olmo_data.tokenize.options import (
     InputResult,
     ResolvedOptions,

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset import DTYPES
 from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
-from olmo_data.manifest import DTYPES
 from olmo_data.processes import pool_context
 from olmo_data.tokenize.options import InputResult, ResolvedOptions
 from olmo_data.tokenize.parts import PartWriter

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from olmo_data.dataset import read_manifest
 from olmo_data.errors import DataError
-from olmo_data.manifest import read_manifest
 from olmo_data.tokenizer.base import Tokenizer
 from olmo_data.tokenizer.load import load_tokenizer
 
 if TYPE_CHECKING:
-    from olmo_data.instances import InstanceSource
+    from olmo_data.dataset import InstanceSource
 
 
 def _recorded_tokenizer(source: InstanceSource) -> tuple[dict[str, Any], str] | None:

@@ -14,9 +14,9 @@ import logging
 import os
 from pathlib import Path
 
+from olmo_data.dataset import is_not_found_error
 from olmo_data.errors import DataError
 from olmo_data.io import default_cache_dir, is_remote
-from olmo_data.manifest import is_not_found_error
 from olmo_data.remote import remote_reader
 from olmo_train.checkpoint import integrity, safety
 from olmo_train.checkpoint.layout import CHECKSUMS, CONFIG, DCP_METADATA, MODEL_FILE, OPTIM_FILE, TRAINER_STATE

@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
+from olmo_data.config import ModelConfig, TrainConfig, load_config, save_config
+from olmo_data.dataset import read_manifest
 from olmo_data.errors import DataError
-from olmo_data.manifest import read_manifest
 from olmo_train.checkpoint import safety
 from olmo_train.checkpoint.integrity import Recorder
 from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TMP_PREFIX, TRAINER_STATE, TrainerState
 from olmo_train.checkpoint.load import check_files
-from olmo_train.config import ModelConfig, TrainConfig, load_config, save_config
 
 log = logging.getLogger(__name__)
 

@@ -1,72 +1,45 @@
-"""Every file and directory name of a checkpoint and its save folder, and the trainer state written last.
+"""A checkpoint's trainer state (`TrainerState`, written last), and the save folder's names for the trainer.
 
-A save folder holds:
-  stepN/                  sharded: torch.distributed.checkpoint files (`.metadata` and its shards, model and
-                          optimizer together), rng/rankR.pt, config.yaml, checksums.json, trainer_state.json
-  stepN-unsharded/        one file per state: model.pt, optim.pt (relora.pt beside model.pt for a ReLoRA run),
-                          rng/rank0.pt, config.yaml, checksums.json, trainer_state.json
-  latest, latest-unsharded   symlinks to the newest complete checkpoint of each kind
-  config.yaml             the run's resolved config
-  metrics.jsonl           one JSON record per step, only ever appended to; metrics.N.jsonl: earlier ones set aside
-  instance_loss.bin       each step's per-instance loss sums and supervised tokens (olmo_data.instance_loss), kept
-                          across resume as metrics.jsonl is; instance_loss.N.bin: earlier ones set aside
-  writer.lock             the run writing to the folder (host, pid, Slurm job, heartbeat): one writer at a time
-A checkpoint made by `import-hf` or `import-olmo` is an unsharded one at step 0 with tokenizer.json beside it.
-
-This is the one module that spells these names: the rest of the package (and the trainer, the converters) import
-them from here, so a reader finds the whole layout on one screen and a rename cannot miss a reader.
+Every file and directory name of a save folder and its checkpoints is spelled once, in `olmo_data/run/layout.py`
+(the data tools read the same files back); this module re-exports them for the checkpoint package, so a reader of
+the trainer finds the layout from here, and adds what only the trainer needs (the trainer state's fields, checks).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from olmo_data import instance_loss
 from olmo_data.errors import DataError, shown
 from olmo_data.io import json_bytes
+from olmo_data.run import (
+    CHECKSUMS,
+    CONFIG,
+    DCP_METADATA,
+    EXACT_FILE,
+    INSTANCE_LOSS,
+    LATEST,
+    LATEST_UNSHARDED,
+    METRICS,
+    MODEL_FILE,
+    OPTIM_FILE,
+    REPLACED_PREFIX,
+    RNG_DIR,
+    SAVING_SUFFIX,
+    TMP_PREFIX,
+    TOKENIZER_FILE,
+    TRAINER_STATE,
+    WRITER_LOCK,
+    latest_checkpoint,
+    latest_link,
+    list_checkpoints,
+    metrics_aside,
+    rng_file,
+    step_dir,
+)
 from olmo_train.checkpoint.lineage import check_lineage
-
-TRAINER_STATE = "trainer_state.json"  # written last: its presence marks a checkpoint complete
-CHECKSUMS = "checksums.json"  # size and SHA-256 of every other file (integrity.py)
-CONFIG = "config.yaml"  # the run's resolved TrainConfig, in each checkpoint and in the save folder
-MODEL_FILE = "model.pt"  # unsharded: the model's plain (merged) weights
-OPTIM_FILE = "optim.pt"  # unsharded: the optimizer state
-EXACT_FILE = "relora.pt"  # unsharded, beside model.pt: the unmerged state of linears trained through adapters
-TOKENIZER_FILE = "tokenizer.json"  # an imported checkpoint's tokenizer
-DCP_METADATA = ".metadata"  # sharded: torch.distributed.checkpoint's index of the shards
-RNG_DIR = "rng"  # one RNG state file per rank
-LATEST = "latest"
-LATEST_UNSHARDED = "latest-unsharded"
-TMP_PREFIX = ".tmp-"  # a checkpoint being written, renamed into place when complete
-REPLACED_PREFIX = ".replaced-"  # a complete checkpoint moved aside while a new save of the same step takes its name
-SAVING_SUFFIX = ".saving"  # marker of the save test hook's pause
-METRICS = "metrics.jsonl"  # save folder: one JSON record per trained step (train/metrics.py)
-INSTANCE_LOSS = instance_loss.FILE_NAME  # save folder: per-instance loss rows of every step (train/instance_losses.py)
-WRITER_LOCK = "writer.lock"  # save folder: who is writing to it (lock.py); removed when that run ends
-_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
-
-
-def step_dir(step: int, unsharded: bool) -> str:
-    """The directory name of the checkpoint of `step`."""
-    return f"step{step}-unsharded" if unsharded else f"step{step}"
-
-
-def rng_file(rank: int) -> str:
-    """A rank's RNG state file, relative to its checkpoint."""
-    return f"{RNG_DIR}/rank{rank}.pt"
-
-
-def metrics_aside(n: int) -> str:
-    """The name a metrics.jsonl is kept under when a new start cannot simply append to it (n = 1, 2, ...)."""
-    return f"metrics.{n}.jsonl"
-
-
-def latest_link(unsharded: bool) -> str:
-    return LATEST_UNSHARDED if unsharded else LATEST
 
 
 @dataclass
@@ -124,25 +97,35 @@ class TrainerState:
         return json_bytes(asdict(self))
 
 
-def list_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
-    """Complete checkpoints in a save folder: (step, is_unsharded, path)."""
-    out = []
-    if folder.is_dir():
-        for p in folder.iterdir():
-            m = _STEP_DIR.match(p.name)
-            if m and not p.is_symlink() and (p / TRAINER_STATE).is_file():
-                out.append((int(m.group(1)), bool(m.group(2)), p))
-    return sorted(out)
-
-
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest complete checkpoint, sharded preferred over unsharded at the same step."""
-    found = list_checkpoints(folder)
-    if not found:
-        return None
-    return max(found, key=lambda t: (t[0], not t[1]))[2]
-
-
 def is_unsharded(path: Path) -> bool:
     """Whether a complete checkpoint directory is unsharded (holds model.pt) rather than sharded."""
     return (path / MODEL_FILE).is_file()
+
+
+__all__ = [
+    "CHECKSUMS",
+    "CONFIG",
+    "DCP_METADATA",
+    "EXACT_FILE",
+    "INSTANCE_LOSS",
+    "LATEST",
+    "LATEST_UNSHARDED",
+    "METRICS",
+    "MODEL_FILE",
+    "OPTIM_FILE",
+    "REPLACED_PREFIX",
+    "RNG_DIR",
+    "SAVING_SUFFIX",
+    "TMP_PREFIX",
+    "TOKENIZER_FILE",
+    "TRAINER_STATE",
+    "WRITER_LOCK",
+    "TrainerState",
+    "is_unsharded",
+    "latest_checkpoint",
+    "latest_link",
+    "list_checkpoints",
+    "metrics_aside",
+    "rng_file",
+    "step_dir",
+]

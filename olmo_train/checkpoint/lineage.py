@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
-from olmo_data.lineage import COUNTERS, SOURCES, checkpoint_identity, counters_continued
+from olmo_data.run import COUNTERS, SOURCES, checkpoint_identity, counters_continued
 
 _FIELDS: dict[str, str] = {
     "source": "str",

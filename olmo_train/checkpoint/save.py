@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
 )
 
+from olmo_data.config import TrainConfig, save_config
 from olmo_train.checkpoint import integrity
 from olmo_train.checkpoint.layout import (
     CHECKSUMS,
@@ -64,7 +65,6 @@ from olmo_train.checkpoint.layout import (
     step_dir,
 )
 from olmo_train.checkpoint.space import SaveGuard, warn_if_short
-from olmo_train.config import TrainConfig, save_config
 from olmo_train.distributed import Dist, all_gather_objects
 
 log = logging.getLogger(__name__)

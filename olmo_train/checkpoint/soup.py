@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from olmo_data.config import ModelConfig, TrainConfig, save_config
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_train.checkpoint import safety
@@ -38,7 +39,6 @@ from olmo_train.checkpoint.integrity import Recorder, read_trainer_state
 from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TOKENIZER_FILE, TRAINER_STATE, TrainerState
 from olmo_train.checkpoint.lineage import parent_record
 from olmo_train.checkpoint.load import check_files
-from olmo_train.config import ModelConfig, TrainConfig, save_config
 from olmo_train.distributed import Dist
 
 log = logging.getLogger(__name__)

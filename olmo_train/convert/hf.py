@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError, shown
-from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_files import CONFIG_JSON, local_model_dir, read_hf_weights, read_json, tokenizer_vocab_size
 from olmo_train.convert.tables import ConfigField, TensorTable, expected_shapes, renamer, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size

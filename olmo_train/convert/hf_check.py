@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError
-from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_files import INSTALL_HINT
 from olmo_train.nn import Transformer
 from olmo_train.optional import quietly

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import ModelConfig
 from olmo_train.convert.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
 from olmo_train.convert.hf_files import (
     CONFIG_JSON,

@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from olmo_data.config import ModelConfig, TrainConfig
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import ModelConfig, TrainConfig
 from olmo_train.convert.hf_files import read_json
 
 log = logging.getLogger(__name__)

@@ -22,17 +22,17 @@ from typing import Any
 import torch
 import yaml
 
+from olmo_data.config import ModelConfig
+from olmo_data.config.olmo import MODEL_KEYS, OLMO_DEFAULTS, REQUIRED, model_values_from_olmo
+from olmo_data.dataset import is_not_found_error
 from olmo_data.errors import DataError
 from olmo_data.io import cached_download, is_remote
-from olmo_data.manifest import is_not_found_error
 from olmo_data.remote import remote_reader
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
-from olmo_train.config import ModelConfig
 from olmo_train.convert.hf_tokenizer import shippable_tokenizer, write_tokenizer
 from olmo_train.convert.tables import ConfigField, Fused, TensorTable, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
-from olmo_train.olmo_config import MODEL_KEYS, OLMO_DEFAULTS, REQUIRED, model_values_from_olmo
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError
-from olmo_train.config import ModelConfig
 from olmo_train.nn import Transformer
 
 

@@ -87,7 +87,7 @@ def check_trainable(choice: str, device: torch.device) -> None:
     """Refuse `model.document_attention: flex` for training off GPUs at start: torch's FlexAttention has no
     backward pass on CPU, and the run would otherwise fail at its first step."""
     if choice == "flex" and device.type != "cuda":
-        from olmo_train.config import ConfigError
+        from olmo_data.config import ConfigError
 
         raise ConfigError(
             f"config key 'model.document_attention': flex cannot train on {device.type} (torch's FlexAttention has "

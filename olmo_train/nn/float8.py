@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from olmo_train.config import ConfigError, TrainConfig
+from olmo_data.config import ConfigError, TrainConfig
 from olmo_train.optional import quietly
 
 log = logging.getLogger("olmo_train")

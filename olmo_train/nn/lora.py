@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from olmo_train.config import LORA_TARGETS, ReLoRAConfig, TrainConfig
+from olmo_data.config import LORA_TARGETS, ReLoRAConfig, TrainConfig
 from olmo_train.distributed import unwrap
 
 ADAPTER_KEYS = ("lora_A", "lora_B", "lora_scale")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from olmo_train.config import CHOICES, ModelConfig
+from olmo_data.config import CHOICES, ModelConfig
 from olmo_train.nn.documents import attention_mask, document_positions, use_flex
 from olmo_train.nn.loss import token_loss_rows, token_loss_sum, token_loss_sums
 from olmo_train.nn.recompute import checkpointed

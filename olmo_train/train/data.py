@@ -2,14 +2,15 @@
 batch.
 
 Everything about which instances a step trains (the order files, epochs, the rank split) is
-`olmo_data.order`'s, the same code `olmo-data build-order` and `inspect-batch` run, so the trainer cannot
+`olmo_data.dataset.order`'s, the same code `olmo-data build-order` and `inspect-batch` run, so the trainer cannot
 drift from the tools. Rank 0 reads the whole global batch (the others only their rows) to log the batch
 fingerprint `inspect-batch` prints. The next `data.prefetch_batches` batches are read on background threads while
 the current step computes, so that remote latency and retried requests stay off the step's path; they are
 consumed strictly in step order, so what a step trains never depends on which read finished first.
 
-With `data.instance_filter.enabled`, OLMo's rule for degenerate, repetitive instances (`olmo_data.instance_filter`,
-the function inspect-batch applies) runs on this rank's rows on those same threads; a caught instance stays in the
+With `data.instance_filter.enabled`, OLMo's rule for degenerate, repetitive instances
+(`olmo_data.dataset.instance_filter`, the function inspect-batch applies) runs on this rank's rows on those same
+threads; a caught instance stays in the
 batch, so the order and the batch fingerprint do not change, and `labels_for` masks all of its targets.
 """
 
@@ -26,25 +27,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from olmo_data.errors import DataError
-from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instance_filter import RepetitionFilter
-from olmo_data.instances import InstanceSource, open_dataset
-from olmo_data.io import is_remote
-from olmo_data.manifest import MANIFEST_NAME, Manifests
-from olmo_data.order import (
+from olmo_data.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
+from olmo_data.dataset import (
+    MANIFEST_NAME,
+    InstanceSource,
+    Manifests,
+    Sources,
+    batch_fingerprint,
     batches_per_epoch,
     default_order_location,
     ensure_order,
     global_batch_indices,
+    instance_filter_of,
+    open_dataset,
     order_path_for_epoch,
     rank_slice,
+    run_steps,
     step_position,
 )
-from olmo_data.sources import Sources
-from olmo_data.train_config import duration_steps
+from olmo_data.errors import DataError
+from olmo_data.io import is_remote
 from olmo_train.checkpoint import space
-from olmo_train.config import ConfigError, EvaluatorConfig, TrainConfig, parse_duration
 from olmo_train.distributed import Dist, raise_together
 from olmo_train.train.documents import DocumentStarts, boundary_token
 
@@ -119,7 +122,7 @@ class TrainData:
         self.fingerprint = self.source.fingerprint()
         self.sources = Sources(self.source, cfg.data.paths)  # labels for train/source/<label>/...
         self.documents = document_starts(self.source, cfg)
-        self.instance_filter = instance_filter(cfg)
+        self.instance_filter = instance_filter_of(cfg)
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
         self._epochs_ready: set[int] = set()
         self.prefetch = cfg.data.prefetch_batches
@@ -130,12 +133,7 @@ class TrainData:
     def total_steps(self) -> int:
         """max_duration in steps: steps as given, tokens rounded up to whole steps, epochs of full batches."""
         parse_duration(self.cfg.max_duration)  # a bad value is a ConfigError naming the key
-        return duration_steps(
-            self.cfg.max_duration,
-            global_batch_size=self.gbs,
-            sequence_length=self.cfg.model.max_sequence_length,
-            batches_per_epoch=self.batches_per_epoch,
-        )
+        return run_steps(self.cfg, self.num_instances)
 
     def epoch_of(self, step: int) -> int:
         return (step - 1) // self.batches_per_epoch
@@ -229,14 +227,6 @@ def labels_for(
     if instance_mask is not None:
         labels.masked_fill_(~instance_mask[:, None], -100)
     return labels
-
-
-def instance_filter(cfg: TrainConfig) -> RepetitionFilter | None:
-    """The rule `data.instance_filter` turns on (None when it is off)."""
-    f = cfg.data.instance_filter
-    if not f.enabled:
-        return None
-    return RepetitionFilter(f.repetition_max_period, f.repetition_min_period, f.repetition_max_count)
 
 
 def document_starts(source: InstanceSource, cfg: TrainConfig) -> DocumentStarts | None:

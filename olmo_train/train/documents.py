@@ -9,11 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from olmo_data.chat import FORMAT
+from olmo_data.dataset import InstanceSource, Manifests, TokenFile, read_arrays
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, read_arrays
 from olmo_data.io import file_size
-from olmo_data.manifest import Manifests
-from olmo_data.token_files import TokenFile
 
 
 def boundary_token(eos_token_id: int | None, token_files: list[str], manifests: Manifests | None = None) -> int:

@@ -33,10 +33,10 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
+from olmo_data.config import ModelConfig, TrainConfig
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import load_tokenizer
 from olmo_train.checkpoint import recorded_tokenizer
-from olmo_train.config import ModelConfig, TrainConfig
 from olmo_train.distributed import Dist, all_gather_objects, use_bf16
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,9 @@
 
 Each step's forward also gives every row's cross-entropy sum (`olmo_train.nn.loss.token_loss_rows`); `train_step`
 gathers all ranks' rows into global batch order (rank r holds positions r, r+W, ...), and rank 0 appends them to
-`save_folder/instance_loss.bin` (format: `olmo_data.instance_loss`) and sums them per source of the data (each
-data.paths entry or mix source, `olmo_data.sources`) into `train/source/<label>/loss` and `.../supervised_tokens`.
+`save_folder/instance_loss.bin` (format: `olmo_data.run.instance_loss`) and sums them per source of the data
+(each data.paths entry or mix source, `olmo_data.dataset.sources`) into `train/source/<label>/loss` and
+`.../supervised_tokens`.
 
 The side file follows metrics.jsonl's rule on resume: it is continued when it holds exactly the steps up to the
 checkpoint resumed from; otherwise (steps past it, a row cut short by a kill, an earlier run's rows before a fresh
@@ -20,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from olmo_data.instance_loss import ROW, aside_name
 from olmo_data.io import atomic_path
+from olmo_data.run import ROW, instance_loss_aside
 from olmo_train.checkpoint import space
 from olmo_train.train.metrics import AppendOnlyLog, copy_aside, free_aside
 
@@ -74,7 +75,7 @@ class InstanceLossLog(AppendOnlyLog):
         if keep and last != resume_step:  # steps last+1..resume_step are missing: continuing would leave a gap
             keep, why = 0, f"ends at step {last}, before step {resume_step}, where this run resumes"
         if keep != size:
-            aside = free_aside(self.path, aside_name)
+            aside = free_aside(self.path, instance_loss_aside)
             copy_aside(self.path, aside)
             with atomic_path(self.path) as tmp, aside.open("rb") as src, tmp.open("wb") as dst:
                 _copy_prefix(src, dst, keep)

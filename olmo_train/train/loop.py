@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from olmo_data.config import TrainConfig, load_config, save_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import TrainConfig, load_config, save_config
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if args else 2
     if args[0] == "--keys":
-        from olmo_train.config_keys import keys_text
+        from olmo_data.config import keys_text
 
         print(keys_text())
         return 0

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from olmo_data.config import TrainConfig, config_to_dict
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path
 from olmo_train.checkpoint import metrics_aside, space
-from olmo_train.config import TrainConfig, config_to_dict
 
 log = logging.getLogger("olmo_train")
 

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from olmo_train.config import OptimizerConfig, ReLoRAConfig, SchedulerConfig
+from olmo_data.config import OptimizerConfig, ReLoRAConfig, SchedulerConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from olmo_data.config import ConfigError, TrainConfig, check_cycles_divide
 from olmo_data.errors import DataError
 from olmo_train.checkpoint import (
     DCP_METADATA,
@@ -38,7 +39,6 @@ from olmo_train.checkpoint import (
     read_metadata,
     read_sharded,
 )
-from olmo_train.config import ConfigError, TrainConfig, check_cycles_divide
 from olmo_train.distributed import Dist, unwrap
 from olmo_train.nn.lora import adapters, is_adapter_key, kaiming_uniform, merge_state, seeded, target_names, update
 

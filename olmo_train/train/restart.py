@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from olmo_data.config import TrainConfig
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import TrainConfig
 from olmo_train.distributed import Dist
 from olmo_train.train.optim import learning_rate
 

@@ -29,11 +29,11 @@ import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
+from olmo_data.config.load import load_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import safety
 from olmo_train.checkpoint.integrity import hash_file, record_of
-from olmo_train.config import load_config
 from olmo_train.convert import export_hf, unshard
 from olmo_train.distributed import Dist
 from olmo_train.nn import Transformer

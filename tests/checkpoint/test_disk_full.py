@@ -310,7 +310,7 @@ def test_the_next_start_removes_what_a_killed_save_left(tmp_path: Path) -> None:
 def test_a_full_disk_writing_the_data_order_is_one_line(
     tokens: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from olmo_data import order
+    from olmo_data.dataset import order
 
     def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -23,11 +23,11 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
+from olmo_data.config.load import DataConfig, ModelConfig, TrainConfig, load_config
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import DataConfig, ModelConfig, TrainConfig, load_config
 from olmo_train.convert import (
     compare_with_transformers,
     expected_hf_names,

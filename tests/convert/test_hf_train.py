@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
 from olmo_data import chat
-from olmo_data.inspect import inspect_batch
+from olmo_data.run.batches import inspect_batch
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer
 

@@ -24,9 +24,9 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
+from olmo_data.config.load import ModelConfig
 from olmo_data.errors import DataError
 from olmo_train.checkpoint.files import write_imported
-from olmo_train.config import ModelConfig
 from olmo_train.convert import expected_hf_names, export_hf, hf_config, import_hf, import_olmo, load_model
 from olmo_train.convert.olmo_native import olmo_model_section, to_olmo_state
 from olmo_train.nn import Transformer
@@ -432,7 +432,7 @@ def test_an_olmo_checkpoint_url_that_stalls_or_loops_fails_naming_the_url(
 
 
 def test_olmo1_trains_from_scratch_and_from_an_imported_checkpoint(tmp_path: Path) -> None:
-    from olmo_data.inspect import inspect_batch
+    from olmo_data.run.batches import inspect_batch
     from olmo_train.train import main
 
     tokens = tmp_path / "tokens.npy"

@@ -358,7 +358,7 @@ def test_pack_cuts_padding_and_keeps_each_conversation_intact(demo_tokenizer: st
 
 
 def test_dataset_reader_serves_instances_and_masks(demo_tokenizer: str, tmp_path: Path) -> None:
-    from olmo_data.instances import open_dataset
+    from olmo_data.dataset.instances import open_dataset
 
     L = 128
     src = write_jsonl(tmp_path / "in.jsonl", realistic_conversations(40, seed=3))
@@ -573,7 +573,7 @@ def test_bad_options(demo_tokenizer: str, tmp_path: Path, options: dict[str, Any
 
 
 def test_large_vocabulary_is_written_as_uint32(tmp_path: Path) -> None:
-    from olmo_data.instances import open_dataset
+    from olmo_data.dataset.instances import open_dataset
 
     cl100k = shared_tokenizer("cl100k_base.json")  # 100,278 ids: more than uint16 holds
     src = write_jsonl(tmp_path / "in.jsonl", [{"messages": MULTI_TURN}])

@@ -13,13 +13,13 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from olmo_data.doc_index import DocIndex
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.fingerprint import batch_fingerprint
+from olmo_data.dataset.instances import open_from_config
+from olmo_data.dataset.order import build_config_orders
 from olmo_data.errors import DataError
-from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.inspect import format_report, inspect_batch
-from olmo_data.instances import open_from_config
-from olmo_data.order import build_config_orders
 from olmo_data.remote import RemoteReader
+from olmo_data.run.batches import format_report, inspect_batch
 from olmo_data.tokenizer import load_tokenizer
 
 SEQ, GBS, SEED = 128, 12, 77
@@ -435,30 +435,24 @@ def test_inspect_over_http_matches_local(tmp_path: Path, tokens_dir: str, fresh_
 
 
 def test_config_errors(tmp_path: Path) -> None:
-    from olmo_data.train_config import read_train_config
+    """The data commands read a config as the trainer does (olmo_data.config): its refusals, naming file and key."""
+    from olmo_data.config import read_run_config
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("global_train_batch_size: many\n")
-    with pytest.raises(DataError, match=r"bad.yaml: global_train_batch_size must be an integer, got 'many'"):
-        read_train_config(str(bad))
-    bad.write_text("model: [1, 2]\n")
-    with pytest.raises(DataError, match=r"bad.yaml: model must be a mapping of keys"):
-        read_train_config(str(bad))
-    bad.write_text("data: {paths: [x\n")
-    with pytest.raises(DataError, match=r"bad.yaml: not valid YAML"):
-        read_train_config(str(bad))
     for text, message in (
-        ("data: {paths: 5}", r"bad.yaml: data.paths must be a list of paths \(strings\), got 5; write it as a YAML"),
-        ("data: {paths: [a], label_mask_paths: 3}", r"bad.yaml: data.label_mask_paths must be a list of paths"),
-        ("data: {paths: [a, 7]}", r"bad.yaml: data.paths must be a list of paths \(strings\), got \['a', 7\]"),
-        ("data: {mix: [a]}", r"bad.yaml: data.mix must be a path \(a string\), got \['a'\]"),
-        ("data: {paths: [a], dtype: int8}", r"bad.yaml: data.dtype must be uint16 or uint32, got 'int8'"),
-        ("model: {max_sequence_length: 0}", r"bad.yaml: model.max_sequence_length must be a positive integer"),
-        ("save_folder: 3", r"bad.yaml: save_folder must be a string"),
+        ("global_train_batch_size: many", r"bad.yaml: config key 'global_train_batch_size': got 'many'"),
+        ("model: [1, 2]", r"bad.yaml: model: expected a mapping of keys"),
+        ("data: {paths: [x", r"bad.yaml: not valid YAML"),
+        ("data: {paths: 5}", r"bad.yaml: config key 'data.paths': got 5, expected a list"),
+        ("data: {paths: [a], label_mask_paths: 3}", r"bad.yaml: config key 'data.label_mask_paths': got 3"),
+        ("data: {mix: [a]}", r"bad.yaml: config key 'data.mix': got \['a'\]"),
+        ("data: {paths: [a], dtype: int8}", r"bad.yaml: config key 'data.dtype': got 'int8', expected one of"),
+        ("data: {paths: [a]}\nmodel: {max_sequence_length: 0}", r"bad.yaml: config key 'model.max_sequence_length'"),
+        ("save_folder: runs/x", r"bad.yaml: config: no training data; set data.paths"),
     ):
         bad.write_text(text + "\n")
         with pytest.raises(DataError, match=message):
-            read_train_config(str(bad))
+            read_run_config(str(bad))
     # the commands that read a config print the message, not a traceback
     bad.write_text("data: {paths: 5}\n")
     for command in (
@@ -467,11 +461,11 @@ def test_config_errors(tmp_path: Path) -> None:
         ["inspect-batch", str(bad), "--step", "1"],
     ):
         res = CliRunner().invoke(main, command)
-        assert res.exit_code == 2 and "data.paths must be a list of paths" in res.output, (command, res.output)
+        assert res.exit_code == 2 and "config key 'data.paths': got 5" in res.output, (command, res.output)
         assert "Traceback" not in res.output
     bad.write_text("model:\ndata:\n")  # empty sections take the trainer's defaults
-    cfg = read_train_config(str(bad))
-    assert cfg["model"]["max_sequence_length"] == 1024 and cfg["data"] == {} and cfg["seed"] == 6198
+    cfg = read_run_config(str(bad), require_data=False)
+    assert cfg.model.max_sequence_length == 1024 and cfg.data.paths == [] and cfg.seed == 6198
 
 
 def test_load_remote_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -479,8 +473,8 @@ def test_load_remote_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     import http.server
     import threading
 
-    from olmo_data.instances import open_dataset
-    from olmo_data.order import build_order, load_order, write_order
+    from olmo_data.dataset.instances import open_dataset
+    from olmo_data.dataset.order import build_order, load_order, write_order
 
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     www = tmp_path / "www"
@@ -514,8 +508,8 @@ def test_a_stalled_order_url_fails_within_the_timeout_naming_it(
     """Orders used to come through cached-path, which has no timeout: a stalled server hung the run forever."""
     import time
 
-    from olmo_data.instances import open_dataset
-    from olmo_data.order import build_order, load_order, write_order
+    from olmo_data.dataset.instances import open_dataset
+    from olmo_data.dataset.order import build_order, load_order, write_order
     from tests.flaky_server import Faults, FlakyServer
 
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
@@ -554,7 +548,7 @@ def test_metadata_row_past_its_token_file_is_refused(tmp_path: Path, tokens_dir:
     """A `.csv.gz` row ending past its token file would attribute every later instance to one document."""
     import shutil
 
-    from olmo_data.trace import find_documents
+    from olmo_data.trace.find import find_documents
 
     data = tmp_path / "tokens"
     shutil.copytree(tokens_dir, data)

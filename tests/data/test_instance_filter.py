@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_from_config
 from olmo_data.errors import DataError
-from olmo_data.instance_filter import Repetition, RepetitionFilter, instance_filter_from_config
 
 Rule = tuple[int, int, int]  # max_period, min_period, max_count
 
@@ -280,8 +280,8 @@ def test_inspect_batch_marks_the_masked_instances(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from olmo_cli.main import main
-    from olmo_data.inspect import format_report, inspect_batch
-    from olmo_data.order import build_config_orders
+    from olmo_data.dataset.order import build_config_orders
+    from olmo_data.run.batches import format_report, inspect_batch
 
     seq, gbs, n = 128, 4, 24
     planted_tokens(tmp_path / "tokens.npy", seq, n, list(range(0, n, 2)))

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from olmo_data.dataset.instances import open_dataset, open_from_config
 from olmo_data.errors import DataError
-from olmo_data.instances import open_dataset, open_from_config
 from olmo_data.remote import RemoteOptions, RemoteReader
 from tests.flaky_server import FlakyServer
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from olmo_data.dataset.manifest import read_manifest
+from olmo_data.dataset.token_files import token_files
 from olmo_data.errors import DataError
-from olmo_data.manifest import read_manifest, resolve_dtype
 from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
 
 
@@ -48,7 +49,8 @@ def test_remote_manifest_found_and_missing(server: tuple[Path, str]) -> None:
     (root / "tok").mkdir()
     (root / "tok" / "manifest.json").write_text(json.dumps({"dtype": "uint32", "files": [{"path": "a.npy"}]}))
     assert read_manifest(f"{url}/tok") == {"dtype": "uint32", "files": [{"path": "a.npy"}]}
-    assert resolve_dtype(f"{url}/tok/a.npy", None) == "uint32"
+    (root / "tok" / "a.npy").write_bytes(bytes(8))
+    assert token_files([f"{url}/tok/a.npy"], None, None)[0].dtype == "uint32"  # as the data is read
     assert read_manifest(f"{url}/plain") is None  # 404: a directory without a manifest
     assert read_manifest(f"{url}/forbidden") is None  # 403: S3's answer for a missing key, if unlistable
 
@@ -60,7 +62,7 @@ def test_remote_manifest_failures_are_not_missing(server: tuple[Path, str]) -> N
         match=rf"{url}/broken/manifest.json: cannot read the token directory's manifest \(read failed after "
         r"\d+ attempts .*HTTP 500.*check the network and credentials",
     ):
-        resolve_dtype(f"{url}/broken/a.npy", None)  # before: read as uint16
+        token_files([f"{url}/broken/a.npy"], None, None)  # before: read as uint16
     closed = "http://127.0.0.1:9/tok"  # the discard port: nothing listens there
     with pytest.raises(DataError, match=r"127.0.0.1:9/tok/manifest.json: cannot read .*connection failed"):
         read_manifest(closed)
@@ -77,7 +79,7 @@ def test_s3_manifest_found_and_missing_key(s3_server: str) -> None:  # noqa: F81
 
 
 def test_remote_order_side_file_failure_is_not_missing(server: tuple[Path, str]) -> None:
-    from olmo_data.order import read_order_info
+    from olmo_data.dataset.order import read_order_info
 
     _, url = server
     assert read_order_info(f"{url}/run/global_indices.npy") is None  # 404: an order OLMo wrote, without one
@@ -118,7 +120,7 @@ GOOD_MANIFEST = {
 )
 def test_manifest_fields_are_checked_by_type_and_value(tmp_path: Path, change: dict[str, Any], message: str) -> None:
     """A damaged manifest field stops at the manifest, by key (a dtype of float32 was a KeyError further on)."""
-    from olmo_data.instances import open_dataset
+    from olmo_data.dataset.instances import open_dataset
 
     (tmp_path / "manifest.json").write_text(json.dumps(GOOD_MANIFEST))
     np_tokens = tmp_path / "part-0.npy"

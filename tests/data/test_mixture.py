@@ -12,12 +12,12 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from olmo_data.doc_index import DocIndex
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.instances import open_dataset
+from olmo_data.dataset.mixture import build_mix, parse_spec, select_instances
+from olmo_data.dataset.order import build_config_orders
 from olmo_data.errors import DataError
-from olmo_data.inspect import inspect_batch
-from olmo_data.instances import open_dataset
-from olmo_data.mixture import build_mix, parse_spec, select_instances
-from olmo_data.order import build_config_orders
+from olmo_data.run.batches import inspect_batch
 
 SEQ = 8
 
@@ -245,7 +245,7 @@ def test_interrupted_rebuild_leaves_no_manifest(
     tmp_path: Path, sources: dict[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A rebuild killed after rewriting the selections must not leave the old mix.json serving new tokens."""
-    from olmo_data import mixture
+    from olmo_data.dataset import mixture
 
     dest = tmp_path / "mix"
     build_mix(parse_spec(spec(sources, seed=1, shares={"web": 0.5, "code": 0.5})), str(dest))

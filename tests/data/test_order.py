@@ -9,22 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmo_data.errors import DataError
-from olmo_data.instances import open_dataset
-from olmo_data.order import (
-    batch_from_order,
-    batch_position,
+from olmo_data.dataset.instances import open_dataset
+from olmo_data.dataset.order import (
     build_order,
     ensure_order,
     global_batch_indices,
     load_order,
     order_path_for_epoch,
-    rank_slice,
     read_order_range,
     side_file,
     step_position,
     write_order,
 )
+from olmo_data.dataset.steps import batch_position, rank_slice
+from olmo_data.errors import DataError
 
 
 def olmo_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -67,20 +65,20 @@ def test_epochs_differ_and_are_deterministic() -> None:
 
 
 def test_uint64_for_huge_orders() -> None:
-    from olmo_data.order import order_dtype
+    from olmo_data.dataset.order import order_dtype
 
     assert order_dtype(2**32 - 1) == np.uint32
     assert order_dtype(2**32) == np.uint64
 
 
-def test_readme_batch_formula_and_steps() -> None:
+def test_readme_batch_formula_and_steps(tmp_path: Path) -> None:
     n, gbs, seed = 103, 8, 9
     order = build_order(n, seed, 0)
     per_epoch = n // gbs
-    for b in range(per_epoch):
-        np.testing.assert_array_equal(batch_from_order(order, b, gbs), order[b * gbs : (b + 1) * gbs])
-    with pytest.raises(DataError, match=r"batch 12 is past the end of the order: it holds 103 instances = 12 batches"):
-        batch_from_order(order, per_epoch, gbs)
+    write_order(str(tmp_path / "global_indices.npy"), order, seed=seed, epoch=0)
+    for b in range(per_epoch):  # step b + 1 reads batch b of the stored order, as the trainer does
+        got = global_batch_indices(str(tmp_path), b + 1, gbs, num_instances=n)
+        np.testing.assert_array_equal(got, order[b * gbs : (b + 1) * gbs])
     # step N trains global batch N-1; epochs follow one another
     assert step_position(1, gbs, n) == batch_position(0, gbs, n)
     pos = step_position(per_epoch + 2, gbs, n)
@@ -95,7 +93,7 @@ def test_rank_slices_cover_each_batch_exactly_once() -> None:
     n, gbs = 1000, 24
     order = build_order(n, 5, 0)
     for b in range(n // gbs):
-        batch = batch_from_order(order, b, gbs)
+        batch = order[b * gbs : (b + 1) * gbs]
         for world in [w for w in range(1, gbs + 1) if gbs % w == 0]:
             parts = [rank_slice(batch, r, world) for r in range(world)]
             assert all(len(p) == gbs // world for p in parts)
@@ -104,9 +102,9 @@ def test_rank_slices_cover_each_batch_exactly_once() -> None:
             # rank r holds positions r, r+W, ...: interleaving the parts gives back the batch
             np.testing.assert_array_equal(np.stack(parts, axis=1).reshape(-1), batch)
     with pytest.raises(DataError, match=r"world size 5 does not divide the global batch size 24"):
-        rank_slice(batch_from_order(order, 0, gbs), 0, 5)
+        rank_slice(order[:gbs], 0, 5)
     with pytest.raises(DataError, match=r"rank must be in \[0, world size\), got rank 4 of world size 4"):
-        rank_slice(batch_from_order(order, 0, gbs), 4, 4)
+        rank_slice(order[:gbs], 4, 4)
 
 
 def _dataset(tmp_path: Path, sizes: tuple[int, ...] = (400, 250)) -> list[str]:
@@ -253,7 +251,7 @@ def test_concurrent_ensure_order_gives_one_complete_order(tmp_path: Path) -> Non
 
 def test_both_shuffle_paths_give_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
     fast = build_order(5000, 21, 2)
-    monkeypatch.setattr("olmo_data.order.FAST_SHUFFLE_MAX_BYTES", 0)  # force the in-place uint32 path
+    monkeypatch.setattr("olmo_data.dataset.order.FAST_SHUFFLE_MAX_BYTES", 0)  # force the in-place uint32 path
     slow = build_order(5000, 21, 2)
     assert fast.dtype == slow.dtype == np.uint32
     np.testing.assert_array_equal(fast, slow)

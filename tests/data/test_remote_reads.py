@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmo_data.doc_index import DocIndex
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.instances import open_dataset
+from olmo_data.dataset.order import build_config_orders
 from olmo_data.errors import DataError
-from olmo_data.inspect import inspect_batch
-from olmo_data.instances import open_dataset
 from olmo_data.io import local_copy
-from olmo_data.order import build_config_orders
 from olmo_data.remote import RemoteOptions, RemoteReader, coalesce
+from olmo_data.run.batches import inspect_batch
 from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
 from tests.flaky_server import KINDS, Faults, FlakyServer
 

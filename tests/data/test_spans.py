@@ -13,13 +13,13 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from olmo_data.doc_index import DocIndex
-from olmo_data.inspect import inspect_batch
-from olmo_data.instances import open_from_config
-from olmo_data.order import build_config_orders
-from olmo_data.spans import marked_text, trace_spans
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.instances import open_from_config
+from olmo_data.dataset.order import build_config_orders
+from olmo_data.run.batches import inspect_batch
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import data_tokenizer
+from olmo_data.trace.spans import marked_text, trace_spans
 
 MADE_UP = " zorblax quimfendry vortuplex snarggle"
 
@@ -162,7 +162,7 @@ def test_the_largest_uint16_token_is_scanned(tmp_path: Path) -> None:
     """Token 65535 in uint16 data: the candidate table's lookup must not compute in uint16 (it overflowed)."""
     import numpy as np
 
-    from olmo_data.spans import find_spans
+    from olmo_data.trace.spans import find_spans
 
     tokens = np.random.default_rng(1).integers(0, 50, 1000).astype(np.uint16)
     tokens[5] = 65535

@@ -15,11 +15,11 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main as olmo_data_cli
+from olmo_data.dataset.order import build_config_orders
 from olmo_data.errors import DataError
-from olmo_data.inspect import inspect_batch
-from olmo_data.instance_loss import FILE_NAME
-from olmo_data.order import build_config_orders
-from olmo_data.spikes import find_spikes, format_spikes
+from olmo_data.run.batches import inspect_batch
+from olmo_data.run.layout import INSTANCE_LOSS as FILE_NAME
+from olmo_data.run.spikes import find_spikes, format_spikes
 from olmo_train.train.instance_losses import InstanceLossLog
 from tests.helpers import docs, write_jsonl
 

@@ -12,11 +12,11 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.config.duration import parse_duration
+from olmo_data.dataset.instances import open_dataset
+from olmo_data.dataset.mixture import build_mix, parse_spec
+from olmo_data.dataset.stats import dataset_stats, format_stats
 from olmo_data.errors import DataError
-from olmo_data.instances import open_dataset
-from olmo_data.mixture import build_mix, parse_spec
-from olmo_data.stats import dataset_stats, format_stats
-from olmo_data.train_config import parse_duration
 
 
 def token_dir(directory: Path, doc_lengths: list[list[int]]) -> str:

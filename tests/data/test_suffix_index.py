@@ -13,12 +13,12 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.dataset.instances import open_from_config
 from olmo_data.errors import DataError
-from olmo_data.instances import open_from_config
-from olmo_data.spans import find_spans
-from olmo_data.suffix_index import build_index, index_folder, open_index
-from olmo_data.suffix_sort import have_divsufsort, suffix_array
-from olmo_data.trace import find_tokens
+from olmo_data.suffix_index.index import build_index, index_folder, open_index
+from olmo_data.suffix_index.sort import have_divsufsort, suffix_array
+from olmo_data.trace.find import find_tokens
+from olmo_data.trace.spans import find_spans
 
 
 def python_suffix_array(tokens: np.ndarray) -> list[int]:
@@ -193,7 +193,7 @@ def test_a_rebuild_with_other_settings_never_leaves_a_manifest_over_mixed_shards
     build_index(source, shard_tokens=1000, context=8, progress=False)
     folder = index_folder(paths[0])
     old_manifest = (folder / "manifest.json").read_bytes()
-    import olmo_data.suffix_index as si
+    import olmo_data.suffix_index.index as si
 
     built = []
 

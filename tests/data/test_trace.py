@@ -12,13 +12,19 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from olmo_data.doc_index import DocIndex
-from olmo_data.inspect import inspect_batch
-from olmo_data.instances import InstanceSource, open_from_config
-from olmo_data.mixture import build_mix, parse_spec
-from olmo_data.order import batches_per_epoch, build_config_orders, build_order, load_order, order_path_for_epoch
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.instances import InstanceSource, open_from_config
+from olmo_data.dataset.mixture import build_mix, parse_spec
+from olmo_data.dataset.order import (
+    batches_per_epoch,
+    build_config_orders,
+    build_order,
+    load_order,
+    order_path_for_epoch,
+)
+from olmo_data.run.batches import inspect_batch
 from olmo_data.tokenize import TokenizeOptions, tokenize
-from olmo_data.trace import find_documents, trace
+from olmo_data.trace.find import find_documents, trace
 
 SEQ, GBS = 256, 32
 Key = tuple[int, int, str, int, int, int]  # step, position, document id, instance span, offset in the document

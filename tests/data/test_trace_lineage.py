@@ -18,14 +18,14 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.dataset.instances import open_from_config
+from olmo_data.dataset.order import build_config_orders, build_order
 from olmo_data.errors import DataError
-from olmo_data.inspect import inspect_batch
-from olmo_data.instances import open_from_config
-from olmo_data.lineage import lineage_of_config
-from olmo_data.order import build_config_orders, build_order
+from olmo_data.run.batches import inspect_batch
+from olmo_data.run.lineage import lineage_of_config
 from olmo_data.tokenize import TokenizeOptions, tokenize
-from olmo_data.trace import find_documents, trace
-from olmo_data.trace_stages import trace_chain
+from olmo_data.trace.find import find_documents, trace
+from olmo_data.trace.stages import trace_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ, GBS, PARENT_STEP = 128, 8, 12

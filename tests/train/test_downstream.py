@@ -17,10 +17,10 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from olmo_data.config.load import ConfigError, ModelConfig, load_config
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer
-from olmo_train.config import ConfigError, ModelConfig, load_config
 from olmo_train.nn import Transformer
 from olmo_train.train import downstream
 from olmo_train.train.loop import main

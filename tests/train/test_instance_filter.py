@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from olmo_data.inspect import inspect_batch
-from olmo_data.order import build_order
-from olmo_train.config import ConfigError, load_config
+from olmo_data.config.load import ConfigError, load_config
+from olmo_data.dataset.order import build_order
+from olmo_data.run.batches import inspect_batch
 from olmo_train.train import labels_for, train
 from tests.data.test_instance_filter import planted_tokens, reference_masked
 from tests.slurm_cluster import REPO

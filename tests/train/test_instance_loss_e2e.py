@@ -23,9 +23,11 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main as olmo_data_cli
-from olmo_data.instance_loss import FILE_NAME, aside_name, read_rows, step_losses
-from olmo_data.spikes import find_spikes
-from olmo_train.config import load_config
+from olmo_data.config.load import load_config
+from olmo_data.run.instance_loss import read_rows, step_losses
+from olmo_data.run.layout import INSTANCE_LOSS as FILE_NAME
+from olmo_data.run.layout import instance_loss_aside as aside_name
+from olmo_data.run.spikes import find_spikes
 from olmo_train.train import train
 from tests.helpers import docs, write_jsonl
 from tests.train.test_train_e2e import kill_during_save, launch

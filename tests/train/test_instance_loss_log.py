@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from olmo_data.dataset.instances import open_dataset
+from olmo_data.dataset.sources import Sources
 from olmo_data.errors import DataError
-from olmo_data.instance_loss import ROW, aside_name, read_rows, step_losses
-from olmo_data.instances import open_dataset
-from olmo_data.sources import Sources
+from olmo_data.run.instance_loss import ROW, read_rows, step_losses
+from olmo_data.run.layout import instance_loss_aside as aside_name
 from olmo_train.train.instance_losses import InstanceLossLog, source_metrics
 
 GBS = 6
@@ -99,7 +100,7 @@ def test_per_source_losses_average_to_the_step_loss(tmp_path: Path) -> None:
 def test_mix_sources_are_named_by_the_mix(tmp_path: Path) -> None:
     """Through a mix, each instance's source is the mix source its tokens came from (read back from the tokens:
     make_source writes 1,000,000-based ids for web, 2,000,000-based for code)."""
-    from olmo_data.mixture import build_mix, parse_spec
+    from olmo_data.dataset.mixture import build_mix, parse_spec
     from tests.data.test_mixture import make_source, spec
 
     paths = {

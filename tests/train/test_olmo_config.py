@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_train.config import ConfigError, config_to_dict, load_config, save_config
-from olmo_train.olmo_config import olmo_form_key, resolve_interpolations
+from olmo_data.config.load import ConfigError, config_to_dict, load_config, save_config
+from olmo_data.config.olmo import olmo_form_key, resolve_interpolations
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from olmo_train.checkpoint import EXACT_FILE
-from olmo_train.config import (
+from olmo_data.config.load import (
     ConfigError,
     ModelConfig,
     OptimizerConfig,
@@ -30,6 +29,7 @@ from olmo_train.config import (
     TrainConfig,
     load_config,
 )
+from olmo_train.checkpoint import EXACT_FILE
 from olmo_train.nn import Transformer, lora
 from olmo_train.train import build_optimizer, learning_rate
 from olmo_train.train import relora as regime
@@ -517,7 +517,7 @@ def test_export_hf_of_a_mid_cycle_checkpoint(reference: Path, tmp_path: Path) ->
 
 def hand_loss(weights: dict[str, torch.Tensor], config: Path, step: int) -> float:
     """The mean next-token loss of a plain model with `weights` on the global batch of `step`."""
-    from olmo_data.inspect import inspect_batch
+    from olmo_data.run.batches import inspect_batch
 
     model = Transformer(ModelConfig(**TINY))
     model.load_state_dict(weights)

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
+from olmo_data.config.load import TrainConfig, load_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import TrainConfig, load_config
 from olmo_train.convert import unshard
 from olmo_train.train import main, restart
 from tests.train.test_olmo_config import OLMO2_7B_SHAPED, SEQ, TINY

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from olmo_train.config import ConfigError, load_config, parse_duration, parse_overrides, save_config
+from olmo_data.config.load import ConfigError, load_config, parse_duration, save_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,16 +96,13 @@ def test_bad_files(tmp_path: Path) -> None:
 
 
 def test_override_parsing() -> None:
-    assert parse_overrides(["--a.b=1", "--c", "[x, y]", "--flag", "--d-e=off"]) == [
-        ("a.b", 1),
-        ("c", ["x", "y"]),
-        ("flag", True),
-        ("d_e", False),
-    ]
+    args = ["--model.n_layers=1", "--data.paths", "[x, y]", "--compile", "--restore-dataloader=off"]
+    cfg = load_config(None, args)
+    assert (cfg.model.n_layers, cfg.data.paths, cfg.compile, cfg.restore_dataloader) == (1, ["x", "y"], True, False)
 
 
 def test_config_loader_does_not_import_torch() -> None:
-    code = "import sys, olmo_train.config; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, olmo_data.config.load; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
@@ -125,7 +122,7 @@ def test_keys_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str
     spell it, and the comment beside the field; the choices where the comment does not give them."""
     import dataclasses
 
-    from olmo_train.config import CHOICES, TrainConfig, config_to_dict
+    from olmo_data.config.load import CHOICES, TrainConfig, config_to_dict
     from olmo_train.train import main
 
     assert main(["--keys"]) == 0

@@ -130,7 +130,7 @@ def final_weights(run: Path, step: int = STEPS) -> dict[str, Any]:
 
 def expected_fingerprints(config: Path) -> dict[int, str]:
     """What `olmo-data inspect-batch CONFIG --step N` reports for each step (its library function)."""
-    from olmo_data.inspect import inspect_batch
+    from olmo_data.run.batches import inspect_batch
 
     return {step: inspect_batch(str(config), step=step).batch_fingerprint for step in range(1, STEPS + 1)}
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
+from olmo_data.config.load import load_config
 from olmo_data.errors import DataError
-from olmo_train.config import load_config
 from olmo_train.train import main, train
 
 SEQ, GBS = 16, 4
@@ -223,8 +223,8 @@ def test_signal_handlers_are_restored_after_a_run(tmp_path: Path, tokens: str) -
 
 
 def test_trains_on_a_mix_manifest(tmp_path: Path, tokens: str) -> None:
-    from olmo_data.inspect import inspect_batch
-    from olmo_data.mixture import build_mix, parse_spec
+    from olmo_data.dataset.mixture import build_mix, parse_spec
+    from olmo_data.run.batches import inspect_batch
 
     other = tmp_path / "other.npy"
     np.random.default_rng(9).integers(0, 64, 50 * SEQ).astype(np.uint16).tofile(other)
@@ -312,9 +312,9 @@ def test_data_vocabulary_larger_than_the_embedding_is_refused(
 def test_trains_from_an_olmo_padded_order(tmp_path: Path, tokens: str) -> None:
     """OLMo pads its order to a multiple of the world size (8) with its own head; the trainer takes it, and each
     step trains the batch inspect-batch shows from that order."""
-    from olmo_data.inspect import inspect_batch
-    from olmo_data.instances import open_dataset
-    from olmo_data.order import build_order
+    from olmo_data.dataset.instances import open_dataset
+    from olmo_data.dataset.order import build_order
+    from olmo_data.run.batches import inspect_batch
 
     n = len(open_dataset([tokens], sequence_length=SEQ))
     assert n % 8

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from olmo_data import chat
-from olmo_train.config import ModelConfig
+from olmo_data.config.load import ModelConfig
 from olmo_train.nn import Transformer
 from olmo_train.train import main
 
@@ -90,7 +90,7 @@ def test_label_mask_paths_loss_equals_hand_computation(tmp_path: Path) -> None:
         data={"paths": [str(tmp_path / "sft.npy")], "label_mask_paths": [str(tmp_path / "sft_mask.npy")]},
     )
     assert main([str(config)]) == 0
-    from olmo_data.inspect import inspect_batch
+    from olmo_data.run.batches import inspect_batch
 
     batch = inspect_batch(str(config), step=1)
     got_ids = np.array([inst.token_ids for inst in batch.instances])
@@ -105,7 +105,7 @@ def test_label_mask_paths_loss_equals_hand_computation(tmp_path: Path) -> None:
 
 
 def test_finetune_on_prepare_tulu_output(tmp_path: Path, demo_tokenizer: str) -> None:
-    from olmo_data.inspect import inspect_batch
+    from olmo_data.run.batches import inspect_batch
     from olmo_data.tokenizer import load_tokenizer
 
     conversations = tmp_path / "tulu.jsonl"

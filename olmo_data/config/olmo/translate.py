@@ -8,17 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from olmo_data.errors import shown
-from olmo_train.config_schema import (
-    ConfigError,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    SchedulerConfig,
-    TrainConfig,
-    WandbConfig,
-)
-from olmo_train.olmo_config.model_keys import (
+from olmo_data.config.olmo.model_keys import (
     IGNORED,
     MODEL_NOT_APPLICABLE,
     OLMO_DEFAULTS,
@@ -29,7 +19,17 @@ from olmo_train.olmo_config.model_keys import (
     refuse_unless,
     yaml_text,
 )
-from olmo_train.olmo_config.values import resolve_interpolations, to_numbers
+from olmo_data.config.olmo.values import resolve_interpolations, to_numbers
+from olmo_data.config.schema import (
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    TrainConfig,
+    WandbConfig,
+)
+from olmo_data.errors import shown
 
 # OLMo's defaults (olmo/config.py) where they differ from ours, for the keys honoured: a file leaving one out ran so
 _TOP_DEFAULTS: dict[str, Any] = {

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from olmo_data import __version__
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset.instances import InstanceSource, open_from_config
+from olmo_data.dataset.manifest import is_not_found_error
+from olmo_data.dataset.steps import batches_per_epoch, step_position
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import atomic_path, cached_download, file_size, is_remote, read_bytes, write_json_atomic
-from olmo_data.manifest import is_not_found_error
 from olmo_data.remote import remote_reader
-from olmo_data.train_config import read_train_config
 
 log = logging.getLogger(__name__)
 
@@ -377,86 +378,6 @@ def read_order_range(
         return np.frombuffer(f.read((stop - start) * dtype.itemsize), dtype=dtype.newbyteorder("<")).copy()
 
 
-# -- steps, batches and ranks --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchPosition:
-    """Where a global batch sits in the data: `global_batch` counts across epochs (= step - 1)."""
-
-    global_batch: int
-    epoch: int
-    batch_in_epoch: int
-    batches_per_epoch: int
-
-    @property
-    def step(self) -> int:
-        return self.global_batch + 1
-
-    def order_range(self, global_batch_size: int) -> tuple[int, int]:
-        """[start, stop) of this batch in its epoch's order."""
-        return self.batch_in_epoch * global_batch_size, (self.batch_in_epoch + 1) * global_batch_size
-
-
-def batches_per_epoch(num_instances: int, global_batch_size: int) -> int:
-    """Full global batches in one pass over the data (OLMo drops the tail that does not fill one)."""
-    if global_batch_size <= 0:
-        raise DataError(f"global_train_batch_size must be positive, got {global_batch_size}")
-    return num_instances // global_batch_size
-
-
-def batch_position(global_batch: int, global_batch_size: int, num_instances: int) -> BatchPosition:
-    """Epoch and batch-in-epoch of 0-based global batch `global_batch` (what `--batch-index` names)."""
-    if global_batch < 0:
-        raise DataError(f"batch index must be >= 0, got {global_batch}")
-    per_epoch = batches_per_epoch(num_instances, global_batch_size)
-    if per_epoch == 0:
-        raise DataError(
-            f"the data has {num_instances} instances, fewer than one global batch of {global_batch_size}; "
-            "add data or lower global_train_batch_size"
-        )
-    return BatchPosition(global_batch, global_batch // per_epoch, global_batch % per_epoch, per_epoch)
-
-
-def step_position(step: int, global_batch_size: int, num_instances: int) -> BatchPosition:
-    """Epoch and batch-in-epoch of 1-based training step `step` (it trains global batch step - 1)."""
-    if step < 1:
-        raise DataError(f"training steps count from 1 (step N trains batch N-1), got step {step}")
-    return batch_position(step - 1, global_batch_size, num_instances)
-
-
-def batch_from_order(order: np.ndarray, batch_in_epoch: int, global_batch_size: int) -> np.ndarray:
-    """`order[b*GBS:(b+1)*GBS]`, OLMo's README formula, refusing a batch past the end of the order."""
-    start, stop = batch_in_epoch * global_batch_size, (batch_in_epoch + 1) * global_batch_size
-    if batch_in_epoch < 0 or stop > len(order):
-        raise DataError(
-            f"batch {batch_in_epoch} is past the end of the order: it holds {len(order)} instances = "
-            f"{len(order) // global_batch_size} batches of {global_batch_size}"
-        )
-    return np.asarray(order[start:stop])
-
-
-def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """The part of a global batch that rank `rank` of `world_size` trains on: positions rank, rank+W, ...
-
-    This is OLMo's strided split; each position goes to exactly one rank, and the per-rank batch size is
-    GBS / W, so W must divide the global batch size.
-    """
-    if world_size <= 0 or not 0 <= rank < world_size:
-        raise DataError(f"rank must be in [0, world size), got rank {rank} of world size {world_size}")
-    if len(batch) % world_size:
-        raise DataError(
-            f"world size {world_size} does not divide the global batch size {len(batch)}; each rank must get "
-            "the same number of instances"
-        )
-    return batch[rank::world_size]
-
-
-def rank_positions(global_batch_size: int, rank: int, world_size: int) -> np.ndarray:
-    """Positions in the global batch of rank `rank`'s instances (see `rank_slice`)."""
-    return rank_slice(np.arange(global_batch_size), rank, world_size)
-
-
 def global_batch_indices(
     order_location: str,
     step: int,
@@ -497,10 +418,9 @@ def global_batch_indices(
         raise
 
 
-def order_location(config: dict[str, Any]) -> str:
+def order_location(config: TrainConfig) -> str:
     """`data.order_path` if the config sets one, else `save_folder/train_data`, where the trainer puts it."""
-    explicit = (config.get("data") or {}).get("order_path")
-    return str(explicit) if explicit else default_order_location(str(config["save_folder"]))
+    return config.data.order_path or default_order_location(config.save_folder)
 
 
 def default_order_location(save_folder: str) -> str:
@@ -532,10 +452,14 @@ class OrderSummary:
 
 
 def build_config_orders(
-    config: str | dict[str, Any], *, epochs: int = 1, first_epoch: int = 0, location: str | None = None
+    config: str | dict[str, Any] | TrainConfig,
+    *,
+    epochs: int = 1,
+    first_epoch: int = 0,
+    location: str | None = None,
 ) -> list[OrderSummary]:
-    """Build (or check) the orders of epochs first_epoch .. first_epoch+epochs-1 for a training config (its path,
-    or the dict `read_train_config` gives).
+    """Build (or check) the orders of epochs first_epoch .. first_epoch+epochs-1 for a training config (a path,
+    its keys or a TrainConfig, read as the trainer reads it).
 
     `location` overrides `data.order_path` / `save_folder/train_data`. The data, seed and global batch size
     come from the config exactly as the trainer reads them, so the trainer then finds and accepts these
@@ -543,13 +467,12 @@ def build_config_orders(
     """
     import time
 
-    if isinstance(config, str):
-        config = read_train_config(config)
+    config = read_run_config(config)
     if epochs < 1 or first_epoch < 0:
         raise DataError(f"--epochs must be >= 1 and --first-epoch >= 0, got {epochs} and {first_epoch}")
     source = open_from_config(config)
     where = location or order_location(config)
-    gbs = int(config["global_train_batch_size"])
+    gbs = config.global_train_batch_size
     n = len(source)
     per_epoch = batches_per_epoch(n, gbs)
     out = []
@@ -557,7 +480,7 @@ def build_config_orders(
         path = order_path_for_epoch(where, epoch)
         existed = is_remote(path) or os.path.exists(path)
         t0 = time.perf_counter()
-        ensure_order(where, source, int(config["seed"]), epoch)
+        ensure_order(where, source, config.seed, epoch)
         out.append(
             OrderSummary(
                 path,

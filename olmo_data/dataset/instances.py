@@ -8,14 +8,15 @@ tokens are one positioned read (`os.pread`, local files) or one ranged read (htt
 costs the same whatever the dataset size. A batch's remote ranges are handed to `olmo_data.remote` together, which
 fetches them concurrently, merged where they neighbour, with retries.
 
-The token files come from `olmo_data.token_files` (directories expanded through their manifests, every file
-sized and checked). A mixture (see `olmo_data.mixture`) adds one level of indirection: its manifest lists, per
+The token files come from `olmo_data.dataset.token_files` (directories expanded through their manifests, every file
+sized and checked). A mixture (see `olmo_data.dataset.mixture`) adds one level of indirection: its manifest lists, per
 source, the token files and the selected instance ids within them; the mixed dataset's instances are those
 selections, source after source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,12 +27,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from olmo_data.config import TrainConfig
+from olmo_data.dataset.manifest import DTYPES
+from olmo_data.dataset.mixture import load_mix
+from olmo_data.dataset.token_files import TokenFile, token_files
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
-from olmo_data.manifest import DTYPES
-from olmo_data.mixture import load_mix
 from olmo_data.remote import remote_reader
-from olmo_data.token_files import TokenFile, token_files
 
 LABEL_MASK_DTYPE = np.bool_  # OLMo writes label masks as one byte per token
 
@@ -302,31 +304,36 @@ def open_mix(path: str, *, sequence_length: int, dtype: str | None = None) -> In
     )
 
 
-def open_from_config(config: dict[str, Any], *, base_dir: str | None = None) -> InstanceSource:
-    """The dataset a training config describes (keys `model.max_sequence_length` and `data.*`).
+def open_from_config(config: TrainConfig | dict[str, Any], *, base_dir: str | None = None) -> InstanceSource:
+    """The dataset a training config describes (`model.max_sequence_length` and `data.*`): a run's TrainConfig
+    (`olmo_data.config.read_run_config`: what the trainer reads), or a dict of just those keys, which must then
+    name both (a program describing data, not a run, gets no defaults).
 
     Relative local paths are taken relative to `base_dir` when given (the config file's directory is *not*
     used by default, to match the trainer, which resolves them against the working directory).
     """
-    data = config.get("data") or {}
-    model = config.get("model") or {}
-    if "max_sequence_length" not in model:
-        raise DataError("config: model.max_sequence_length is missing; it sets the instance length")
+    if isinstance(config, TrainConfig):
+        data: dict[str, Any] = dataclasses.asdict(config.data)
+        length: Any = config.model.max_sequence_length
+    else:
+        data = config.get("data") or {}
+        model = config.get("model") or {}
+        if "max_sequence_length" not in model:
+            raise DataError("config: model.max_sequence_length is missing; it sets the instance length")
+        length = model["max_sequence_length"]
 
     def rel(p: str) -> str:
         p = str(p)
         return p if is_remote(p) or base_dir is None or os.path.isabs(p) else os.path.join(base_dir, p)
 
     if data.get("mix"):
-        return open_dataset(
-            sequence_length=int(model["max_sequence_length"]), mix=rel(data["mix"]), dtype=data.get("dtype")
-        )
+        return open_dataset(sequence_length=int(length), mix=rel(data["mix"]), dtype=data.get("dtype"))
     if not data.get("paths"):
         raise DataError("config: data.paths is missing or empty (and no data.mix); list token files or directories")
     masks = data.get("label_mask_paths")
     return open_dataset(
         [rel(p) for p in data["paths"]],
-        sequence_length=int(model["max_sequence_length"]),
+        sequence_length=int(length),
         label_mask_paths=[rel(m) for m in masks] if masks else None,
         dtype=data.get("dtype"),
     )

@@ -34,12 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset import DTYPES, InstanceSource
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
-from olmo_data.manifest import DTYPES
 from olmo_data.processes import pool_context
-from olmo_data.suffix_sort import engine_name, suffix_array
+from olmo_data.suffix_index.sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
 SHARD_TOKENS = 1 << 24  # positions per shard: ~1.1 GB peak per numpy worker

@@ -26,15 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from olmo_data.errors import DataError
+from olmo_data.run.layout import METRICS
 
-FILE_NAME = "instance_loss.bin"
-METRICS_NAME = "metrics.jsonl"  # the trainer's per-step log beside it (olmo_train/checkpoint/layout.py METRICS)
 ROW = np.dtype([("step", "<u4"), ("position", "<u4"), ("tokens", "<u4"), ("loss_sum", "<f8")])
-
-
-def aside_name(n: int) -> str:
-    """The name an instance_loss.bin is kept under when a resumed run cannot simply append to it (n = 1, 2, ...)."""
-    return f"instance_loss.{n}.bin"
 
 
 @dataclass
@@ -81,24 +75,13 @@ def step_losses(path: str | os.PathLike[str], step: int) -> StepLosses | None:
     return StepLosses(step, chunk["tokens"].astype(np.int64), chunk["loss_sum"].astype(np.float64))
 
 
-def save_folder_of(config: dict[str, object], config_path: str | None = None) -> str | None:
-    """Where a training config's run writes (its save_folder), or, for a config file that sits in a save folder
-    (the run's own config.yaml), that folder."""
-    if config_path is not None:
-        here = os.path.dirname(os.path.abspath(config_path))
-        if os.path.exists(os.path.join(here, FILE_NAME)):
-            return here
-    folder = config.get("save_folder")
-    return str(folder) if folder else None
-
-
 def logged_batch_fingerprint(folder: str | os.PathLike[str], step: int) -> str | None:
     """The batch fingerprint the run in `folder` logged for `step` (metrics.jsonl), or None if it logged none.
 
     The losses of a save folder belong to the batches that run trained; a config that names the folder but other
     data, seed or order would pair them with other instances, silently. `inspect-batch` compares this with the
     fingerprint of the batch it rebuilt before it shows a loss."""
-    path = os.path.join(folder, METRICS_NAME)
+    path = os.path.join(folder, METRICS)
     if not os.path.isfile(path):
         return None
     keys = (f'"step": {step},', f'"step": {step}}}')

@@ -2,7 +2,7 @@
 
 A stage-2 run (mid-training, an anneal) loads a stage-1 checkpoint and trains on other data; its weights carry
 both. So the trace of a stage-2 config is the trace of its own steps, then, for each ancestor stage (see
-`olmo_data.lineage`), the trace of that stage's run, read from its checkpoint's config.yaml, limited to the steps up
+`olmo_data.run.lineage`), the trace of that stage's run, read from its checkpoint's config.yaml, limited to the steps up
 to the checkpoint it handed on: a later stage-1 step never reached these weights. Each stage is traced exactly as
 `trace` traces a run on its own (targets found in that stage's own data), so its hits are those of `olmo-data
 trace ANCESTOR_CONFIG --steps 1..N`.
@@ -14,20 +14,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from olmo_data.config import read_run_config
+from olmo_data.dataset import open_from_config, run_steps
 from olmo_data.errors import DataError
-from olmo_data.instances import open_from_config
-from olmo_data.lineage import Stage, format_lineage, read_lineage, read_stage_config, run_stage, stage_line
-from olmo_data.trace import (
+from olmo_data.run import Stage, format_lineage, read_lineage, read_stage_config, run_stage, stage_line
+from olmo_data.trace.find import (
     TraceReport,
     check_target_options,
     find_targets,
     format_trace,
     parse_steps,
     read_ids,
-    run_steps,
     trace,
 )
-from olmo_data.train_config import read_train_config
 
 
 @dataclass
@@ -90,10 +89,10 @@ def trace_chain(
     (`use_index`; `index_dir` is the run's own, ancestors' are found beside their token files)."""
     ids = read_ids(document_ids, document_list)
     check_target_options(ids, source_glob, text, tokens)
-    cfg = read_train_config(config)
+    cfg = read_run_config(config)
     source = open_from_config(cfg)
     first_last = parse_steps(steps)
-    last = first_last[1] if first_last else run_steps(cfg, source)
+    last = first_last[1] if first_last else run_steps(cfg, len(source))
     stages = read_lineage(config, cfg, fingerprint=source.fingerprint(), last_step=last) if lineage else []
     many = len(stages) > 1
     find = dict(
@@ -124,7 +123,8 @@ def trace_chain(
             stage_source = open_from_config(stage_cfg)
             if stage.data_fingerprint and stage_source.fingerprint() != stage.data_fingerprint:
                 raise DataError(
-                    f"its data ({stage_cfg['data']}) now has fingerprint {stage_source.fingerprint()}, not the "
+                    f"its data ({stage_cfg.data.mix or ', '.join(stage_cfg.data.paths)}) now has fingerprint "
+                    f"{stage_source.fingerprint()}, not the "
                     f"{stage.data_fingerprint} it trained on: the files changed or moved since"
                 )
             stage_targets, stage_scan = find_targets(stage_source, ids, missing_ok=True, **find)  # type: ignore[arg-type]

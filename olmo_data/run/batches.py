@@ -6,15 +6,15 @@ and the batch's slice of it, and the tokenize metadata (`part-*.csv.gz`, rows `s
 the documents each instance overlaps. The batch fingerprint is the one the trainer logs each step, so the two
 can be compared.
 
-Document lookups use the side index of `olmo_data.doc_index`, so inspecting a batch never scans a CSV, whatever
+Document lookups use the side index of `olmo_data.dataset.doc_index`, so inspecting a batch never scans a CSV, whatever
 the dataset size.
 
-When the run's save folder holds its per-instance loss record (`olmo_data.instance_loss`), each instance also
+When the run's save folder holds its per-instance loss record (`olmo_data.run.instance_loss`), each instance also
 carries the loss the model had on it at that step (mean per supervised token) and its supervised token count.
 
 When the config turns on `data.instance_filter`, each instance says whether OLMo's rule masks it (it stays in the
 batch, the trainer trains none of its tokens) and which repetition caught it: the function is the trainer's own
-(`olmo_data.instance_filter`), so the count matches the run's `train/masked_instances` for the step.
+(`olmo_data.dataset.instance_filter`), so the count matches the run's `train/masked_instances` for the step.
 """
 
 from __future__ import annotations
@@ -26,25 +26,30 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.doc_index import DocIndex, DocumentSpan
-from olmo_data.errors import DataError
-from olmo_data.fingerprint import batch_fingerprint
-from olmo_data.instance_filter import Repetition, instance_filter_from_config
-from olmo_data.instance_loss import FILE_NAME, logged_batch_fingerprint, save_folder_of, step_losses
-from olmo_data.instances import InstanceSource, open_from_config
-from olmo_data.io import is_remote
-from olmo_data.lineage import format_lineage, read_lineage
-from olmo_data.order import (
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset import (
     BatchPosition,
+    DocIndex,
+    DocumentSpan,
+    InstanceSource,
+    Repetition,
+    batch_fingerprint,
     batch_position,
+    instance_filter_of,
+    open_from_config,
     order_location,
     order_path_for_epoch,
     rank_positions,
     read_order_range,
+    run_steps,
     step_position,
 )
+from olmo_data.errors import DataError
+from olmo_data.io import is_remote
+from olmo_data.run.instance_loss import logged_batch_fingerprint, step_losses
+from olmo_data.run.layout import INSTANCE_LOSS, save_folder_of
+from olmo_data.run.lineage import format_lineage, read_lineage
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.train_config import duration_steps, read_train_config
 
 _ARRAYS_AND_RECORDS = ("documents", "token_ids", "label_mask", "repetition")  # converted one by one in to_json
 
@@ -107,7 +112,7 @@ class BatchReport:
 
 
 def inspect_batch(
-    config: str | dict[str, Any],
+    config: str | dict[str, Any] | TrainConfig,
     *,
     step: int | None = None,
     batch_index: int | None = None,
@@ -124,24 +129,23 @@ def inspect_batch(
 ) -> BatchReport:
     """The global batch of training step `step` (1-based) or `batch_index` (0-based), or rank `rank`'s part.
 
-    `config` is the training config (path or dict). `order` overrides where the order is read (a directory, an
-    epoch-0 order file or a URL). The batch fingerprint always covers the whole global batch, as the
+    `config` is the training config (a path, its keys, or a TrainConfig: read as the trainer reads it).
+    `order` overrides where the order is read (a directory, an epoch-0 order file or a URL). The batch fingerprint
+    always covers the whole global batch, as the
     trainer's. `verify_data=False` uses an order whose recorded data fingerprint differs from the data's (the
     same files moved elsewhere, say); compare the batch fingerprint with the run's metrics to be sure.
     The per-instance losses are read from `save_folder` (default: the config's, or the folder of a run's own
     config.yaml). `positions` reports only those positions of the global batch.
     """
-    cfg = read_train_config(config) if isinstance(config, str) else config
-    rule = instance_filter_from_config(
-        (cfg.get("data") or {}).get("instance_filter"), config if isinstance(config, str) else "config"
-    )
+    cfg = read_run_config(config)
+    rule = instance_filter_of(cfg)
     if (step is None) == (batch_index is None):
         raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
     if (rank is None) != (world_size is None):
         raise DataError("--rank and --world-size go together: rank r of world size W trains positions r, r+W, ...")
     if source is None:
         source = open_from_config(cfg)
-    gbs = int(cfg["global_train_batch_size"])
+    gbs = cfg.global_train_batch_size
     n = len(source)
     pos: BatchPosition = (
         step_position(step, gbs, n) if step is not None else batch_position(int(batch_index or 0), gbs, n)
@@ -160,7 +164,7 @@ def inspect_batch(
     try:
         expected = source.fingerprint() if verify_data else None
         indices = read_order_range(
-            path, start, stop, expected_fingerprint=expected, num_instances=n, seed=int(cfg["seed"]), epoch=pos.epoch
+            path, start, stop, expected_fingerprint=expected, num_instances=n, seed=cfg.seed, epoch=pos.epoch
         )
     except DataError as e:
         if "past the end" in str(e):
@@ -177,14 +181,14 @@ def inspect_batch(
         batches_per_epoch=pos.batches_per_epoch,
         global_batch_size=gbs,
         sequence_length=source.sequence_length,
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
         num_instances=n,
         order_path=path,
         data_fingerprint=source.fingerprint(),
         batch_fingerprint=batch_fingerprint(tokens),
         rank=rank,
         world_size=world_size,
-        run_steps=_run_steps(cfg, gbs, source.sequence_length, pos.batches_per_epoch),
+        run_steps=run_steps(cfg, n),
     )
     if positions is not None:
         chosen = np.asarray(positions, dtype=np.int64)
@@ -193,7 +197,7 @@ def inspect_batch(
     else:
         chosen = np.arange(gbs)
     folder = save_folder or save_folder_of(cfg, config if isinstance(config, str) else None)
-    record = os.path.join(folder, FILE_NAME) if folder else None
+    record = os.path.join(folder, INSTANCE_LOSS) if folder else None
     losses = step_losses(record, pos.step) if record is not None else None
     if losses is not None and len(losses.tokens) != gbs:
         raise DataError(
@@ -250,7 +254,7 @@ def inspect_batch(
     return report
 
 
-def _add_lineage(report: BatchReport, config: str, cfg: dict[str, Any]) -> None:
+def _add_lineage(report: BatchReport, config: str, cfg: TrainConfig) -> None:
     """The stages the run grew from, when it started from another run's checkpoint: a stage-2 step is inspected
     from the stage-2 config alone, and the report says which earlier runs also shaped the weights."""
     try:
@@ -276,24 +280,11 @@ def sort_instances(report: BatchReport, by: str) -> None:
         if report.loss_record is None:
             raise DataError(
                 f"--sort loss: no per-instance losses for step {report.step} (the save folder has no "
-                f"{FILE_NAME} with that step: the run did not train it yet, or predates the record)"
+                f"{INSTANCE_LOSS} with that step: the run did not train it yet, or predates the record)"
             )
         report.instances.sort(key=lambda i: (i.loss is None, -(i.loss or 0.0), i.position))
     else:
         raise DataError(f"--sort {by!r}: expected position or loss")
-
-
-def _run_steps(cfg: dict[str, Any], gbs: int, sequence_length: int, batches_per_epoch: int) -> int | None:
-    """How many steps the config's run trains (its max_duration), or None when the config does not say."""
-    duration = cfg.get("max_duration")
-    if duration is None:
-        return None
-    try:
-        return duration_steps(
-            duration, global_batch_size=gbs, sequence_length=sequence_length, batches_per_epoch=batches_per_epoch
-        )
-    except DataError:
-        return None
 
 
 def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:

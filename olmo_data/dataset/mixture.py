@@ -8,8 +8,8 @@ given the seed, and the random stream of a source depends on the seed and its po
 
 `olmo-data mix SPEC --destination DIR` writes `DIR/mix.json` (the mix manifest) and, per source, its selected
 instance ids as `DIR/<source>.ids.npy` (sorted int64, a standard .npy so it memory-maps). The instance index,
-the trainer and `inspect-batch` all open a mix through `olmo_data.instances.open_dataset(mix=DIR)`, which reads it
-back with `load_mix`; the mixed dataset's instances are the selections, source after source, so a data order
+the trainer and `inspect-batch` all open a mix through `olmo_data.dataset.open_dataset(mix=DIR)`, which reads
+it back with `load_mix`; the mixed dataset's instances are the selections, source after source, so a data order
 over it works exactly as over plain token files.
 
 Spec keys:
@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from olmo_data import __version__
+from olmo_data.dataset.token_files import TokenFile, token_file, token_files
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, is_remote, read_yaml, sha256_file, write_json_atomic
-from olmo_data.token_files import TokenFile, token_file, token_files
 
 MIX_FORMAT = "olmo-data.mix"
 MIX_VERSION = 1
@@ -317,7 +317,7 @@ def _selection_sha256(path: str, size: int, mtime_ns: int) -> str:
 
 @dataclass(frozen=True)
 class LoadedMix:
-    """A mix read back and checked, as the instance index needs it (`olmo_data.instances.open_mix`)."""
+    """A mix read back and checked, as the instance index needs it (`olmo_data.dataset.instances.open_mix`)."""
 
     files: list[TokenFile]  # every source's token files, source after source
     selections: list[np.ndarray]  # per source: its selected instance ids within its files (sorted, memory-mapped)

@@ -1,7 +1,7 @@
 """Loss spikes of a run and the data that made them.
 
 A step is a spike when its train/loss is at least `z` standard deviations above the mean of the `window` steps
-before it (the rolling baseline). For each spike the per-instance loss record (`olmo_data.instance_loss`) says how
+before it (the rolling baseline). For each spike the per-instance loss record (`olmo_data.run.instance_loss`) says how
 much each instance added to the jump: (its loss sum - baseline x its supervised tokens) / the step's supervised
 tokens. These shares add up exactly to (step loss - baseline), so the first few name the data the jump came from;
 their documents and sources are found as `inspect-batch` finds them.
@@ -19,16 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.doc_index import DocumentSpan
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset import DocumentSpan, Sources, open_from_config
 from olmo_data.errors import DataError
-from olmo_data.inspect import inspect_batch
-from olmo_data.instance_loss import FILE_NAME, save_folder_of, step_losses
-from olmo_data.instances import open_from_config
-from olmo_data.sources import Sources
-from olmo_data.train_config import read_train_config
-
-METRICS = "metrics.jsonl"  # the trainer's name (olmo_train.checkpoint.layout.METRICS)
-CONFIG = "config.yaml"
+from olmo_data.run.batches import inspect_batch
+from olmo_data.run.instance_loss import step_losses
+from olmo_data.run.layout import INSTANCE_LOSS, METRICS, run_files
 
 
 @dataclass
@@ -75,21 +71,6 @@ class SpikeReport:
         return out
 
 
-def run_files(run: str) -> tuple[str, str]:
-    """(config path, save folder) of RUN: a save folder (its config.yaml) or a training config."""
-    if os.path.isdir(run):
-        config = os.path.join(run, CONFIG)
-        if not os.path.isfile(config):
-            raise DataError(f"{run}: no {CONFIG} in it; give a run's save folder or its training config")
-        return config, run
-    if not os.path.isfile(run):
-        raise DataError(f"{run}: not found; give a run's save folder or its training config")
-    folder = save_folder_of(read_train_config(run), run)
-    if folder is None:
-        raise DataError(f"{run}: the config has no save_folder")
-    return run, folder
-
-
 def read_losses(path: str) -> dict[int, float]:
     """train/loss by step from a metrics.jsonl (a line cut short by a kill, and a record of no step, such as the
     eval_on_start ones, are skipped)."""
@@ -117,7 +98,7 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         raise DataError(f"--top {top}: expected 0 or more instances per spike")
     config_path, folder = run_files(run)
     losses = read_losses(os.path.join(folder, METRICS))
-    record = os.path.join(folder, FILE_NAME)
+    record = os.path.join(folder, INSTANCE_LOSS)
     report = SpikeReport(run, window, z, len(losses), record if os.path.isfile(record) else None)
     steps = sorted(losses)
     finite: list[float] = []  # the losses the baseline is made of: a NaN or inf would poison every later one
@@ -135,18 +116,18 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         if score >= z:
             report.spikes.append(Spike(step, loss, mean, std, score))
     if report.loss_record is not None and top and report.spikes:
-        cfg = read_train_config(config_path)
+        cfg = read_run_config(config_path)
         source = open_from_config(cfg)
-        sources = Sources(source, (cfg.get("data") or {}).get("paths"))
+        sources = Sources(source, cfg.data.paths)
         for spike in report.spikes:
             spike.contributors = _contributors(config_path, cfg, folder, source, sources, spike, top)
     return report
 
 
 def _contributors(
-    config_path: str, cfg: dict[str, Any], folder: str, source: Any, sources: Sources, spike: Spike, top: int
+    config_path: str, cfg: TrainConfig, folder: str, source: Any, sources: Sources, spike: Spike, top: int
 ) -> list[Contributor]:
-    rows = step_losses(os.path.join(folder, FILE_NAME), spike.step)
+    rows = step_losses(os.path.join(folder, INSTANCE_LOSS), spike.step)
     if rows is None or rows.tokens.sum() == 0:
         return []
     baseline = spike.baseline if math.isfinite(spike.baseline) else 0.0
@@ -183,7 +164,7 @@ def format_spikes(report: SpikeReport) -> str:
         f"of the {r.window} steps before it: {len(r.spikes)} found"
     ]
     if r.loss_record is None and r.spikes:
-        lines.append(f"(no {FILE_NAME} in the save folder: the instances behind each spike cannot be named)")
+        lines.append(f"(no {INSTANCE_LOSS} in the save folder: the instances behind each spike cannot be named)")
     for s in r.spikes:
         score = f"{s.z:.1f}" if math.isfinite(s.z) else "inf (flat baseline)"
         if not math.isfinite(s.loss):

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.doc_index import DocIndex
+from olmo_data.config import duration_steps, read_run_config
+from olmo_data.dataset.doc_index import DocIndex
+from olmo_data.dataset.instances import InstanceSource, open_dataset, open_from_config
+from olmo_data.dataset.mixture import read_mix_manifest
+from olmo_data.dataset.order import batches_per_epoch
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, open_dataset, open_from_config
-from olmo_data.mixture import read_mix_manifest
-from olmo_data.order import batches_per_epoch
-from olmo_data.train_config import duration_steps, read_train_config
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
@@ -170,12 +170,12 @@ def stats_for(
         raise DataError(f"give one training CONFIG or token files/directories, not both: {' '.join(paths)}")
     config = configs[0] if configs else None
     if config is not None:
-        cfg = read_train_config(config)
+        cfg = read_run_config(config)
         if sequence_length is not None:
-            cfg["model"]["max_sequence_length"] = sequence_length
+            cfg.model.max_sequence_length = sequence_length
         source = open_from_config(cfg)
-        global_batch_size = global_batch_size or int(cfg["global_train_batch_size"])
-        duration = duration or cfg.get("max_duration")
+        global_batch_size = global_batch_size or cfg.global_train_batch_size
+        duration = duration or cfg.max_duration
     else:
         if sequence_length is None and mix is not None and not paths:
             sequence_length = int(read_mix_manifest(mix)[0]["sequence_length"])  # the mix was cut at it

@@ -158,19 +158,6 @@ def is_not_found_error(error: BaseException) -> bool:
     return False
 
 
-def manifest_dtype_for(token_path: str) -> str | None:
-    """The dtype the manifest beside `token_path` records for it, or None when no manifest lists the file."""
-    path = str(token_path)
-    directory, _, name = path.rpartition("/")
-    manifest = read_manifest(directory or ".")
-    if manifest is None:
-        return None
-    listed = {f["path"] for f in manifest.get("files", [])}
-    if listed and name not in listed:
-        return None
-    return str(manifest["dtype"])
-
-
 def agreed_dtype(path: str, requested: str | None, recorded: str) -> str:
     """`recorded` (a manifest's dtype), after checking that a `requested` dtype, if any, agrees with it."""
     if requested is not None and requested != recorded:
@@ -179,19 +166,6 @@ def agreed_dtype(path: str, requested: str | None, recorded: str) -> str:
             f"drop the dtype option or fix it to {recorded}"
         )
     return recorded
-
-
-def resolve_dtype(token_path: str, requested: str | None) -> str:
-    """The dtype to read `token_path` with: the manifest's; a requested one must agree with it.
-
-    Without a manifest the requested dtype is used, and uint16 (OLMo's default) when none was requested.
-    """
-    recorded = manifest_dtype_for(token_path)
-    if recorded is not None:
-        return agreed_dtype(token_path, requested, recorded)
-    if requested is not None and requested not in DTYPES:
-        raise DataError(f"{token_path}: unknown dtype {requested!r}; expected one of {sorted(DTYPES)}")
-    return requested or "uint16"
 
 
 class Manifests:

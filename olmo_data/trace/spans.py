@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.doc_index import DocIndex
+from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource
 from olmo_data.io import is_remote
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace import (
+from olmo_data.trace.find import (
     SCAN_CHUNK,
     Target,
     TraceReport,

@@ -1,7 +1,7 @@
 """Every config key with its default and what it does, for `python -m olmo_train --keys`.
 
 The table is read from the config dataclasses themselves (names, defaults, nested sections) and from the comment
-beside each field in olmo_train/config_schema.py, so it cannot drift from what the trainer accepts.
+beside each field in olmo_data/config/schema.py, so it cannot drift from what the trainer accepts.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from olmo_train.config import CHOICES, TrainConfig
+from olmo_data.config.load import CHOICES, TrainConfig
 
 _FIELD = re.compile(r"^\s+(\w+):[^#]*?(?:#\s*(.*))?$")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from olmo_data.dataset.manifest import read_manifest
 from olmo_data.errors import DataError
 from olmo_data.io import default_cache_dir, file_size, is_remote, local_copy, open_file
-from olmo_data.manifest import read_manifest
 from olmo_data.remote import remote_reader
 
 DOCINDEX_VERSION = 2

@@ -10,8 +10,8 @@ import types
 import typing
 from typing import Any
 
+from olmo_data.config.schema import ConfigError
 from olmo_data.errors import shown
-from olmo_train.config_schema import ConfigError
 
 _REFERENCE = re.compile(r"\$\{([^{}]*)\}")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset.manifest import DTYPES, Manifests, agreed_dtype
 from olmo_data.errors import DataError
 from olmo_data.io import file_size, is_remote
-from olmo_data.manifest import DTYPES, Manifests, agreed_dtype
 
 
 @dataclass(frozen=True)

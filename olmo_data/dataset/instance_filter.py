@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from olmo_data.config import TrainConfig
 from olmo_data.errors import DataError, shown
 
 # OLMo 2's settings, and the keys of `data.instance_filter` (the trainer's InstanceFilterConfig has the same)
@@ -130,6 +131,15 @@ def _has_run(mask: np.ndarray, k: int) -> np.ndarray:
         rest = k - width
         run = run[:, rest:] & run[:, :-rest]
     return np.asarray(run.any(axis=1))
+
+
+def instance_filter_of(config: TrainConfig) -> RepetitionFilter | None:
+    """The rule a run's `data.instance_filter` turns on (None when it is off): the trainer masks and
+    `inspect-batch` marks by this one function."""
+    f = config.data.instance_filter
+    if not f.enabled:
+        return None
+    return RepetitionFilter(f.repetition_max_period, f.repetition_min_period, f.repetition_max_count)
 
 
 def instance_filter_from_config(section: Any, where: str) -> RepetitionFilter | None:

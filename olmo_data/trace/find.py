@@ -27,16 +27,24 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.doc_index import DocIndex
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset import (
+    DTYPES,
+    DocIndex,
+    InstanceSource,
+    batches_per_epoch,
+    build_order,
+    load_order,
+    open_from_config,
+    order_location,
+    order_path_for_epoch,
+    run_steps,
+)
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource, open_from_config
 from olmo_data.io import is_remote
-from olmo_data.manifest import DTYPES
-from olmo_data.order import batches_per_epoch, build_order, load_order, order_location, order_path_for_epoch
 from olmo_data.processes import pool_context
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.train_config import duration_steps, read_train_config
 
 SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
 
@@ -231,21 +239,8 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray]) -> tuple[str, int, 
 # -- from targets to steps ------------------------------------------------------------------------------------
 
 
-def run_steps(cfg: dict[str, Any], source: InstanceSource) -> int:
-    """How many steps the config's run trains (its max_duration)."""
-    gbs = int(cfg["global_train_batch_size"])
-    if cfg.get("max_duration") is None:
-        raise DataError("the config has no max_duration; give the steps to look at with --steps A..B")
-    return duration_steps(
-        cfg["max_duration"],
-        global_batch_size=gbs,
-        sequence_length=source.sequence_length,
-        batches_per_epoch=batches_per_epoch(len(source), gbs),
-    )
-
-
 def trace(
-    config: str | dict[str, Any],
+    config: str | dict[str, Any] | TrainConfig,
     targets: Sequence[Target],
     *,
     source: InstanceSource,
@@ -255,12 +250,12 @@ def trace(
 ) -> TraceReport:
     """Every (step, position) of the run whose instance holds a token of a target, within `steps` (1-based,
     inclusive; default the whole run)."""
-    cfg = read_train_config(config) if isinstance(config, str) else config
-    gbs, L, n = int(cfg["global_train_batch_size"]), source.sequence_length, len(source)
+    cfg = read_run_config(config)
+    gbs, L, n = cfg.global_train_batch_size, source.sequence_length, len(source)
     per_epoch = batches_per_epoch(n, gbs)
     if per_epoch == 0:
         raise DataError(f"the data has {n} instances, fewer than one global batch of {gbs}")
-    first, last = steps if steps is not None else (1, run_steps(cfg, source))
+    first, last = steps if steps is not None else (1, run_steps(cfg, n))
     if first < 1 or last < first:
         raise DataError(f"--steps {first}..{last}: expected 1 <= A <= B")
     if world_size is not None and (world_size < 1 or gbs % world_size):
@@ -279,7 +274,7 @@ def trace(
     for index, t, base in instance_target:
         by_instance.setdefault(index, []).append((t, base))
     hits: list[Hit] = []
-    seed = int(cfg["seed"])
+    seed = cfg.seed
     location = order or order_location(cfg)
     for epoch in range((first - 1) // per_epoch, (last - 1) // per_epoch + 1):
         lo_batch = max(first - 1 - epoch * per_epoch, 0)
@@ -353,8 +348,9 @@ def _hit(
     )
 
 
-def open_run(config: str) -> tuple[dict[str, Any], InstanceSource]:
-    cfg = read_train_config(config)
+def open_run(config: str) -> tuple[TrainConfig, InstanceSource]:
+    """A run's config, read as the trainer reads it, and its data."""
+    cfg = read_run_config(config)
     return cfg, open_from_config(cfg)
 
 

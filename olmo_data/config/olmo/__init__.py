@@ -22,7 +22,7 @@ trainer does not do, or, when it only concerns OLMo's infrastructure, accepted a
 Numbers that YAML 1.1 reads as strings (`1e-5`, `5e12`) become numbers where our field is numeric.
 """
 
-from olmo_train.olmo_config.model_keys import (
+from olmo_data.config.olmo.model_keys import (
     IGNORED,
     MODEL_KEYS,
     OLMO_DEFAULTS,
@@ -30,8 +30,8 @@ from olmo_train.olmo_config.model_keys import (
     as_kind,
     model_values_from_olmo,
 )
-from olmo_train.olmo_config.translate import Translation, olmo_form_key, translate
-from olmo_train.olmo_config.values import resolve_interpolations
+from olmo_data.config.olmo.translate import Translation, olmo_form_key, translate
+from olmo_data.config.olmo.values import resolve_interpolations
 
 __all__ = [
     "IGNORED",

@@ -10,7 +10,7 @@ weights). The chain is read from the files the trainer writes, never through the
     ([] for a fresh run, one for a run started from load_path, N for a soup), and in newer checkpoints
     `counters`: "continued" or "restarted", whether the child kept the parent's counters (older records: guessed
     from the child's config);
-  - a checkpoint directory also holds `config.yaml`, the run's resolved config (what `read_train_config` reads).
+  - a checkpoint directory also holds `config.yaml`, the run's resolved config (what `read_stage_config` reads).
 
 Older checkpoints have no `lineage`; then the chain is rebuilt from configs: a config's `load_path` names the
 parent checkpoint, whose `config.yaml` names its own, and so on.
@@ -25,22 +25,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset import open_from_config, run_steps
 from olmo_data.errors import DataError, shown
-from olmo_data.instances import open_from_config
 from olmo_data.io import is_remote, read_bytes
-from olmo_data.order import batches_per_epoch
-from olmo_data.train_config import duration_steps, read_train_config
+from olmo_data.run.layout import CONFIG, STEP_DIR, TRAINER_STATE, join, latest_checkpoint
 
-TRAINER_STATE = "trainer_state.json"  # the trainer's names (olmo_train/checkpoint/layout.py), read here as files
-CONFIG = "config.yaml"
 SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
 TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
-_STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 COUNTERS = (None, "continued", "restarted")  # a record's optional `counters` key (absent in older records)
 MAX_DEPTH = 64  # a chain longer than this is a loop in the records
 
@@ -97,7 +93,7 @@ def checkpoint_identity(rec: dict[str, Any]) -> tuple[str, str, int, str]:
     shared ancestor reached through both copies counts once."""
     resolved = str(rec.get("resolved") or "").rstrip("/")
     folder, _, name = resolved.rpartition("/")
-    where = folder if _STEP_DIR.match(name) else resolved
+    where = folder if STEP_DIR.match(name) else resolved
     return (str(rec.get("run_name") or ""), str(rec.get("data_fingerprint") or ""), int(rec.get("step") or 0), where)
 
 
@@ -109,12 +105,12 @@ def counters_continued(rec: dict[str, Any]) -> bool | None:
 
 
 def read_lineage(
-    config_path: str, cfg: dict[str, Any] | None = None, *, fingerprint: str | None = None, last_step: int | None = None
+    config_path: str, cfg: TrainConfig | None = None, *, fingerprint: str | None = None, last_step: int | None = None
 ) -> list[Stage]:
     """The stages of the run `config_path` describes: [the run itself, its parents, their parents, ...], each
     parent after the stage that loaded it. `fingerprint` is the run's data fingerprint (to tell a plain resume
     from a new stage) and `last_step` its last step (default: unknown)."""
-    cfg = cfg if cfg is not None else read_train_config(config_path)
+    cfg = cfg if cfg is not None else read_stage_config(config_path)
     stages = [run_stage(config_path, cfg, 1, last_step, fingerprint)]
     records = _own_records(config_path, cfg)
     _attach(stages, stages[0], cfg, records, fingerprint, [os.path.abspath(config_path)])
@@ -122,7 +118,7 @@ def read_lineage(
 
 
 def run_stage(
-    config_path: str, cfg: dict[str, Any], first_step: int, last_step: int | None, fingerprint: str | None
+    config_path: str, cfg: TrainConfig, first_step: int, last_step: int | None, fingerprint: str | None
 ) -> Stage:
     """The run `config_path` describes, as the first stage (index 0), steps [first_step, last_step]."""
     return Stage(
@@ -130,7 +126,7 @@ def run_stage(
         parent_of=None,
         depth=0,
         source="run",
-        run_name=str(cfg.get("run_name") or "olmo-run"),
+        run_name=cfg.run_name,
         config=config_path,
         checkpoint=None,
         given=None,
@@ -146,26 +142,20 @@ def run_stage(
 def lineage_of_config(config_path: str) -> list[Stage]:
     """`read_lineage` with the run's data fingerprint and length read from its data (`olmo-data lineage`); data
     that cannot be opened leaves them unknown rather than failing the summary."""
-    cfg = read_train_config(config_path)
+    cfg = read_stage_config(config_path)
     fingerprint, last, planned = None, None, False
     try:
         source = open_from_config(cfg)
         fingerprint = source.fingerprint()
-        if cfg.get("max_duration") is not None:
-            gbs = int(cfg["global_train_batch_size"])
-            last = duration_steps(
-                cfg["max_duration"],
-                global_batch_size=gbs,
-                sequence_length=source.sequence_length,
-                batches_per_epoch=batches_per_epoch(len(source), gbs),
-            )
+        last = run_steps(cfg, len(source))
     except DataError:
         pass
-    if isinstance(cfg.get("stop_at"), int) and last is not None:
-        last = min(last, int(cfg["stop_at"]))  # the trainer stops there (with a checkpoint)
+    if cfg.stop_at is not None and last is not None:
+        last = min(last, cfg.stop_at)  # the trainer stops there (with a checkpoint)
     beside = os.path.join(os.path.dirname(config_path), TRAINER_STATE)  # a checkpoint's own config.yaml: its step
-    latest = _latest_checkpoint(str(cfg.get("save_folder") or ""))
-    state = beside if not is_remote(config_path) and os.path.isfile(beside) else latest and _join(latest, TRAINER_STATE)
+    latest = latest_checkpoint(cfg.save_folder)
+    here = not is_remote(config_path) and os.path.isfile(beside)
+    state = beside if here else latest and join(str(latest), TRAINER_STATE)
     step = _json(state).get("step") if state else None
     if isinstance(step, int) and not isinstance(step, bool):
         last = step  # what the run has trained so far, not what it plans
@@ -176,16 +166,16 @@ def lineage_of_config(config_path: str) -> list[Stage]:
     return stages
 
 
-def restarts(cfg: dict[str, Any]) -> bool:
+def restarts(cfg: TrainConfig) -> bool:
     """Whether a run that loads a checkpoint counts its steps from 1 on its own data (OLMo's `reset_trainer_state`,
     or `restore_dataloader: false`), rather than continuing the checkpoint's run."""
-    return bool(cfg.get("reset_trainer_state")) or cfg.get("restore_dataloader") is False
+    return cfg.reset_trainer_state or not cfg.restore_dataloader
 
 
 def _attach(
     stages: list[Stage],
     child: Stage,
-    child_cfg: dict[str, Any] | None,
+    child_cfg: TrainConfig | None,
     records: list[dict[str, Any]],
     child_fingerprint: str | None,
     seen: list[str],
@@ -224,7 +214,7 @@ def _attach(
             parent_of=child.index,
             depth=child.depth + 1,
             source=str(rec["source"]),
-            run_name=str(rec.get("run_name") or (parent_cfg or {}).get("run_name") or "(unknown)"),
+            run_name=str(rec.get("run_name") or (parent_cfg.run_name if parent_cfg else None) or "(unknown)"),
             config=parent_config if parent_cfg is not None else None,
             checkpoint=key,
             given=None if rec.get("given") is None else str(rec["given"]),
@@ -245,7 +235,7 @@ def _attach(
 
 
 def _same_order(
-    rec: dict[str, Any], parent_cfg: dict[str, Any] | None, child_cfg: dict[str, Any], child_fingerprint: str | None
+    rec: dict[str, Any], parent_cfg: TrainConfig | None, child_cfg: TrainConfig, child_fingerprint: str | None
 ) -> bool:
     """Whether the child's step k trained the batch the parent's step k did: the same data, seed, batch size."""
     theirs = rec.get("data_fingerprint")
@@ -253,24 +243,23 @@ def _same_order(
         return False
     if parent_cfg is None:
         return bool(theirs and child_fingerprint)  # nothing else to compare: only a matching fingerprint says so
-    return all(parent_cfg.get(k) == child_cfg.get(k) for k in ("seed", "global_train_batch_size")) and _batch_tokens(
-        parent_cfg
-    ) == _batch_tokens(child_cfg)
+    same = (parent_cfg.seed, parent_cfg.global_train_batch_size) == (child_cfg.seed, child_cfg.global_train_batch_size)
+    return same and _batch_tokens(parent_cfg) == _batch_tokens(child_cfg)
 
 
-def _records_of(rec: dict[str, Any], parent_config: str, parent_cfg: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _records_of(rec: dict[str, Any], parent_config: str, parent_cfg: TrainConfig | None) -> list[dict[str, Any]]:
     """A parent's own parents: its record's `lineage` where written, else rebuilt from its config."""
     if rec.get("lineage") is not None:
         return [_checked(r, f"{rec['resolved']} (lineage record)", i) for i, r in enumerate(rec["lineage"])]
     return _own_records(parent_config, parent_cfg) if parent_cfg is not None else []
 
 
-def _own_records(config_path: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def _own_records(config_path: str, cfg: TrainConfig) -> list[dict[str, Any]]:
     """A run's parent records: the lineage of the checkpoint beside its config (a checkpoint's config.yaml) or of
     its save folder's latest checkpoint, where the trainer wrote one; else its `load_path`, read as a checkpoint."""
     beside = os.path.join(os.path.dirname(config_path), TRAINER_STATE)
     candidates = [beside] if not is_remote(config_path) and os.path.isfile(beside) else []
-    latest = _latest_checkpoint(str(cfg.get("save_folder") or ""))
+    latest = latest_checkpoint(cfg.save_folder)
     if latest is not None:
         candidates.append(os.path.join(latest, TRAINER_STATE))
     for path in candidates:
@@ -280,7 +269,7 @@ def _own_records(config_path: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(value, list):
                 raise DataError(f"{path}: lineage must be a list of parent records, got {shown(value)}")
             return [_checked(r, path, i) for i, r in enumerate(value)]
-    load_path = cfg.get("load_path")
+    load_path = cfg.load_path
     if not load_path:
         return []
     if not isinstance(load_path, str):
@@ -296,7 +285,7 @@ def _record_from_checkpoint(given: str) -> dict[str, Any]:
     resolved = given.rstrip("/") if is_remote(given) else os.path.abspath(os.path.expanduser(given))
     rec: dict[str, Any] = {"source": "checkpoint", "given": given, "resolved": resolved, "weight": None}
     try:
-        state = _json(_join(resolved, TRAINER_STATE))
+        state = _json(join(resolved, TRAINER_STATE))
     except DataError as e:
         return rec | {"step": 0, "lineage": [], "unreadable": str(e)}
     except Exception as e:  # a remote store refusing or failing, in whatever way its client reports it
@@ -307,12 +296,12 @@ def _record_from_checkpoint(given: str) -> dict[str, Any]:
     rec["step"] = state.get("step", 0)
     if "lineage" in state:
         rec["lineage"] = state["lineage"]
-    return _checked(rec, _join(resolved, TRAINER_STATE), 0)
+    return _checked(rec, join(resolved, TRAINER_STATE), 0)
 
 
-def _read_parent(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str | None]:
+def _read_parent(rec: dict[str, Any]) -> tuple[TrainConfig | None, str, str | None]:
     """A parent checkpoint's config (None where it cannot be read), its path, and a note saying why not."""
-    path = _join(str(rec["resolved"]), CONFIG)
+    path = join(str(rec["resolved"]), CONFIG)
     if rec.get("unreadable"):
         return None, path, f"not reachable: {rec['unreadable']}; its steps are not traced"
     if rec["source"] not in TRAINED:
@@ -327,17 +316,18 @@ def _read_parent(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str, str |
         return None, path, f"not reachable: {path}: {type(e).__name__}: {e}; its steps are not traced"
 
 
-def read_stage_config(path: str) -> dict[str, Any]:
-    """`read_train_config` of a local config or of one at a URL (a checkpoint kept in an object store)."""
+def read_stage_config(path: str) -> TrainConfig:
+    """A stage's config, local or at a URL (a checkpoint kept in an object store), read as the trainer reads it;
+    its data may be gone or absent (an import's), which only leaves that stage untraced."""
     if not is_remote(path):
-        return read_train_config(path)
+        return read_run_config(path, require_data=False)
     data = read_bytes(path)
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, CONFIG)
         with open(local, "wb") as f:
             f.write(data)
         try:
-            return read_train_config(local)
+            return read_run_config(local, require_data=False)
         except DataError as e:
             raise DataError(str(e).replace(local, path)) from e
 
@@ -378,26 +368,8 @@ def _json(path: str) -> dict[str, Any]:
     return obj
 
 
-def _latest_checkpoint(save_folder: str) -> str | None:
-    """The save folder's newest complete checkpoint (one holding trainer_state.json), local folders only."""
-    if not save_folder or is_remote(save_folder) or not os.path.isdir(save_folder):
-        return None
-    best: tuple[int, bool, str] | None = None
-    for name in os.listdir(save_folder):
-        m = _STEP_DIR.match(name)
-        path = os.path.join(save_folder, name)
-        if m and not os.path.islink(path) and os.path.isfile(os.path.join(path, TRAINER_STATE)):
-            key = (int(m.group(1)), not m.group(2), path)
-            best = key if best is None or key > best else best
-    return best[2] if best else None
-
-
-def _join(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}" if is_remote(base) else os.path.join(base, name)
-
-
-def _batch_tokens(cfg: dict[str, Any]) -> int:
-    return int(cfg["global_train_batch_size"]) * int(cfg["model"]["max_sequence_length"])
+def _batch_tokens(cfg: TrainConfig) -> int:
+    return cfg.global_train_batch_size * cfg.model.max_sequence_length
 
 
 def format_lineage(stages: list[Stage]) -> str:

@@ -8,6 +8,7 @@ cheap (the data tools read the same file).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import logging
@@ -19,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from olmo_data.errors import DataError, shown
-from olmo_train.config_schema import (
+from olmo_data.config.checks import get_dotted, problems
+from olmo_data.config.olmo import olmo_form_key, translate
+from olmo_data.config.schema import (
     CHOICES,
     LORA_TARGETS,
     ConfigError,
@@ -37,8 +39,7 @@ from olmo_train.config_schema import (
     TrainConfig,
     WandbConfig,
 )
-from olmo_train.config_values import get_dotted, problems
-from olmo_train.olmo_config import olmo_form_key, translate
+from olmo_data.errors import DataError, shown
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +61,10 @@ __all__ = [  # the schema's names too: the rest of the package imports every con
     "WandbConfig",
     "check_cycles_divide",
     "config_to_dict",
+    "config_from_dict",
     "load_config",
     "parse_duration",
-    "parse_overrides",
+    "read_run_config",
     "save_config",
 ]
 
@@ -73,13 +75,12 @@ def load_config(
     """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`).
 
     A file in OLMo's own form (`allenai/OLMo`'s configs: recognised by a key only OLMo has) is translated into
-    ours first (olmo_train/olmo_config), and what of it concerns OLMo's machinery only is logged in one line.
+    ours first (olmo_data/config/olmo), and what of it concerns OLMo's machinery only is logged in one line.
 
     `require_data=False` reads a config that describes a model but no training data yet (an imported model's,
     or a checkpoint's config read to rebuild its model): every other check still applies.
     """
     raw: dict[str, Any] = {}
-    olmo_form = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -91,18 +92,47 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         raw = loaded or {}
-        olmo_form = olmo_form_key(raw)  # by the file's own keys: an override never changes how it is read
+    return config_from_dict(raw, str(path) if path is not None else "config", overrides, require_data=require_data)
+
+
+def config_from_dict(
+    raw: dict[str, Any],
+    source: str = "config",
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    require_data: bool = True,
+) -> TrainConfig:
+    """The TrainConfig of a config's keys as YAML gives them (a file's, or a dict a program built): the one path
+    from keys to a config, for the trainer and every data command alike, so all of them see the same run."""
+    raw = copy.deepcopy(raw)
+    olmo_form = olmo_form_key(raw)  # by the file's own keys: an override never changes how it is read
     for key, text in _split_overrides(overrides):  # a string key keeps its text: --run_name=007 is not 7
         value = _parse_scalar(text)
         _set_dotted(raw, key, text if value is not None and _is_text_key(key) else value)
-    if olmo_form is not None:  # OLMo's YAML (olmo_train/olmo_config): overrides in its names, then ours
-        translation = translate(raw, str(path))
-        log.info("%s", translation.summary(str(path)))
+    if olmo_form is not None:  # OLMo's YAML (olmo_data/config/olmo): overrides in its names, then ours
+        translation = translate(raw, source)
+        log.info("%s", translation.summary(source))
         raw = translation.config
-    cfg = _build(TrainConfig, raw, prefix="")
-    cfg.evaluators = expand_evaluators(cfg.evaluators)
-    _check(cfg, require_data=require_data)
+    try:
+        cfg = _build(TrainConfig, raw, prefix="")
+        cfg.evaluators = expand_evaluators(cfg.evaluators)
+        _check(cfg, require_data=require_data)
+    except ConfigError as e:  # which file, for a command reading several (a run's stages, a checkpoint's)
+        if source == "config" or str(e).startswith(source):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
     return cfg
+
+
+def read_run_config(config: str | dict[str, Any] | TrainConfig, *, require_data: bool = True) -> TrainConfig:
+    """A run's config however a caller holds it (a YAML path, its keys, or the config itself), read as the
+    trainer reads it: the data tools take this, never the YAML's keys directly, so OLMo's form, interpolations and
+    defaults mean for `inspect-batch` exactly what they mean for the run."""
+    if isinstance(config, TrainConfig):
+        return config
+    if isinstance(config, dict):
+        return config_from_dict(config, require_data=require_data)
+    return load_config(config, require_data=require_data)
 
 
 def expand_evaluators(evaluators: list[EvaluatorConfig]) -> list[EvaluatorConfig]:
@@ -133,12 +163,6 @@ def expand_evaluators(evaluators: list[EvaluatorConfig]) -> list[EvaluatorConfig
         dtype = ev.dtype or ev.data.memmap_dtype
         out.extend(EvaluatorConfig(label, "lm", list(paths), dtype, ev.max_batches) for label, paths in named.items())
     return out
-
-
-def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
-    """`--a.b=1 --c [x,y] --flag` -> [("a.b", 1), ("c", ["x", "y"]), ("flag", True)]; values parsed as
-    YAML."""
-    return [(key, _parse_scalar(text)) for key, text in _split_overrides(args)]
 
 
 def _split_overrides(args: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
@@ -193,6 +217,8 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "the config"
+    if raw is None and prefix:  # `model:` with nothing under it: an empty section, all defaults (YAML gives None)
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping of keys, got {shown(raw)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -491,9 +517,9 @@ def check_cycles_divide(cfg: TrainConfig, total_steps: int) -> None:
 def parse_duration(value: int | str) -> tuple[float, str]:
     """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs").
 
-    The same rule as `olmo-data stats --duration` (one parser, in olmo_data.train_config), with the config key named.
+    The same rule as `olmo-data stats --duration` (one parser, in olmo_data.config.duration), with the config key named.
     """
-    from olmo_data.train_config import parse_duration as parse
+    from olmo_data.config.duration import parse_duration as parse
 
     try:
         return parse(value)

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from olmo_data.dataset.instances import InstanceSource
+from olmo_data.dataset.token_files import entry_file_counts
 from olmo_data.errors import DataError
-from olmo_data.instances import InstanceSource
 from olmo_data.io import is_remote
-from olmo_data.token_files import entry_file_counts
 
 
 class Sources:

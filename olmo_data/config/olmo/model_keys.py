@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from olmo_train.config_schema import ConfigError
+from olmo_data.config.schema import ConfigError
 
 # OLMo's ModelConfig defaults (olmo/config.py) for the keys read here: what OLMo builds when a config leaves a key
 # out. They are GPT-2's, not ours.

@@ -1,0 +1,66 @@
+"""A training run's config, read one way for the trainer and for every data command.
+
+`schema` (the dataclasses, their defaults and comments), `load` (YAML and `--key=value` overrides into a checked
+`TrainConfig`; `read_run_config` for a path, a dict or a config), `checks` (values checked by meaning),
+`duration` (max_duration in steps), `keys` (`--keys`), and `olmo/` (OLMo's own YAML form translated into ours; part of the API, as `convert/olmo_native` reads
+OLMo's model keys through it).
+It lives in the data library, below the trainer, so `inspect-batch`, `trace`, `stats`, `build-order`, `lineage`
+and `spikes` see the config the trainer trains on: the same defaults, the same OLMo keys, the same interpolation.
+Torch-free, like the rest of `olmo_data`.
+"""
+
+from olmo_data.config import olmo
+from olmo_data.config.duration import duration_steps
+from olmo_data.config.keys import keys_text
+from olmo_data.config.load import (
+    CHOICES,
+    LORA_TARGETS,
+    ConfigError,
+    DataConfig,
+    EvaluatorConfig,
+    EvaluatorDataConfig,
+    Float8Config,
+    InstanceFilterConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ReLoRAConfig,
+    SchedulerConfig,
+    TokenizerConfig,
+    TrainConfig,
+    WandbConfig,
+    check_cycles_divide,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_duration,
+    read_run_config,
+    save_config,
+)
+
+__all__ = [
+    "CHOICES",
+    "LORA_TARGETS",
+    "ConfigError",
+    "DataConfig",
+    "EvaluatorConfig",
+    "EvaluatorDataConfig",
+    "Float8Config",
+    "InstanceFilterConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ReLoRAConfig",
+    "SchedulerConfig",
+    "TokenizerConfig",
+    "TrainConfig",
+    "WandbConfig",
+    "check_cycles_divide",
+    "config_from_dict",
+    "config_to_dict",
+    "duration_steps",
+    "keys_text",
+    "load_config",
+    "olmo",
+    "parse_duration",
+    "read_run_config",
+    "save_config",
+]
