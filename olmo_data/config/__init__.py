@@ -2,11 +2,11 @@
 
 `schema` (the dataclasses, their defaults and comments), `load` (YAML and `--key=value` overrides into a checked
 `TrainConfig`; `read_run_config` for a path, a dict or a config), `checks` (values checked by meaning),
-`duration` (max_duration in steps), `keys` (`--keys`), and `olmo/` (OLMo's own YAML form translated into ours; part of the API, as `convert/olmo_native` reads
-OLMo's model keys through it).
-It lives in the data library, below the trainer, so `inspect-batch`, `trace`, `stats`, `build-order`, `lineage`
-and `spikes` see the config the trainer trains on: the same defaults, the same OLMo keys, the same interpolation.
-Torch-free, like the rest of `olmo_data`.
+`duration` (max_duration in steps), `keys` (`--keys`), and `olmo/` (OLMo's own YAML form translated into ours;
+part of the API, as `convert/olmo_native` reads OLMo's model keys through it). It lives in the data library,
+below the trainer, so `inspect-batch`, `trace`, `stats`, `build-order`, `lineage` and `spikes` see the config
+the trainer trains on: the same defaults, the same OLMo keys, the same interpolation. Torch-free, like the rest
+of `olmo_data`.
 """
 
 from olmo_data.config import olmo

@@ -11,13 +11,8 @@ epoch, batch and rank arithmetic; `run_steps`, the steps a run trains), `fingerp
 
 from olmo_data.dataset.doc_index import DocIndex, DocumentSpan
 from olmo_data.dataset.fingerprint import batch_fingerprint
-from olmo_data.dataset.instance_filter import (
-    Repetition,
-    RepetitionFilter,
-    instance_filter_from_config,
-    instance_filter_of,
-)
-from olmo_data.dataset.instances import InstanceSource, open_dataset, open_from_config, read_arrays
+from olmo_data.dataset.instance_filter import Repetition, instance_filter_of
+from olmo_data.dataset.instances import InstanceSource, dtype_note, open_dataset, open_from_config, read_arrays
 from olmo_data.dataset.manifest import (
     DTYPES,
     MANIFEST_NAME,
@@ -40,7 +35,7 @@ from olmo_data.dataset.order import (
     read_order_range,
 )
 from olmo_data.dataset.sources import Sources
-from olmo_data.dataset.stats import format_stats, stats_for
+from olmo_data.dataset.stats import DatasetStats, dataset_stats, format_stats, stats_for
 from olmo_data.dataset.steps import (
     BatchPosition,
     batch_position,
@@ -55,6 +50,7 @@ from olmo_data.dataset.token_files import TokenFile
 __all__ = [
     "BatchPosition",
     "DTYPES",
+    "DatasetStats",
     "DocIndex",
     "DocumentSpan",
     "InstanceSource",
@@ -62,7 +58,6 @@ __all__ = [
     "MANIFEST_VERSION",
     "Manifests",
     "Repetition",
-    "RepetitionFilter",
     "Sources",
     "TokenFile",
     "batch_fingerprint",
@@ -71,11 +66,12 @@ __all__ = [
     "build_config_orders",
     "build_mix",
     "build_order",
+    "dataset_stats",
     "default_order_location",
+    "dtype_note",
     "ensure_order",
     "format_stats",
     "global_batch_indices",
-    "instance_filter_from_config",
     "instance_filter_of",
     "is_not_found_error",
     "load_order",

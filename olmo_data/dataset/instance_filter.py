@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from olmo_data.config import TrainConfig
-from olmo_data.errors import DataError, shown
+from olmo_data.errors import DataError
 
 # OLMo 2's settings, and the keys of `data.instance_filter` (the trainer's InstanceFilterConfig has the same)
 DEFAULT_MAX_PERIOD, DEFAULT_MIN_PERIOD, DEFAULT_MAX_COUNT = 13, 1, 32
@@ -140,45 +140,3 @@ def instance_filter_of(config: TrainConfig) -> RepetitionFilter | None:
     if not f.enabled:
         return None
     return RepetitionFilter(f.repetition_max_period, f.repetition_min_period, f.repetition_max_count)
-
-
-def instance_filter_from_config(section: Any, where: str) -> RepetitionFilter | None:
-    """The filter a training config's `data.instance_filter` section asks for (None: off), checked as the trainer
-    checks it (olmo_train/config_values.py), so the data tools never read a config the trainer would refuse."""
-    if section is None:
-        return None
-    key = "data.instance_filter"
-    if not isinstance(section, dict):
-        raise DataError(f"{where}: {key} must be a mapping of keys ({', '.join(CONFIG_KEYS)}), got {shown(section)}")
-    for name in section:
-        if name not in CONFIG_KEYS:
-            raise DataError(f"{where}: unknown config key '{key}.{name}'; known keys: {', '.join(CONFIG_KEYS)}")
-    enabled = section.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise DataError(f"{where}: {key}.enabled must be true or false, got {shown(enabled)}")
-    defaults = {
-        "repetition_max_period": DEFAULT_MAX_PERIOD,
-        "repetition_min_period": DEFAULT_MIN_PERIOD,
-        "repetition_max_count": DEFAULT_MAX_COUNT,
-    }
-    values = {}
-    for name, default in defaults.items():
-        value = section.get(name, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise DataError(f"{where}: {key}.{name} must be a positive integer, got {shown(value)}")
-        if not enabled and value != default:  # a saved config.yaml writes the defaults of a filter that is off
-            raise DataError(f"{where}: {key}.{name} is set, but {key}.enabled is not, so it would do nothing")
-        values[name] = value
-    if not enabled:
-        return None
-    rule = {
-        "max_period": values["repetition_max_period"],
-        "min_period": values["repetition_min_period"],
-        "max_count": values["repetition_max_count"],
-    }
-    if rule["min_period"] > rule["max_period"]:
-        raise DataError(
-            f"{where}: {key}.repetition_min_period ({rule['min_period']}) is above repetition_max_period "
-            f"({rule['max_period']})"
-        )
-    return RepetitionFilter(**rule)

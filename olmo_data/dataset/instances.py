@@ -91,6 +91,13 @@ class InstanceSource:
         return int(self.file_offsets[-1])
 
     @property
+    def assumed_dtype(self) -> str | None:
+        """The dtype taken for token files that neither a manifest nor data.dtype describes (OLMo's default,
+        uint16), for commands to say so; None when every file's dtype was given."""
+        assumed = {f.dtype for f in self.files if f.dtype_assumed}
+        return ", ".join(sorted(assumed)) or None
+
+    @property
     def num_tokens(self) -> int:
         """Tokens in the instances (leftovers at the end of each file excluded)."""
         return len(self) * self.sequence_length
@@ -224,6 +231,14 @@ class InstanceSource:
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.get_batch([index])[0][0]
+
+
+def dtype_note(dtype: str) -> str:
+    """What `inspect-batch` and `stats` print when they read token files as an assumed dtype."""
+    return (
+        f"note: token files without a manifest read as {dtype} (OLMo's default; no data.dtype or memmap_dtype in "
+        "the config): set data.dtype if they hold another"
+    )
 
 
 def read_arrays(reads: Sequence[tuple[str, Any, int, int]]) -> list[np.ndarray]:

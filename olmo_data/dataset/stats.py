@@ -18,7 +18,7 @@ import numpy as np
 
 from olmo_data.config import duration_steps, read_run_config
 from olmo_data.dataset.doc_index import DocIndex
-from olmo_data.dataset.instances import InstanceSource, open_dataset, open_from_config
+from olmo_data.dataset.instances import InstanceSource, dtype_note, open_dataset, open_from_config
 from olmo_data.dataset.mixture import read_mix_manifest
 from olmo_data.dataset.order import batches_per_epoch
 from olmo_data.errors import DataError
@@ -64,6 +64,7 @@ class DatasetStats:
     duration: str | None = None
     steps: int | None = None
     epochs: float | None = None
+    assumed_dtype: str | None = None  # token files read as this dtype for want of a manifest or data.dtype
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,6 +125,7 @@ def dataset_stats(
         )
     doc_total = None if any(fs.documents is None for fs in files) else sum(fs.documents or 0 for fs in files)
     out = DatasetStats(L, total, total * L, sum(f.num_tokens for f in source.files), doc_total, files, sources)
+    out.assumed_dtype = source.assumed_dtype
     if lengths:
         all_lengths = np.concatenate(lengths)
         if len(all_lengths):
@@ -196,9 +198,10 @@ def format_stats(stats: DatasetStats) -> str:
     lines = [
         f"{docs}{s.file_tokens:,} tokens in {len(s.files)} files; {s.num_instances:,} instances of "
         f"{s.sequence_length} tokens = {s.instance_tokens:,} tokens",
-        "",
-        "per source:",
     ]
+    if s.assumed_dtype is not None:
+        lines.append(dtype_note(s.assumed_dtype))
+    lines += ["", "per source:"]
     for src in s.sources:
         d = f"{src.documents:,} docs, " if src.documents is not None else ""
         lines.append(

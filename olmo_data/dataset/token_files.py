@@ -8,6 +8,7 @@ dtype fails here with the file named, not later as garbage tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,7 @@ class TokenFile:
     num_tokens: int
     label_mask_path: str | None = None
     metadata_path: str | None = None  # the tokenize metadata (.csv.gz) its manifest names, if any
+    dtype_assumed: bool = False  # no manifest and no data.dtype said it: OLMo's default (uint16) was taken
 
     @property
     def itemsize(self) -> int:
@@ -46,6 +48,7 @@ class _Entry:
     label_mask: str | None = None
     metadata: str | None = None
     instance_length: int | None = None  # a chat directory's instances are whole examples of this length
+    dtype_assumed: bool = False
 
 
 def entry_file_counts(paths: Sequence[str], dtype: str | None = None) -> list[int]:
@@ -83,7 +86,7 @@ def _expand_paths(paths: Sequence[str], dtype: str | None, manifests: Manifests 
         manifest = manifests.get(directory or ".")
         listed = {e["path"]: e for e in (manifest or {}).get("files", [])}
         if manifest is None or (listed and name not in listed):
-            out.append(_Entry(path, _plain_dtype(path, dtype)))
+            out.append(_Entry(path, _plain_dtype(path, dtype), dtype_assumed=dtype is None))
             continue
         recorded = agreed_dtype(path, dtype, str(manifest["dtype"]))
         out.append(_entry(directory, listed[name], recorded) if name in listed else _Entry(path, recorded))
@@ -169,7 +172,8 @@ def token_files(
             entry.label_mask = m if is_remote(m) else os.path.abspath(os.path.expanduser(m))
 
     def size(e: _Entry) -> TokenFile:
-        return token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
+        found = token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
+        return dataclasses.replace(found, dtype_assumed=True) if e.dtype_assumed else found
 
     if sum(is_remote(e.path) and (e.tokens is None or bool(e.label_mask)) for e in expanded) > 1:  # HEADs: overlap
         with ThreadPoolExecutor(max_workers=16) as pool:

@@ -35,6 +35,7 @@ from olmo_data.dataset import (
     Repetition,
     batch_fingerprint,
     batch_position,
+    dtype_note,
     instance_filter_of,
     open_from_config,
     order_location,
@@ -94,6 +95,7 @@ class BatchReport:
     lineage: list[dict[str, Any]] | None = None  # where the run grew from other stages: each stage (lineage.py)
     lineage_note: str | None = None  # the lineage as text, or why it could not be read
     loss_record: str | None = None  # the instance_loss.bin the losses come from; None: the run has none for the step
+    assumed_dtype: str | None = None  # token files read as this dtype for want of a manifest or data.dtype
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -189,6 +191,7 @@ def inspect_batch(
         rank=rank,
         world_size=world_size,
         run_steps=run_steps(cfg, n),
+        assumed_dtype=source.assumed_dtype,
     )
     if positions is not None:
         chosen = np.asarray(positions, dtype=np.int64)
@@ -298,6 +301,8 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         f"data fingerprint: {r.data_fingerprint}",
         f"batch fingerprint: {r.batch_fingerprint}",
     ]
+    if r.assumed_dtype is not None:
+        lines.append(dtype_note(r.assumed_dtype))
     if r.run_steps is not None and r.step > r.run_steps:
         lines.append(
             f"note: the run trains {r.run_steps} steps (its max_duration), so it never trained step {r.step}: this is "

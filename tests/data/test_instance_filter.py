@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_from_config
+from olmo_data.config import config_from_dict
+from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_of
 from olmo_data.errors import DataError
 
 Rule = tuple[int, int, int]  # max_period, min_period, max_count
@@ -233,29 +234,35 @@ def test_matches_ai2_olmo_where_it_is_installed(tmp_path: Path) -> None:
 
 
 def test_config_section_is_checked() -> None:
-    assert instance_filter_from_config(None, "c.yaml") is None
-    assert instance_filter_from_config({"enabled": False}, "c.yaml") is None
+    """The section is read by the one config reader (olmo_data.config), for the trainer and inspect-batch alike."""
+
+    def rule(section: object) -> RepetitionFilter | None:
+        raw = {"data": {"paths": ["a"]} | ({} if section is None else {"instance_filter": section})}
+        return instance_filter_of(config_from_dict(raw, "c.yaml"))
+
+    assert rule(None) is None
+    assert rule({"enabled": False}) is None
     # a run's saved config.yaml writes the defaults of a filter that is off
     off = {"enabled": False, "repetition_max_period": 13, "repetition_min_period": 1, "repetition_max_count": 32}
-    assert instance_filter_from_config(off, "c.yaml") is None
-    assert instance_filter_from_config({"enabled": True}, "c.yaml") == RepetitionFilter(13, 1, 32)
+    assert rule(off) is None
+    assert rule({"enabled": True}) == RepetitionFilter(13, 1, 32)
     on = {"enabled": True, "repetition_max_period": 8, "repetition_max_count": 10}
-    assert instance_filter_from_config(on, "c.yaml") == RepetitionFilter(8, 1, 10)
+    assert rule(on) == RepetitionFilter(8, 1, 10)
     bad = [
-        ([1], "c.yaml: data.instance_filter must be a mapping of keys"),
-        ({"enabled": True, "max_period": 3}, "unknown config key 'data.instance_filter.max_period'; known keys:"),
-        ({"enabled": "yes"}, "data.instance_filter.enabled must be true or false, got 'yes'"),
-        ({"enabled": True, "repetition_max_count": 0}, "repetition_max_count must be a positive integer, got 0"),
-        ({"enabled": True, "repetition_max_period": 2.5}, "repetition_max_period must be a positive integer, got 2.5"),
-        ({"repetition_max_count": 8}, "repetition_max_count is set, but data.instance_filter.enabled is not"),
+        ([1], "c.yaml: data.instance_filter: expected a mapping of keys"),
+        ({"enabled": True, "max_period": 3}, "unknown config key 'data.instance_filter.max_period'; did you mean"),
+        ({"enabled": "yes"}, "config key 'data.instance_filter.enabled': got 'yes' (str), expected bool"),
+        ({"enabled": True, "repetition_max_count": 0}, "'data.instance_filter.repetition_max_count': must be positive"),
+        ({"enabled": True, "repetition_max_period": 2.5}, "'data.instance_filter.repetition_max_period': got 2.5"),
+        ({"repetition_max_count": 8}, "repetition_max_count': set, but data.instance_filter.enabled is not"),
         (
             {"enabled": True, "repetition_min_period": 5, "repetition_max_period": 4},
-            "data.instance_filter.repetition_min_period (5) is above repetition_max_period (4)",
+            "'data.instance_filter.repetition_min_period': 5 is above data.instance_filter.repetition_max_period (4)",
         ),
     ]
     for section, message in bad:
         with pytest.raises(DataError) as e:
-            instance_filter_from_config(section, "c.yaml")
+            rule(section)
         assert message in str(e.value), (section, str(e.value))
 
 
@@ -351,4 +358,7 @@ def test_inspect_batch_marks_the_masked_instances(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(cfg))
     out = CliRunner().invoke(main, ["inspect-batch", str(config), "--step", "1"])
     assert out.exit_code != 0
-    assert "data.instance_filter.repetition_max_count is set, but data.instance_filter.enabled is not" in out.output
+    assert (
+        "config key 'data.instance_filter.repetition_max_count': set, but data.instance_filter.enabled is not"
+        in out.output
+    )
