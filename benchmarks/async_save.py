@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from checkpoint_integrity import model_with_adamw_state  # noqa: E402
 
-from olmo_data.config.load import ModelConfig  # noqa: E402
+from olmo_data.config import ModelConfig  # noqa: E402
 from olmo_train import checkpoint as ckpt  # noqa: E402
 from olmo_train.distributed import Dist  # noqa: E402
 

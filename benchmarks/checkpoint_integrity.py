@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from olmo_data.config.load import ModelConfig, OptimizerConfig  # noqa: E402
+from olmo_data.config import ModelConfig, OptimizerConfig  # noqa: E402
 from olmo_train import checkpoint as ckpt  # noqa: E402
 from olmo_train.checkpoint import integrity, safety  # noqa: E402
 from olmo_train.distributed import Dist  # noqa: E402

@@ -155,7 +155,7 @@ def check_structure(model_cfg: Any, optim_cfg: Any, world_size: int) -> None:
 
 def build_worker(rank: int, world_size: int, config: str, overrides: list[str], workdir: str, port: int) -> None:
     """One rank of the run that writes the checkpoint (torch.multiprocessing entry point)."""
-    from olmo_data.config.load import load_config
+    from olmo_data.config import load_config
     from olmo_train.checkpoint import TrainerState, save_sharded
     from olmo_train.distributed import init_distributed, shutdown
     from olmo_train.train import build_optimizer
@@ -334,7 +334,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
 
-    from olmo_data.config.load import load_config
+    from olmo_data.config import load_config
     from olmo_train.nn import Transformer
 
     cfg = load_config(args.config, ["--data.paths=[]"], require_data=False)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.convert import hf_config, to_hf_state
 from olmo_train.generate import generate
 from olmo_train.nn import Transformer

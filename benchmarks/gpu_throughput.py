@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_train.nn import model as model_module
 from olmo_train.train import train
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_data.dataset.instance_filter import RepetitionFilter
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer

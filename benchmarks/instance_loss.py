@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from olmo_data.config.load import ModelConfig  # noqa: E402
+from olmo_data.config import ModelConfig  # noqa: E402
 from olmo_train.nn import Transformer  # noqa: E402
 from olmo_train.train.instance_losses import InstanceLossLog, gather_rows, source_metrics  # noqa: E402
 

@@ -26,7 +26,7 @@ def one_step(variant: str, batch: int, seq: int, vocab: int) -> dict[str, float]
     import torch.nn.functional as F
 
     sys.path.insert(0, str(ROOT))
-    from olmo_data.config.load import ModelConfig
+    from olmo_data.config import ModelConfig
     from olmo_train.nn import Transformer
 
     torch.manual_seed(0)

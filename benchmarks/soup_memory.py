@@ -39,7 +39,7 @@ open(sys.argv[1], "w").write(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_
 
 
 def shapes_of(config: Path) -> tuple[object, dict[str, torch.Size]]:
-    from olmo_data.config.load import load_config
+    from olmo_data.config import load_config
     from olmo_train.nn import Transformer
 
     cfg = load_config(config, require_data=False)
@@ -60,7 +60,7 @@ def finish(directory: Path, cfg: object, name: str, files: list[str]) -> None:
     """config.yaml, checksums.json of every file, then trainer_state.json: a complete checkpoint of ours."""
     import dataclasses
 
-    from olmo_data.config.load import save_config
+    from olmo_data.config import save_config
     from olmo_train import checkpoint as ckpt
     from olmo_train.checkpoint.integrity import Recorder
 

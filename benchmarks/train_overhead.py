@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer, train
 

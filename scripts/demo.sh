@@ -37,7 +37,7 @@ olmo-data inspect-batch "$OUT/run/config.yaml" --step "$STEP" --decode --tokeniz
   | head -n 40
 python - "$OUT" "$STEP" <<'PY'
 import json, sys
-from olmo_data.run.batches import inspect_batch
+from olmo_data.run import inspect_batch
 out, step = sys.argv[1], int(sys.argv[2])
 logged = {r["step"]: r for r in map(json.loads, open(f"{out}/run/metrics.jsonl"))}
 report = inspect_batch(f"{out}/run/config.yaml", step=step)

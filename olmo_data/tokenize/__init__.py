@@ -1,6 +1,6 @@
 """`olmo-data tokenize`: documents in, token files out, compatible with `dolma tokens`.
 
-Layout of the destination (see also olmo_data/manifest.py):
+Layout of the destination (see also olmo_data/dataset/manifest.py):
   part-IIIII-KKKKK.npy     headerless little-endian uint16/uint32 tokens; input file I, part K
   part-IIIII-KKKKK.csv.gz  headerless rows `start,end,id,src,loc` (token offsets, end exclusive; 1-based line)
   manifest.json            what the directory holds; written last, so its presence means "complete"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,9 @@ from olmo_data.dataset import (
 )
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
-from olmo_data.processes import pool_context
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
-
-SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
+from olmo_data.trace.scan import scan, scanned_files
 
 
 @dataclass(frozen=True)
@@ -164,19 +162,6 @@ def _rows_with_id(blob: bytes, offsets: np.ndarray, doc_id: bytes) -> Iterator[i
         at = blob.find(doc_id, at + 1)
 
 
-def scan_tasks(fn: Callable[[Any], Any], tasks: list[Any], processes: int, total_tokens: int) -> Iterator[Any]:
-    """`fn` over the chunks of a scan, in completion order: here for small data (starting processes costs more
-    than it saves below a few chunks), else in a pool of `processes` (forked where the platform can, so the
-    workers share the memory maps' page cache)."""
-    if processes <= 1 or total_tokens < 4 * SCAN_CHUNK:
-        yield from map(fn, tasks)
-        return
-
-    ctx = pool_context()
-    with ctx.Pool(min(processes, len(tasks))) as pool:
-        yield from pool.imap_unordered(fn, tasks)
-
-
 def find_tokens(
     source: InstanceSource,
     sequence: Sequence[int],
@@ -198,28 +183,12 @@ def find_tokens(
         n = len(sequence)
         targets = [Target(name, k, p, p + n) for k, f in enumerate(source.files) for p in at[f.path].tolist()]
         return targets, {"tokens": float(index.tokens), "seconds": seconds, "index": 1.0}
-    for f in source.files:
-        if is_remote(f.path):
-            raise DataError(f"{f.path}: searching token sequences reads whole files; copy the token files here first")
     seq = np.asarray(sequence, dtype=np.int64)
-    paths = list(dict.fromkeys(f.path for f in source.files))
-    file_of = {f.path: f for f in source.files}
-    tasks = [
-        (p, file_of[p].dtype, lo, min(lo + SCAN_CHUNK, file_of[p].num_tokens), seq)
-        for p in paths
-        for lo in range(0, file_of[p].num_tokens, SCAN_CHUNK)
-    ]
-    total = sum(file_of[p].num_tokens for p in paths)
-    from tqdm import tqdm
-
+    total = sum(n for _, n in scanned_files(source).values())
     t0 = time.perf_counter()
-    found: dict[str, list[int]] = {p: [] for p in paths}
-    with tqdm(
-        total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
-    ) as bar:
-        for path, n, hits in scan_tasks(_scan_chunk, tasks, processes, total):
-            found[path].extend(hits)
-            bar.update(n)
+    found: dict[str, list[int]] = {f.path: [] for f in source.files}
+    for path, hits in scan(source, _scan_chunk, (seq,), processes=processes, progress=progress):
+        found[path].extend(hits)
     seconds = time.perf_counter() - t0
     targets = [Target(name, k, at, at + len(seq)) for k, f in enumerate(source.files) for at in sorted(found[f.path])]
     return targets, {"tokens": float(total), "seconds": seconds, "tokens_per_second": total / max(seconds, 1e-9)}

@@ -25,19 +25,17 @@ import numpy as np
 
 from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.trace.find import (
-    SCAN_CHUNK,
     Target,
     TraceReport,
     check_token_ids,
     open_run,
     parse_steps,
-    scan_tasks,
     trace,
 )
+from olmo_data.trace.scan import scan, scanned_files
 
 MIN_TOKENS = 8
 _WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
@@ -143,25 +141,11 @@ def scan_matches(
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
     """Per token file: every (position, start i, match length) where the file holds query[i : i + min_tokens],
     the length being how far the match goes on (the longest common prefix of the file there and query[i:])."""
-    paths = {f.path: f for f in source.files}
-    for path in paths:
-        if is_remote(path):
-            raise DataError(f"{path}: searching token sequences reads whole files; copy the token files here first")
-    tasks = [
-        (p, f.dtype, lo, min(lo + SCAN_CHUNK, f.num_tokens), query, min_tokens)
-        for p, f in paths.items()
-        for lo in range(0, f.num_tokens, SCAN_CHUNK)
-    ]
-    total = sum(f.num_tokens for f in paths.values())
-    parts: dict[str, list[np.ndarray]] = {p: [] for p in paths}
-    from tqdm import tqdm
-
-    with tqdm(
-        total=total, unit=" tokens", unit_scale=True, desc="search", disable=None if progress is None else not progress
-    ) as bar:
-        for path, n, found in scan_tasks(_scan_chunk, tasks, processes, total):
-            parts[path].append(found)
-            bar.update(n)
+    files = scanned_files(source)
+    parts: dict[str, list[np.ndarray]] = {p: [] for p in files}
+    for path, found in scan(source, _scan_chunk, (query, min_tokens), processes=processes, progress=progress):
+        parts[path].append(found)
+    total = sum(n for _, n in files.values())
     out = {}
     for path, pieces in parts.items():
         rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
