@@ -15,7 +15,9 @@ from olmo_cli.options import Command
 @click.option("--z", "z", default=3.0, show_default=True, help="Standard deviations above the baseline to count.")
 @click.option("--top", default=5, show_default=True, help="Instances shown per spike (most added to the jump).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--plot", default=None, metavar="FILE.png", help="Also draw the loss with its spikes to FILE (matplotlib).")
+@click.option(
+    "--plot", default=None, metavar="FILE.png", help="Also draw the loss with its spikes to FILE (matplotlib)."
+)
 def spikes(run: str, window: int, z: float, top: int, as_json: bool, plot: str | None) -> None:
     """List the steps of RUN (a save folder, or its training config) whose train/loss jumps above the rolling
     baseline, each with the instances that added most to the jump, their sources and documents.

@@ -14,7 +14,9 @@ from olmo_cli.options import Command
 @click.option("--no-open", is_flag=True, help="Do not open a browser; print the address only.")
 @click.option("--window", default=20, show_default=True, help="Steps before each step that make its baseline.")
 @click.option("--z", "z", default=3.0, show_default=True, help="Standard deviations above the baseline for a spike.")
-@click.option("--plot", default=None, metavar="FILE.png", help="Draw the run's curves to FILE (png, pdf, svg); no server.")
+@click.option(
+    "--plot", default=None, metavar="FILE.png", help="Draw the run's curves to FILE (png, pdf, svg); no server."
+)
 @click.option("--log", is_flag=True, help="Log each request to the terminal.")
 def view(run: str, host: str, port: int, no_open: bool, window: int, z: float, plot: str | None, log: bool) -> None:
     """Serve a read-only web view of RUN (a save folder, or its training config) on this machine: the loss,

@@ -234,7 +234,9 @@ class RunAnswers:
 
     def spans(self, text: str, min_tokens: int = MIN_TOKENS) -> SpansReport:
         """`olmo-data trace CONFIG --spans TEXT --min-tokens N`."""
-        return self._recently(("spans", text, min_tokens), lambda: trace_spans(self.config, text, min_tokens=min_tokens))
+        return self._recently(
+            ("spans", text, min_tokens), lambda: trace_spans(self.config, text, min_tokens=min_tokens)
+        )
 
     def document(self, doc_id: str) -> tuple[ChainTrace, str | None]:
         """`olmo-data trace CONFIG --document ID` (across the stages the run grew from), and the document's text

@@ -16,7 +16,7 @@ PER_PAGE = 8  # instances per page of a step
 SORTS = ("position", "loss", "excess")
 
 
-def paged(items: Sequence[Any], number_: int, per_page: int, route: str, **query: object) -> tuple[list[Any], Html]:
+def paged(items: Sequence[Any], number_: int, per_page: int, route: str, **query: Any) -> tuple[list[Any], Html]:
     """Page `number_` (1-based) of `items`, and the links to the others (none when one page holds them all)."""
     pages = max(1, math.ceil(len(items) / per_page))
     number_ = min(max(1, number_), pages)
@@ -24,7 +24,7 @@ def paged(items: Sequence[Any], number_: int, per_page: int, route: str, **query
     if pages == 1:
         return chosen, Html("")
     links = [
-        el("a", str(p), href=href(route, **query, page=p), class_="current" if p == number_ else None)
+        el("a", str(p), href=href(route, page=p, **query), class_="current" if p == number_ else None)
         for p in range(1, pages + 1)
     ]
     return chosen, el("nav", "pages: ", links, class_="pager")
@@ -61,12 +61,24 @@ def run_page(answers: RunAnswers) -> bytes:
     marks = []
     for s in spikes:
         value = s.loss if math.isfinite(s.loss) else math.inf
-        marks.append(Mark(s.step, value, f"spike at step {s.step}: {_spike_note(s)}", href(f"/step/{s.step}", sort="excess")))
+        marks.append(
+            Mark(s.step, value, f"spike at step {s.step}: {_spike_note(s)}", href(f"/step/{s.step}", sort="excess"))
+        )
     if "train/loss" in curves:
-        body.append(line_chart("train/loss (spikes marked: click one to open its step)", [Series("train/loss", *curves["train/loss"])], marks))
+        body.append(
+            line_chart(
+                "train/loss (spikes marked: click one to open its step)",
+                [Series("train/loss", *curves["train/loss"])],
+                marks,
+            )
+        )
     if "train/z_loss" in curves:
         body.append(line_chart("train/z_loss", [Series("train/z_loss", *curves["train/z_loss"])]))
-    per_source = [Series(k.removeprefix("train/source/").removesuffix("/loss"), *v) for k, v in sorted(curves.items()) if k.startswith("train/source/")]
+    per_source = [
+        Series(k.removeprefix("train/source/").removesuffix("/loss"), *v)
+        for k, v in sorted(curves.items())
+        if k.startswith("train/source/")
+    ]
     if per_source:
         body.append(line_chart("loss per source (train/source/LABEL/loss)", per_source))
     if "optim/lr" in curves:
@@ -83,13 +95,16 @@ def run_page(answers: RunAnswers) -> bytes:
             )
         )
         if spikes and report.loss_record is None:
-            body.append(el("p", "The save folder has no per-instance loss record: no instance can be named.", class_="note"))
+            body.append(
+                el("p", "The save folder has no per-instance loss record: no instance can be named.", class_="note")
+            )
     rows = []
     for s in spikes:
         named = [
             el(
                 "li",
-                f"[{c.position}] instance {c.instance} ({c.source}): loss {number(c.loss)}, {c.contribution:+.4f} to the step's loss",
+                f"[{c.position}] instance {c.instance} ({c.source}): loss {number(c.loss)}, "
+                f"{c.contribution:+.4f} to the step's loss",
                 [join(" · ", el("a", d.id, href=href("/document", id=d.id))) for d in (c.documents or [])],
             )
             for c in s.contributors
@@ -104,7 +119,14 @@ def run_page(answers: RunAnswers) -> bytes:
             )
         )
     if rows:
-        body.append(el("table", el("tr", el("th", "step"), el("th", "loss"), el("th", "instances adding most")), rows, class_="spikes"))
+        body.append(
+            el(
+                "table",
+                el("tr", el("th", "step"), el("th", "loss"), el("th", "instances adding most")),
+                rows,
+                class_="spikes",
+            )
+        )
     return page("Run", answers.name, *body, current="/")
 
 
@@ -113,10 +135,13 @@ def _fingerprint(view: StepView) -> Html:
     if view.logged_fingerprint is None:
         return el("p", f"batch fingerprint {rebuilt} (the run logged none for this step)", class_="fingerprint none")
     if view.logged_fingerprint == rebuilt:
-        return el("p", f"batch fingerprint {rebuilt}: the same as the run logged for this step ✓", class_="fingerprint ok")
+        return el(
+            "p", f"batch fingerprint {rebuilt}: the same as the run logged for this step ✓", class_="fingerprint ok"
+        )
     return el(
         "p",
-        f"batch fingerprint {rebuilt} rebuilt, but the run logged {view.logged_fingerprint}: this is not the batch it trained",
+        f"batch fingerprint {rebuilt} rebuilt, but the run logged {view.logged_fingerprint}: this is not the batch it "
+        "trained",
         class_="fingerprint bad",
     )
 
@@ -145,7 +170,8 @@ def _instance(answers: RunAnswers, view: StepView, i: Any) -> Html:
             "span",
             p.text,
             class_=" ".join(
-                ["piece", f"doc-{p.document % 2}" if p.document is not None else "nodoc"] + ([] if p.supervised else ["masked"])
+                ["piece", f"doc-{p.document % 2}" if p.document is not None else "nodoc"]
+                + ([] if p.supervised else ["masked"])
             ),
             title=None if p.supervised else "not trained on (label mask or instance filter)",
         )
@@ -163,7 +189,7 @@ def _instance(answers: RunAnswers, view: StepView, i: Any) -> Html:
     )
 
 
-def step_page(answers: RunAnswers, step: int, sort: str | None, page_number: int) -> bytes:
+def step_page(answers: RunAnswers, step: int, sort: str, page_number: int) -> bytes:
     view = answers.step(step)
     r = view.report
     sort = sort if sort in SORTS else ("excess" if view.excess else "position")
@@ -189,12 +215,22 @@ def step_page(answers: RunAnswers, step: int, sort: str | None, page_number: int
         _fingerprint(view),
     ]
     if r.run_steps is not None and step > r.run_steps:
-        body.append(el("p", f"The run trains {r.run_steps} steps: this is the batch the order holds for step {step}, had it gone on.", class_="note"))
+        body.append(
+            el(
+                "p",
+                f"The run trains {r.run_steps} steps: this is the batch the order holds for step {step}, had it "
+                "gone on.",
+                class_="note",
+            )
+        )
     if view.spike is not None:
         body.append(el("p", f"A spike: {_spike_note(view.spike)}.", class_="spike-note"))
     if r.loss_record is None:
         body.append(el("p", "No per-instance losses for this step (no record, or it was not logged).", class_="note"))
-    steps = [el("a", "← previous step", href=f"/step/{step - 1}") if step > 1 else None, el("a", "next step →", href=f"/step/{step + 1}")]
+    steps = [
+        el("a", "← previous step", href=f"/step/{step - 1}") if step > 1 else None,
+        el("a", "next step →", href=f"/step/{step + 1}"),
+    ]
     orders = [
         el("a", f"by {s}", href=href(f"/step/{step}", sort=s), class_="current" if s == sort else None)
         for s in SORTS
@@ -204,7 +240,11 @@ def step_page(answers: RunAnswers, step: int, sort: str | None, page_number: int
     body += [
         el("nav", steps, class_="steps"),
         el("nav", "order: ", orders, class_="sorts"),
-        el("p", "Text in grey with a dotted line was not trained on (label mask or instance filter).", class_="legend-note"),
+        el(
+            "p",
+            "Text in grey with a dotted line was not trained on (label mask or instance filter).",
+            class_="legend-note",
+        ),
         pager,
         [_instance(answers, view, i) for i in shown],
         pager,

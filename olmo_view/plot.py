@@ -25,9 +25,7 @@ def _pyplot(out: str) -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise DataError(
-            "--plot draws with matplotlib, which is not installed: pip install 'olmo-data[view]'"
-        ) from None
+        raise DataError("--plot draws with matplotlib, which is not installed: pip install 'olmo-data[view]'") from None
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 

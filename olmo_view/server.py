@@ -14,7 +14,6 @@ import html
 import ipaddress
 import re
 import threading
-import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -72,15 +71,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(head=False)
 
     def _refuse(self) -> None:
-        self._send(405, page("Not allowed", self.server.answers.name, el("p", "This view only reads.")), "text/html; charset=utf-8", False, {"Allow": "GET, HEAD"})
+        self._send(
+            405,
+            page("Not allowed", self.server.answers.name, el("p", "This view only reads.")),
+            "text/html; charset=utf-8",
+            False,
+            {"Allow": "GET, HEAD"},
+        )
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
 
     def _answer(self, head: bool) -> None:
-        t0 = time.perf_counter()
         status, body, kind, extra = self._route()
         self._send(status, body, kind, head, extra)
-        self.server.timings.append((self.path.split("?")[0][:40], time.perf_counter() - t0))
 
     def _route(self) -> tuple[int, bytes, str, dict[str, str]]:
         answers = self.server.answers
@@ -101,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._not_found()
                 return 303, b"", "text/plain", {"Location": f"/step/{n}"}
             if m := _STEP.fullmatch(path):
-                body = step_page(answers, int(m.group(1)), (query.get("sort") or [None])[0], _int(query, "page") or 1)
+                body = step_page(answers, int(m.group(1)), (query.get("sort") or [""])[0], _int(query, "page") or 1)
                 return 200, body, html_type, {}
             if path == "/trace":
                 text = (query.get("text") or [""])[0][:MAX_TEXT]
@@ -123,7 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
         return self._not_found()
 
     def _not_found(self) -> tuple[int, bytes, str, dict[str, str]]:
-        body = page("Not found", self.server.answers.name, el("p", "No such page: this view serves its own routes only."))
+        body = page(
+            "Not found", self.server.answers.name, el("p", "No such page: this view serves its own routes only.")
+        )
         return 404, body, "text/html; charset=utf-8", {}
 
     def _send(self, status: int, body: bytes, kind: str, head: bool, extra: dict[str, str]) -> None:
@@ -162,12 +167,11 @@ class ViewServer(ThreadingHTTPServer):
         super().__init__((host, port), _Handler)
         self.answers = answers
         self.log = log
-        self.timings: list[tuple[str, float]] = []
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
+        host, port = str(self.server_address[0]), self.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}/"
 
     def host_allowed(self, host_header: str) -> bool:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from olmo_view.markup import Html, el, number
+from olmo_view.markup import Html, el
 
 __all__ = ["Mark", "Series", "bars", "line_chart"]
 
@@ -59,14 +59,16 @@ def _thin(steps: Sequence[int], values: Sequence[float]) -> list[tuple[int, floa
     out: list[tuple[int, float]] = []
     for a in range(0, len(points), size):
         bucket = points[a : a + size]
-        keep = {0, min(range(len(bucket)), key=lambda k: bucket[k][1]), max(range(len(bucket)), key=lambda k: bucket[k][1])}
+        keep = {
+            0,
+            min(range(len(bucket)), key=lambda k: bucket[k][1]),
+            max(range(len(bucket)), key=lambda k: bucket[k][1]),
+        }
         out.extend(bucket[k] for k in sorted(keep))
     return out
 
 
-def line_chart(
-    title: str, series: Sequence[Series], marks: Sequence[Mark] = (), *, css_class: str = "chart"
-) -> Html:
+def line_chart(title: str, series: Sequence[Series], marks: Sequence[Mark] = (), *, css_class: str = "chart") -> Html:
     """Curves over steps with their axes; each series its own colour (series-0, series-1, ... in the stylesheet),
     each mark a circle linking to its page."""
     drawn = [(s, _thin(s.steps, s.values)) for s in series]
@@ -129,7 +131,7 @@ def line_chart(
     return el("figure", el("figcaption", title), svg, legend)
 
 
-def bars(title: str, rows: Sequence[tuple[str, float]], *, unit: str = "") -> Html:
+def bars(title: str, rows: Sequence[tuple[str, float]], *, unit: str = "", digits: int = 2) -> Html:
     """A horizontal bar per row (label, value), as long as its share of the largest."""
     if not rows:
         return el("p", f"{title}: nothing to show", class_="empty")
@@ -139,13 +141,28 @@ def bars(title: str, rows: Sequence[tuple[str, float]], *, unit: str = "") -> Ht
     parts = []
     for k, (label, value) in enumerate(rows):
         y0 = 4 + 22 * k
-        parts.append(el("text", label, x=label_w - 8, y=y0 + 14, class_="ytick"))
-        parts.append(el("rect", el("title", f"{label}: {number(value)}{unit}"), x=label_w, y=y0, height=16,
-                        width=f"{bar_w * value / top:.1f}", class_="bar"))
-        parts.append(el("text", f"{number(value)}{unit}", x=f"{label_w + bar_w * value / top + 6:.1f}", y=y0 + 14,
-                        class_="value"))
+        shown = f"{value:,.{digits}f}{unit}"
+        short = label if len(label) <= 24 else "…" + label[-23:]
+        parts.append(el("text", el("title", label), short, x=label_w - 8, y=y0 + 14, class_="ytick"))
+        parts.append(
+            el(
+                "rect",
+                el("title", f"{label}: {shown}"),
+                x=label_w,
+                y=y0,
+                height=16,
+                width=f"{bar_w * value / top:.1f}",
+                class_="bar",
+            )
+        )
+        parts.append(el("text", shown, x=f"{label_w + bar_w * value / top + 6:.1f}", y=y0 + 14, class_="value"))
     svg = el(
-        "svg", el("title", title), parts, viewBox=f"0 0 {WIDTH} {height}", xmlns="http://www.w3.org/2000/svg",
-        role="img", class_="bars"
+        "svg",
+        el("title", title),
+        parts,
+        viewBox=f"0 0 {WIDTH} {height}",
+        xmlns="http://www.w3.org/2000/svg",
+        role="img",
+        class_="bars",
     )
     return el("figure", el("figcaption", title), svg)

@@ -30,7 +30,9 @@ def server(view_run: ViewRun) -> Iterator[ViewServer]:
     server.server_close()
 
 
-def get(server: ViewServer, path: str, *, method: str = "GET", host: str | None = None) -> tuple[int, dict[str, str], str]:
+def get(
+    server: ViewServer, path: str, *, method: str = "GET", host: str | None = None
+) -> tuple[int, dict[str, str], str]:
     """The raw answer to `path`, sent as given (no client-side normalisation of `..`)."""
     port = server.server_address[1]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -145,7 +147,7 @@ def test_trace_spans_link_to_the_steps_trace_gives(server: ViewServer, view_run:
         section = body[body.index(f'id="span-{k}"') :]
         section = section[: section.index("</section>")]
         assert sorted({int(s) for s in re.findall(r'href="/step/(\d+)"', section)}) == span["steps"]
-    assert f'href="#span-0" class="span-mark"' in body
+    assert 'href="#span-0" class="span-mark"' in body
 
 
 def test_pages_answer_within_a_second(server: ViewServer, view_run: ViewRun) -> None:
