@@ -6,7 +6,7 @@ from typing import Any
 
 from olmo_view.answers import MIN_TOKENS, RunAnswers, SpansReport
 from olmo_view.markup import Html, el, href, join, number, page
-from olmo_view.pages_run import paged
+from olmo_view.pages_run import PER_PAGE, paged
 from olmo_view.svg import bars
 
 __all__ = ["MAX_TEXT", "document_page", "stages_page", "trace_page"]
@@ -14,6 +14,11 @@ __all__ = ["MAX_TEXT", "document_page", "stages_page", "trace_page"]
 MAX_TEXT = 20_000  # characters of pasted text traced
 STEPS_SHOWN = 40  # steps listed per place before "and N more"
 HITS_PER_PAGE = 100
+
+
+def _at(step: int, position: int) -> str:
+    """The step's page (in batch order) that shows the instance at `position`, scrolled to it."""
+    return href(f"/step/{step}", fragment=f"position-{position}", sort="position", page=position // PER_PAGE + 1)
 
 
 def _step_links(steps: list[int]) -> Html:
@@ -152,9 +157,7 @@ def document_page(answers: RunAnswers, doc_id: str, page_number: int) -> bytes:
                 "tr",
                 el(
                     "td",
-                    el("a", str(h.step), href=href(f"/step/{h.step}", fragment=None), class_="step-link")
-                    if own
-                    else str(h.step),
+                    el("a", str(h.step), href=_at(h.step, h.position), class_="step-link") if own else str(h.step),
                 ),
                 el("td", str(h.position)),
                 el("td", "-" if h.rank is None else str(h.rank)),

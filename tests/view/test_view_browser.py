@@ -130,9 +130,12 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     page.fill("form.inline input[name=id]", XSS_ID)
     page.click("form.inline button")
     page.wait_for_selector("pre.document")
+    page.wait_for_load_state("load")
+    assert seen["dialogs"] == [], seen["dialogs"]  # no alert() ran
     assert "<script>alert(1)</script>" in page.locator("pre.document").inner_text()
     assert "<img src=x onerror=alert(1)>" in page.locator("h1").inner_text()
     assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+    _shot(page, "view-document.png")
     page.locator("a.step-link").first.click()
     page.wait_for_selector("article.instance")
     assert "<img src=x onerror=alert(1)>" in page.locator("main").inner_text()

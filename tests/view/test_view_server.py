@@ -93,9 +93,10 @@ def test_untrusted_text_is_escaped_everywhere(server: ViewServer) -> None:
     assert status == 200
     assert "<script>alert(1)" not in body and "<img src=x" not in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "&lt;img src=x onerror=alert(1)&gt;" in body
-    steps = re.findall(r'href="/step/(\d+)" class="step-link"', body)
-    assert steps, "the XSS document was trained at some step"
-    step_body = get(server, f"/step/{steps[0]}")[2]
+    links = re.findall(r'href="(/step/\d+[^"#]*)#position-(\d+)" class="step-link"', body)
+    assert links, "the XSS document was trained at some step"
+    step_body = get(server, links[0][0].replace("&amp;", "&"))[2]
+    assert f'id="position-{links[0][1]}"' in step_body  # the link's page holds the instance
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in step_body and "<script>" not in step_body
     assert "<img" not in step_body
 
