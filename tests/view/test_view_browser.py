@@ -88,7 +88,6 @@ def _shot(page: Any, name: str) -> None:
     page.screenshot(path=str(IMAGES / name), full_page=False)
 
 
-@pytest.mark.slow
 def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]]], view_run: ViewRun) -> None:
     page, base, seen = browser_page
 
