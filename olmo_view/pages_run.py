@@ -13,6 +13,7 @@ from olmo_view.svg import Mark, Series, line_chart
 __all__ = ["PER_PAGE", "paged", "run_page", "step_page"]
 
 PER_PAGE = 8  # instances per page of a step
+SPIKES_PER_PAGE = 50
 SORTS = ("position", "loss", "excess")
 
 
@@ -36,7 +37,7 @@ def _spike_note(s: Any) -> str:
     return f"loss {loss}, baseline {number(s.baseline)} ± {number(s.std)}, z {z}"
 
 
-def run_page(answers: RunAnswers) -> bytes:
+def run_page(answers: RunAnswers, page_number: int = 1) -> bytes:
     curves = answers.curves()
     body: list[object] = [
         el(
@@ -99,7 +100,8 @@ def run_page(answers: RunAnswers) -> bytes:
                 el("p", "The save folder has no per-instance loss record: no instance can be named.", class_="note")
             )
     rows = []
-    for s in spikes:
+    listed, pager = paged(spikes, page_number, SPIKES_PER_PAGE, "/")
+    for s in listed:
         named = [
             el(
                 "li",
@@ -119,14 +121,8 @@ def run_page(answers: RunAnswers) -> bytes:
             )
         )
     if rows:
-        body.append(
-            el(
-                "table",
-                el("tr", el("th", "step"), el("th", "loss"), el("th", "instances adding most")),
-                rows,
-                class_="spikes",
-            )
-        )
+        head = el("tr", el("th", "step"), el("th", "loss"), el("th", "instances adding most"))
+        body += [el("table", head, rows, class_="spikes"), pager]
     return page("Run", answers.name, *body, current="/")
 
 

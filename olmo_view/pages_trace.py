@@ -172,7 +172,8 @@ def document_page(answers: RunAnswers, doc_id: str, page_number: int) -> bytes:
                 "tr",
                 [el("th", c) for c in ("step", "position", "rank", "instance", "instance tokens", "document tokens")],
             )
-            body += [pager if own else None, el("table", head, rows, class_="hits"), pager if own else None]
+            cut = None if own or len(hits) <= HITS_PER_PAGE else f"the first {HITS_PER_PAGE} of {len(hits)} shown"
+            body += [pager if own else None, el("table", head, rows, class_="hits"), pager if own else el("p", cut)]
     if text is not None:
         body += [el("h2", "Its text (this run's tokens, decoded)"), el("pre", text, class_="text document")]
     return page(f"Document {doc_id}", answers.name, *body, current="/trace")

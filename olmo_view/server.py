@@ -91,13 +91,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.host_allowed(self.headers.get("Host", "")):
             return 421, b"this server answers requests for its own address only\n", "text/plain; charset=utf-8", {}
         url = urlsplit(self.path)
-        path, query = url.path, parse_qs(url.query, max_num_fields=8)
+        try:
+            query = parse_qs(url.query, max_num_fields=8)
+        except ValueError:  # more parameters than any page takes
+            return self._not_found()
+        path = url.path
         try:
             if path in STATIC:
                 data, kind = STATIC[path]
                 return 200, data, kind, {"Cache-Control": "max-age=3600"}
             if path == "/":
-                return 200, run_page(answers), html_type, {}
+                return 200, run_page(answers, _int(query, "page") or 1), html_type, {}
             if path == "/step":
                 n = _int(query, "n")
                 if n is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from olmo_cli.main import main as olmo_data_cli
-from olmo_view import RunAnswers
+from olmo_view import RunAnswers, ViewServer
 from tests.view.conftest import ViewRun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +71,19 @@ def test_the_command_serves_on_loopback_until_ctrl_c(view_run: ViewRun) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_another_address_only_when_asked_and_said(view_run: ViewRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ViewServer, "serve_forever", lambda self, *a, **k: None)  # answer nothing, return at once
+    out = CliRunner().invoke(olmo_data_cli, ["view", str(view_run.folder), "--no-open", "--host", "0.0.0.0"])
+    assert out.exit_code == 0, out.output
+    assert "bound to 0.0.0.0 as asked, so anyone who can reach this machine can read the run's data" in out.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = CliRunner().invoke(olmo_data_cli, ["view", str(view_run.folder), "--no-open", "--port", str(port)])
+    assert out.exit_code == 2 and f"--host 127.0.0.1 --port {port}: cannot serve there" in out.output
 
 
 def test_masked_tokens_are_shown_apart(view_run: ViewRun) -> None:

@@ -129,6 +129,9 @@ def test_nothing_but_reads_and_only_for_this_address(server: ViewServer) -> None
     assert get(server, "/", method="DELETE")[0] == 405
     assert get(server, "/", host="evil.example:80")[0] == 421  # a rebound name is refused
     assert get(server, "/", host=f"localhost:{server.server_address[1]}")[0] == 200
+    status, headers, body = get(server, "/stages", method="HEAD")
+    assert status == 200 and body == "" and int(headers["content-length"]) > 1000
+    assert get(server, "/?" + "&".join(f"k{i}=1" for i in range(20)))[0] == 404
 
 
 def test_bad_questions_are_answered_with_the_library_message(server: ViewServer) -> None:
