@@ -32,6 +32,7 @@ ARGS = [
     "--no-first-run",
 ]
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+VIEW = Path(__file__).resolve().parents[2] / "olmo_view"
 
 
 def _chromium() -> str:
@@ -83,12 +84,21 @@ def _cli_json(*args: str) -> dict[str, Any]:
     return json.loads(out.output)  # type: ignore[no-any-return]
 
 
-def _shot(page: Any, name: str) -> None:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMAGES / name), full_page=False)
+def _shot(page: Any, name: str, tmp: Path) -> None:
+    """A screenshot of the page, always taken; written over docs/images/NAME (the README's) when that one is older
+    than the view's own files, or with OLMO_VIEW_SCREENSHOTS=1: a change to the pages refreshes the pictures, and a
+    test run that changed nothing leaves the repository as it was (the run's temporary paths differ each time)."""
+    taken = page.screenshot(path=str(tmp / name), full_page=False)
+    target = IMAGES / name
+    newest = max(p.stat().st_mtime for p in VIEW.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    if os.environ.get("OLMO_VIEW_SCREENSHOTS") == "1" or not target.exists() or target.stat().st_mtime < newest:
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(taken)
 
 
-def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]]], view_run: ViewRun) -> None:
+def test_the_view_in_a_browser(
+    browser_page: tuple[Any, str, dict[str, list[str]]], view_run: ViewRun, tmp_path: Path
+) -> None:
     page, base, seen = browser_page
 
     # Run: curves drawn, spikes marked; the largest spike opens its step, the instances spikes lists first
@@ -96,7 +106,7 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     assert page.locator("svg.chart").count() >= 3 and page.locator("svg polyline").count() >= 4
     report = _cli_json("spikes", str(view_run.folder), "--json")
     largest = max(report["spikes"], key=lambda s: s["loss"] if s["loss"] is not None else float("inf"))
-    _shot(page, "view-run.png")
+    _shot(page, "view-run.png", tmp_path)
     page.locator(f'a.spike[data-step="{largest["step"]}"]').click()
     page.wait_for_url(f"**/step/{largest['step']}?sort=excess")
     assert page.locator("h1").inner_text() == f"Step {largest['step']}"
@@ -106,7 +116,7 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     listed = [c["position"] for c in largest["contributors"]]
     assert listed and positions[: len(listed)] == listed
     assert "the same as the run logged" in page.locator("p.fingerprint").inner_text()
-    _shot(page, "view-step.png")
+    _shot(page, "view-step.png", tmp_path)
 
     # Trace: a pasted text's span links to the steps trace --spans gives
     text = "Something new. " + PASSAGE + " And an ending never seen."
@@ -116,7 +126,7 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     page.wait_for_selector("pre.traced")
     spans = _cli_json("trace", view_run.config, "--spans", text, "--json")["spans"]
     assert spans and page.locator("a.span-mark").count() >= 1
-    _shot(page, "view-trace.png")
+    _shot(page, "view-trace.png", tmp_path)
     page.locator("a.span-mark").first.click()
     assert page.url.endswith("#span-0")
     links = page.locator("#span-0 p.span-steps a.step-link").evaluate_all("els => els.map(e => +e.dataset.step)")
@@ -134,7 +144,7 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     assert "<script>alert(1)</script>" in page.locator("pre.document").inner_text()
     assert "<img src=x onerror=alert(1)>" in page.locator("h1").inner_text()
     assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
-    _shot(page, "view-document.png")
+    _shot(page, "view-document.png", tmp_path)
     page.locator("a.step-link").first.click()
     page.wait_for_selector("article.instance")
     assert "<img src=x onerror=alert(1)>" in page.locator("main").inner_text()
@@ -143,7 +153,7 @@ def test_the_view_in_a_browser(browser_page: tuple[Any, str, dict[str, list[str]
     # Stages and data
     page.goto(base + "/stages")
     assert page.locator("table.stages tr").count() >= 2 and page.locator("svg.bars").count() == 2
-    _shot(page, "view-stages.png")
+    _shot(page, "view-stages.png", tmp_path)
 
     for path in ("/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/static/..%2f..%2fetc%2fpasswd"):
         response = page.goto(base + path)
