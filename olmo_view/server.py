@@ -1,9 +1,9 @@
 """The view's HTTP server (the standard library's): fixed routes, the run's own answers, nothing else.
 
 Safe by construction: a request's path is matched against a handful of fixed routes and the names of the
-package's own assets (read into a dict at import); no part of it ever becomes a file name, so `/../../etc/passwd`,
-however encoded, is a 404. Only GET and HEAD are answered: nothing writes. Every answer carries a
-Content-Security-Policy that allows no script at all and nothing from another origin, so a document holding
+package's own assets (its stylesheet, read into a dict at import); no part of it ever becomes a file name, so
+`/../../etc/passwd`, however encoded, is a 404. Only GET and HEAD are answered: nothing writes. Every answer carries
+a Content-Security-Policy that allows no script at all and nothing from another origin, so a document holding
 `<script>` could not run it even if it were not escaped (it is). Bound to 127.0.0.1 unless asked otherwise, and
 then only requests naming this server as their Host are answered (a page elsewhere cannot rebind a name to it).
 """
@@ -32,9 +32,9 @@ CSP = (
     "base-uri 'none'; frame-ancestors 'none'"
 )
 _TYPES = {".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
-STATIC: dict[str, tuple[bytes, str]] = {
+STATIC: dict[str, tuple[bytes, str]] = {  # the package's own assets (package data), by the route that serves each
     f"/static/{f.name}": (f.read_bytes(), _TYPES[f.name[f.name.rfind(".") :]])
-    for f in resources.files("olmo_view").joinpath("static").iterdir()
+    for f in resources.files("olmo_view").iterdir()
     if f.is_file() and f.name[f.name.rfind(".") :] in _TYPES
 }
 _STEP = re.compile(r"/step/([0-9]{1,9})")
