@@ -95,7 +95,8 @@ def read_metrics(path: str) -> dict[int, dict[str, Any]]:
 
 
 class RunAnswers:
-    """One run's answers, its data opened once and kept warm. Safe to share between the server's threads."""
+    """One run's answers, its data opened once and kept warm. The server's threads share it and ask one question at
+    a time (the document index and the tokenizer are not made for concurrent use; each answer takes milliseconds)."""
 
     def __init__(self, run: str, *, window: int = 20, z: float = 3.0) -> None:
         self.run = run
@@ -105,7 +106,9 @@ class RunAnswers:
         self.sources = Sources(self.source, (self.cfg.get("data") or {}).get("paths"))
         self.docs = DocIndex()
         self.window, self.z = window, z
-        self.metrics = read_metrics(os.path.join(self.folder, METRICS))
+        self.metrics_path = os.path.join(self.folder, METRICS)
+        self.metrics = read_metrics(self.metrics_path)
+        self._metrics_seen = _stamp(self.metrics_path)
         self.global_batch_size = int(self.cfg["global_train_batch_size"])
         self._lock = threading.RLock()
         self._once: dict[str, Any] = {}
@@ -119,6 +122,7 @@ class RunAnswers:
 
     def _cached(self, key: str, make: Callable[[], T]) -> T:
         with self._lock:
+            self._follow()
             if key not in self._once:
                 self._once[key] = make()
             return self._once[key]  # type: ignore[no-any-return]
@@ -126,6 +130,7 @@ class RunAnswers:
     def _recently(self, key: tuple[Any, ...], make: Callable[[], T], keep: int = 16) -> T:
         """The answer to a question asked lately (a step paged through, a text traced again), else a new one."""
         with self._lock:
+            self._follow()
             if key in self._recent:
                 self._recent.move_to_end(key)
                 return self._recent[key]  # type: ignore[no-any-return]
@@ -134,6 +139,18 @@ class RunAnswers:
             while len(self._recent) > keep:
                 self._recent.popitem(last=False)
             return value
+
+    def _follow(self) -> None:
+        """A run still training appends to metrics.jsonl (and its loss record): when the file changed, the curves,
+        spikes and steps are asked again, so a reload of a page shows the steps logged since."""
+        stamp = _stamp(self.metrics_path)
+        if stamp == self._metrics_seen:
+            return
+        self.metrics = read_metrics(self.metrics_path)
+        self._metrics_seen = stamp
+        for key in ("curves", "spikes"):
+            self._once.pop(key, None)
+        self._recent.clear()
 
     def warm(self) -> None:
         """Answer the questions every visit asks (spikes, stages, data statistics) ahead of the first page."""
@@ -254,6 +271,14 @@ class RunAnswers:
             return chain, text
 
         return self._recently(("document", doc_id), answer)
+
+
+def _stamp(path: str) -> tuple[float, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime, st.st_size
 
 
 def excess_shares(report: BatchReport, baseline: float) -> dict[int, float]:

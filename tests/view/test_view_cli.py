@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,6 +85,19 @@ def test_another_address_only_when_asked_and_said(view_run: ViewRun, monkeypatch
         port = taken.getsockname()[1]
         out = CliRunner().invoke(olmo_data_cli, ["view", str(view_run.folder), "--no-open", "--port", str(port)])
     assert out.exit_code == 2 and f"--host 127.0.0.1 --port {port}: cannot serve there" in out.output
+
+
+def test_a_run_still_training_is_followed(view_run: ViewRun, tmp_path: Path) -> None:
+    """Steps the run logs after the view opened it appear on the next visit: curves, spikes and steps again."""
+    folder = tmp_path / "run"
+    shutil.copytree(view_run.folder, folder, ignore=shutil.ignore_patterns("train_data"))  # the order is read in place
+    answers = RunAnswers(str(folder))
+    steps, _ = answers.curves()["train/loss"]
+    assert len(steps) == len(answers.metrics) and answers.spikes().spikes
+    with (folder / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": steps[-1] + 1, "train/loss": 1.0}) + "\n")
+    assert answers.curves()["train/loss"][0][-1] == steps[-1] + 1
+    assert answers.spikes().steps == len(steps) + 1
 
 
 def test_masked_tokens_are_shown_apart(view_run: ViewRun) -> None:
