@@ -35,6 +35,7 @@ from olmo_data.trace_stages import ChainTrace, trace_chain
 from olmo_data.train_config import read_train_config
 
 __all__ = [
+    "DOCUMENT_TOKENS",
     "MIN_TOKENS",
     "BatchReport",
     "ChainTrace",
@@ -255,20 +256,20 @@ class RunAnswers:
             ("spans", text, min_tokens), lambda: trace_spans(self.config, text, min_tokens=min_tokens)
         )
 
-    def document(self, doc_id: str) -> tuple[ChainTrace, str | None]:
-        """`olmo-data trace CONFIG --document ID` (across the stages the run grew from), and the document's text
-        from this run's token files (its first DOCUMENT_TOKENS tokens; None where this run's data lacks it)."""
+    def document(self, doc_id: str) -> tuple[ChainTrace, str | None, int]:
+        """`olmo-data trace CONFIG --document ID` (across the stages the run grew from), the document's text from
+        this run's token files (its first DOCUMENT_TOKENS tokens; None where this run's data lacks it) and its
+        length in tokens."""
 
-        def answer() -> tuple[ChainTrace, str | None]:
+        def answer() -> tuple[ChainTrace, str | None, int]:
             chain = trace_chain(self.config, document_ids=[doc_id])
             own = [t for t in chain.own.targets if t.name == doc_id]
-            text = None
-            if own:
-                t = own[0]
-                f = self.source.files[t.file_index]
-                ids = self.source.read_tokens(f.path, f.dtype, t.start, min(t.end - t.start, DOCUMENT_TOKENS))
-                text = self.tokenizer().decode(np.asarray(ids).tolist())
-            return chain, text
+            if not own:
+                return chain, None, 0
+            t = own[0]
+            f = self.source.files[t.file_index]
+            ids = self.source.read_tokens(f.path, f.dtype, t.start, min(t.end - t.start, DOCUMENT_TOKENS))
+            return chain, self.tokenizer().decode(np.asarray(ids).tolist()), t.end - t.start
 
         return self._recently(("document", doc_id), answer)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from olmo_view.answers import MIN_TOKENS, RunAnswers, SpansReport
+from olmo_view.answers import DOCUMENT_TOKENS, MIN_TOKENS, RunAnswers, SpansReport
 from olmo_view.markup import Html, el, href, join, number, page
 from olmo_view.pages_run import PER_PAGE, paged
 from olmo_view.svg import bars
@@ -129,7 +129,7 @@ def trace_page(answers: RunAnswers, text: str | None, min_tokens_asked: int | No
 
 
 def document_page(answers: RunAnswers, doc_id: str, page_number: int) -> bytes:
-    chain, text = answers.document(doc_id)
+    chain, text, length = answers.document(doc_id)
     body: list[object] = []
     for st in chain.stages:
         stage = st.stage
@@ -175,7 +175,11 @@ def document_page(answers: RunAnswers, doc_id: str, page_number: int) -> bytes:
             cut = None if own or len(hits) <= HITS_PER_PAGE else f"the first {HITS_PER_PAGE} of {len(hits)} shown"
             body += [pager if own else None, el("table", head, rows, class_="hits"), pager if own else el("p", cut)]
     if text is not None:
-        body += [el("h2", "Its text (this run's tokens, decoded)"), el("pre", text, class_="text document")]
+        size = f"its first {DOCUMENT_TOKENS:,} of {length:,}" if length > DOCUMENT_TOKENS else f"{length:,}"
+        body += [
+            el("h2", f"Its text ({size} tokens of this run's data, decoded)"),
+            el("pre", text, class_="text document"),
+        ]
     return page(f"Document {doc_id}", answers.name, *body, current="/trace")
 
 
