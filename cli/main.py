@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "stats": "olmo_cli.stats:stats",
     "spikes": "olmo_cli.spikes:spikes",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
+    "view": "olmo_cli.view:view",
 }
 
 

@@ -4,10 +4,12 @@ token files are scanned by one driver (`scan`) where no suffix index answers.
 """
 
 from olmo_data.trace.find import open_run
-from olmo_data.trace.spans import SpansReport, format_spans, marked_text, trace_spans
-from olmo_data.trace.stages import format_chain, trace_chain
+from olmo_data.trace.spans import MIN_TOKENS, SpansReport, format_spans, marked_text, trace_spans
+from olmo_data.trace.stages import ChainTrace, format_chain, trace_chain
 
 __all__ = [
+    "ChainTrace",
+    "MIN_TOKENS",
     "SpansReport",
     "format_chain",
     "format_spans",
