@@ -1,0 +1,79 @@
+"""OLMo-core's data orders: its permutation, its order files, found where it writes them or rebuilt.
+
+`NumpyFSLDataLoader` numbers epochs from 1 (`Trainer.epoch` starts at 1; `reshuffle` refuses epoch 0), and the
+order of epoch `e` is `np.random.Generator(np.random.PCG64(seed + e))` shuffling `np.arange(N, dtype=uint32)`.
+So OLMo-core's first epoch is our `build_order(N, seed, epoch=1)`: the same permutation one epoch later.
+
+With `max_target_sequence_length` (chunk size `k = max_target_sequence_length // sequence_length` > 1) it
+shuffles the `N // k` chunk numbers instead and expands chunk `c` to instances `c*k, ..., c*k + k - 1`, so runs
+of `k` neighbouring instances stay together (and a tail of fewer than `k` instances is never trained).
+
+It writes each epoch's order, headerless uint32, as `global_indices_[chunk{k}_]dataset_size{N}_epoch{e}_seed{s}
+_v1.npy` (its fields in sorted order, `chunk` only when k > 1) in the data loader's work_dir.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from olmo_data.errors import DataError
+
+
+def order_file_name(dataset_size: int, epoch: int, seed: int, chunk_size: int = 1) -> str:
+    """The name OLMo-core gives an epoch's order (`NumpyFSLDataLoader._global_indices_file`)."""
+    fields = {
+        "seed": seed,
+        "epoch": epoch,
+        "dataset_size": dataset_size,
+        "chunk": chunk_size if chunk_size > 1 else None,
+    }
+    parts = ["global_indices"] + [f"{k}{fields[k]}" for k in sorted(fields) if fields[k] is not None] + ["v1"]
+    return "_".join(parts) + ".npy"
+
+
+def build_olmo_core_order(dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> np.ndarray:
+    """The order of OLMo-core's epoch `epoch` (1-based) over `dataset_size` instances, as uint32."""
+    if epoch < 1:
+        raise DataError(f"OLMo-core numbers epochs from 1, got epoch {epoch}")
+    if dataset_size >= np.iinfo(np.uint32).max:
+        raise DataError(f"{dataset_size} instances do not fit OLMo-core's uint32 orders")
+    rng = np.random.Generator(np.random.PCG64(seed + epoch))
+    if chunk_size == 1:
+        order = np.arange(dataset_size, dtype=np.uint32)
+        rng.shuffle(order)
+        return order
+    chunks = np.arange(dataset_size // chunk_size, dtype=np.uint32)
+    rng.shuffle(chunks)
+    return (chunks[:, None] * chunk_size + np.arange(chunk_size, dtype=np.uint32)[None, :]).reshape(-1)
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """An epoch's order and where it came from: OLMo-core's own file, or rebuilt here (and why)."""
+
+    epoch: int
+    order: np.ndarray
+    path: str | None  # OLMo-core's file, when it was found
+    note: str  # said to the user: "read from ..." or "rebuilt (... not found)"
+
+
+def olmo_core_order(work_dir: str | None, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
+    """Epoch `epoch`'s order: OLMo-core's file in `work_dir` when it is there (checked against the rebuilt one's
+    length and, being cheap, its content), else rebuilt by the same rule."""
+    name = order_file_name(dataset_size, epoch, seed, chunk_size)
+    rebuilt = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
+    if work_dir is None:
+        return EpochOrder(epoch, rebuilt, None, f"rebuilt ({name}: the run names no work_dir)")
+    path = os.path.join(work_dir, name)
+    if not os.path.isfile(path):
+        return EpochOrder(epoch, rebuilt, None, f"rebuilt ({path} not found)")
+    stored = np.fromfile(path, dtype="<u4")
+    if len(stored) != len(rebuilt) or not np.array_equal(stored, rebuilt):
+        raise DataError(
+            f"{path}: OLMo-core's order for epoch {epoch} differs from its rule (PCG64(seed + epoch), chunk "
+            f"{chunk_size}); the file was changed, or written by an OLMo-core version this package does not cover"
+        )
+    return EpochOrder(epoch, stored, path, f"read from {path}")
