@@ -72,13 +72,14 @@ def save_config_json(config: Any, folder: Path) -> str:
 
 @dataclass
 class CoreStep:
-    """What one rank's loader yielded at one step: instance numbers, input ids, label mask (or None)."""
+    """What one rank's loader yielded at one step: instance numbers, input ids, label and instance masks."""
 
     step: int
     epoch: int
     index: np.ndarray
     input_ids: np.ndarray
     label_mask: np.ndarray | None
+    instance_mask: np.ndarray | None
 
 
 def _stub_train_module() -> Any:
@@ -130,7 +131,7 @@ def drive_loader(
                     break
                 trainer.global_step += 1
                 trainer.global_train_tokens_seen += loader.global_num_tokens_in_batch(batch)
-                mask = batch.get("label_mask")
+                mask, keep = batch.get("label_mask"), batch.get("instance_mask")
                 steps.append(
                     CoreStep(
                         trainer.global_step,
@@ -138,6 +139,7 @@ def drive_loader(
                         batch["index"].numpy().astype(np.int64),
                         batch["input_ids"].numpy().astype(np.int64),
                         mask.numpy().astype(bool) if mask is not None else None,
+                        keep.numpy().astype(bool) if keep is not None else None,
                     )
                 )
             trainer.epoch += 1  # the epoch is over (or the last step reached, and this no longer matters)

@@ -40,6 +40,7 @@ class OlmoCoreBatch:
     world_size: int
     tokens: np.ndarray | None
     label_mask: np.ndarray | None
+    instance_mask: np.ndarray | None  # OLMo-core's: False where its instance filter drops the instance (None: off)
     fingerprint: str | None
     order_note: str  # where the epoch's order came from ("read from ..." or "rebuilt (...)")
 
@@ -72,7 +73,7 @@ class OlmoCoreData:
 
     def epoch_order(self, epoch: int) -> EpochOrder:
         if epoch not in self._orders:
-            if len(self._orders) >= 4:  # a few epochs at a time: orders of large datasets are large
+            if len(self._orders) >= 2:  # two epochs at a time: a large run's orders are gigabytes each
                 self._orders.pop(next(iter(self._orders)))
             self._orders[epoch] = olmo_core_order(
                 self.run.work_dir, len(self.dataset), self.run.seed, epoch, self.run.chunk_size
@@ -92,14 +93,16 @@ class OlmoCoreData:
         """The batch of training step `step` (1-based); with `read`, its tokens and the global fingerprint."""
         slot, instances, note = self.instances(step)
         check_world(slot.instances, rank, world_size, self.run)
-        tokens = mask = None
+        tokens = mask = keep = None
         fingerprint = None
         if read:
             tokens, mask = self.dataset.get_batch(instances)
             fingerprint = batch_fingerprint(tokens)
+            keep = self.instance_mask(instances, tokens)
             if rank is not None:
                 tokens = tokens[rank::world_size]
                 mask = mask[rank::world_size] if mask is not None else None
+                keep = keep[rank::world_size] if keep is not None else None
         return OlmoCoreBatch(
             step=step,
             epoch=slot.epoch,
@@ -110,9 +113,21 @@ class OlmoCoreData:
             world_size=world_size,
             tokens=tokens,
             label_mask=mask,
+            instance_mask=keep,
             fingerprint=fingerprint,
             order_note=note,
         )
+
+    def instance_mask(self, instances: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
+        """OLMo-core's `instance_mask` of these instances (True: trained on), None when the run has no filter.
+        It judges an instance by its own tokens: a padded instance without its padding."""
+        rule = self.run.instance_filter
+        if rule is None:
+            return None
+        if self.dataset.documents is None:
+            return ~rule.filtered(tokens)
+        lengths = [loc.length for loc in self.dataset.locate(instances)]
+        return np.array([not rule.filtered(row[:n])[0] for row, n in zip(tokens, lengths, strict=True)], dtype=bool)
 
     def steps_of(self, instance: int, last_step: int, world_size: int = 1) -> list[TrainedAt]:
         """Every step up to `last_step` whose batch held OLMo-core instance `instance` (once per epoch at most)."""

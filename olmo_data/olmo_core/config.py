@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import random
 import re
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from olmo_data.errors import DataError, shown
+from olmo_data.instance_filter import RepetitionFilter
 from olmo_data.io import expand_patterns, read_bytes
 
 CLASS_KEY = "_CLASS_"
@@ -90,10 +92,11 @@ class OlmoCoreRun:
     vocab_size: int
     global_batch_size: int  # tokens, as configured (a schedule's first entry overrides it from step 1)
     seed: int
-    work_dir: str | None  # where OLMo-core wrote its orders (the loader's work_dir, else the dataset's)
-    dataset_work_dir: str | None  # where OLMo-core wrote per-file indices (the dataset's work_dir, else loader's)
+    work_dir: str  # where OLMo-core wrote its orders (the loader's work_dir, else the dataset's, else the tmp dir)
+    dataset_work_dir: str  # where OLMo-core wrote per-file indices (the dataset's work_dir, else the loader's)
     mixture: Mixture | None = None
     batch_sizes: tuple[BatchSizeChange, ...] = field(default_factory=tuple)
+    instance_filter: RepetitionFilter | None = None  # OLMo-core's instance_filter_config (its batches' instance_mask)
     source: str = ""  # the config file read, for messages
 
     @property
@@ -169,8 +172,10 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     if mixture is not None and dataset.get("label_mask_paths") is not None:
         raise DataError(f"{where}: dataset.label_mask_paths is not supported with source_mixture_config")
     paths, masks = _paths(dataset, where) if mixture is None else ((), None)
-    loader_wd = work_dir or loader.get("work_dir")
-    dataset_wd = work_dir or dataset.get("work_dir") or loader.get("work_dir")
+    # OLMo-core's loader writes orders to its work_dir, else the dataset's; the dataset writes its files to its
+    # own, else the loader's; with neither, both use the training machine's temporary directory
+    loader_wd = work_dir or loader.get("work_dir") or dataset.get("work_dir") or tempfile.gettempdir()
+    dataset_wd = work_dir or dataset.get("work_dir") or loader.get("work_dir") or tempfile.gettempdir()
     return OlmoCoreRun(
         kind="padded" if ds_class == PADDED_FSL else "fsl",
         paths=paths,
@@ -184,10 +189,11 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         vocab_size=vocab_size,
         global_batch_size=gbs,
         seed=_int(loader, "seed", "data_loader", where),
-        work_dir=str(loader_wd or dataset.get("work_dir") or "") or None,
-        dataset_work_dir=str(dataset_wd) if dataset_wd else None,
+        work_dir=str(loader_wd),
+        dataset_work_dir=str(dataset_wd),
         mixture=mixture,
         batch_sizes=_batch_schedule(trainer, seq_len, where),
+        instance_filter=_instance_filter(dataset.get("instance_filter_config"), where),
         source=where,
     )
 
@@ -302,6 +308,27 @@ def _mixture(section: Any, where: str) -> Mixture | None:
         requested_tokens=_int(section, "requested_tokens", what, where),
         global_batch_size=_int(section, "global_batch_size", what, where),
         seed=int(section.get("seed", 42)),
+    )
+
+
+def _instance_filter(section: Any, where: str) -> RepetitionFilter | None:
+    """OLMo-core's `InstanceFilterConfig` (present means on; its defaults are OLMo's 13, 1, 32)."""
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise DataError(f"{where}: dataset.instance_filter_config is {shown(section)}; expected its settings")
+    what = "dataset.instance_filter_config"
+    values = {
+        k: section.get(k, d)
+        for k, d in (("repetition_max_period", 13), ("repetition_min_period", 1), ("repetition_max_count", 32))
+    }
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DataError(f"{where}: {what}.{k} is {shown(v)}; expected a whole number")
+    return RepetitionFilter(
+        max_period=values["repetition_max_period"],
+        min_period=values["repetition_min_period"],
+        max_count=values["repetition_max_count"],
     )
 
 

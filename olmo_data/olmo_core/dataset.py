@@ -151,10 +151,9 @@ def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_b
 
 def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
     """(n, 2) start and end of each padded instance of `path`: OLMo-core's file when found, else rebuilt."""
-    if run.dataset_work_dir is not None:
-        stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes)
-        if os.path.isfile(stored):
-            return np.fromfile(stored, dtype="<u4").astype(np.int64).reshape(-1, 2)
+    stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes)
+    if os.path.isfile(stored):
+        return np.fromfile(stored, dtype="<u4").astype(np.int64).reshape(-1, 2)
     docs = document_spans(run, path, size_bytes)
     if len(docs) == 0:
         raise DataError(f"{path}: no documents (OLMo-core refuses a padded dataset file without any)")

@@ -60,20 +60,18 @@ class EpochOrder:
     note: str  # said to the user: "read from ..." or "rebuilt (... not found)"
 
 
-def olmo_core_order(work_dir: str | None, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
-    """Epoch `epoch`'s order: OLMo-core's file in `work_dir` when it is there (checked against the rebuilt one's
-    length and, being cheap, its content), else rebuilt by the same rule."""
-    name = order_file_name(dataset_size, epoch, seed, chunk_size)
-    rebuilt = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
-    if work_dir is None:
-        return EpochOrder(epoch, rebuilt, None, f"rebuilt ({name}: the run names no work_dir)")
-    path = os.path.join(work_dir, name)
-    if not os.path.isfile(path):
-        return EpochOrder(epoch, rebuilt, None, f"rebuilt ({path} not found)")
-    stored = np.fromfile(path, dtype="<u4")
-    if len(stored) != len(rebuilt) or not np.array_equal(stored, rebuilt):
-        raise DataError(
-            f"{path}: OLMo-core's order for epoch {epoch} differs from its rule (PCG64(seed + epoch), chunk "
-            f"{chunk_size}); the file was changed, or written by an OLMo-core version this package does not cover"
-        )
-    return EpochOrder(epoch, stored, path, f"read from {path}")
+def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
+    """Epoch `epoch`'s order: OLMo-core's file in `work_dir` when it is there (mapped, not read: a large run's
+    orders are gigabytes), else rebuilt by the same rule, and the note says which."""
+    path = os.path.join(work_dir, order_file_name(dataset_size, epoch, seed, chunk_size))
+    if os.path.isfile(path):
+        length = dataset_size // chunk_size * chunk_size
+        if os.path.getsize(path) != 4 * length:
+            raise DataError(
+                f"{path}: {os.path.getsize(path)} bytes, but OLMo-core's order of epoch {epoch} over "
+                f"{dataset_size} instances is {length} uint32 numbers; the file is truncated or not OLMo-core's"
+            )
+        stored = np.memmap(path, dtype="<u4", mode="r") if length else np.zeros(0, dtype=np.uint32)
+        return EpochOrder(epoch, stored, path, f"read from {path}")
+    order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
+    return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)")

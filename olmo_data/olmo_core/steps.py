@@ -13,6 +13,7 @@ size then in force is left (`len // instances_per_batch` batches). This module r
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class StepWalk:
                     "train no batch"
                 )
         self._slots: list[StepSlot] = []
+        self._keys: list[tuple[int, int]] = []  # (epoch, first position) of each slot, for bisect
         self._walker: Iterator[StepSlot] | None = None
 
     def batches_per_epoch(self, tokens: int | None = None) -> int:
@@ -79,7 +81,9 @@ class StepWalk:
         if self._walker is None:
             self._walker = self._walk()
         while len(self._slots) < step:
-            self._slots.append(next(self._walker))
+            slot = next(self._walker)
+            self._slots.append(slot)
+            self._keys.append((slot.epoch, slot.start))
         return self._slots[step - 1]
 
     def _walk(self) -> Iterator[StepSlot]:
@@ -114,18 +118,19 @@ class StepWalk:
         return gbs, drawn
 
     def steps_of(self, epoch: int, position: int, last_step: int) -> list[int]:
-        """The steps up to `last_step` that read position `position` of epoch `epoch`'s order."""
+        """The step (at most one) up to `last_step` that read position `position` of epoch `epoch`'s order."""
         if not self.schedule:
             per_batch = self.global_batch_size // self.sequence_length
             n = self.batches_per_epoch()
             batch = position // per_batch
             step = (epoch - 1) * n + batch + 1
             return [step] if batch < n and step <= last_step else []
-        out = []
-        for s in range(1, last_step + 1):
-            slot = self.slot(s)
+        if last_step < 1:
+            return []
+        self.slot(last_step)  # walked that far: slots are in (epoch, start) order, so search them
+        i = bisect.bisect_right(self._keys, (epoch, position), 0, last_step) - 1
+        if i >= 0:
+            slot = self._slots[i]
             if slot.epoch == epoch and slot.start <= position < slot.start + slot.instances:
-                out.append(s)
-            if slot.epoch > epoch:
-                break
-        return out
+                return [slot.step]
+        return []

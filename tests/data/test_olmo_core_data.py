@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,11 @@ def run_and_compare(
             theirs = reference[rank][step - 1]
             np.testing.assert_array_equal(mine.rank_instances, theirs.index)
             np.testing.assert_array_equal(mine.tokens, theirs.input_ids, err_msg=f"step {step} rank {rank}")
-            if theirs.label_mask is None:
-                assert mine.label_mask is None
-            else:
-                np.testing.assert_array_equal(mine.label_mask, theirs.label_mask)
+            for field in ("label_mask", "instance_mask"):
+                if getattr(theirs, field) is None:
+                    assert getattr(mine, field) is None, field
+                else:
+                    np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=field)
     return data, reference, work_dir
 
 
@@ -129,11 +131,21 @@ def test_plain_fsl_every_step_on_two_ranks(
     for p in small[:5]:
         files.append(str(tmp_path / "globbed" / os.path.basename(p)))
         os.symlink(p, files[-1])
-    dataset = fsl(core, [str(tmp_path / "globbed" / "*.npy")], expand_glob=True, source_permutation_seed=3)
+    from olmo_core.data.numpy_dataset import InstanceFilterConfig
+
+    dataset = fsl(
+        core,
+        [str(tmp_path / "globbed" / "*.npy")],
+        expand_glob=True,
+        source_permutation_seed=3,
+        instance_filter_config=InstanceFilterConfig(repetition_max_count=4),
+    )
     last = steps_for(files, 8)
     data, reference, work_dir = run_and_compare(core, tmp_path, dataset, monkeypatch, last_step=last)
     assert sorted(data.run.paths) == sorted(files) and list(data.run.paths) != sorted(files)
     assert data.run.dtype == "uint16"
+    kept = np.concatenate([s.instance_mask for s in reference[0]])
+    assert kept.any() and not kept.all()  # the filter (at 4 copies) dropped some instances of this text
     # its orders were found where OLMo-core wrote them, under the names it gives them
     n = len(data.dataset)
     for epoch in (1, 2):
@@ -154,10 +166,21 @@ def test_plain_fsl_every_step_on_two_ranks(
         assert again.fingerprint == data.batch(step).fingerprint
 
 
+def write_label_masks(paths: list[str], folder: Path) -> list[str]:
+    """A bool label mask beside each token file (seeded noise: only its bytes matter here)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for p in paths:
+        out.append(str(folder / (os.path.basename(p) + ".mask")))
+        (rng.random(os.path.getsize(p) // 2) < 0.8).tofile(out[-1])
+    return out
+
+
 def test_trace_steps_of_an_instance_match_the_loader(
     core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dataset = fsl(core, small[:3])
+    masks = write_label_masks(small[:3], tmp_path)
+    dataset = fsl(core, small[:3], label_mask_paths=masks)
     last = steps_for(small[:3], 8)
     data, reference, _ = run_and_compare(core, tmp_path, dataset, monkeypatch, last_step=last)
     seen: dict[int, list[tuple[int, int]]] = {}
@@ -177,12 +200,18 @@ def test_padded_fsl_one_document_per_instance(
     from olmo_core.data import NumpyPaddedFSLDatasetConfig
 
     seq = 1024
-    dataset = NumpyPaddedFSLDatasetConfig(tokenizer=core.tokenizer_config(), paths=token_paths, sequence_length=seq)
+    dataset = NumpyPaddedFSLDatasetConfig(
+        tokenizer=core.tokenizer_config(),
+        paths=token_paths,
+        sequence_length=seq,
+        label_mask_paths=write_label_masks(token_paths, tmp_path),
+    )
     data, reference, work_dir = run_and_compare(
         core, tmp_path, dataset, monkeypatch, instances_per_batch=4, seq_len=seq, last_step=40
     )
+    ids = np.concatenate([s.input_ids for s in reference[0]])
     masks = np.concatenate([s.label_mask for s in reference[0]])
-    assert (~masks).any() and masks.any()  # documents shorter than L were padded, and masked
+    assert (ids[:, -1] == 1).any() and not masks[ids[:, -1] == 1, -1].any()  # short documents padded, masked
     # the same instances without OLMo-core's work files: documents found by their EOS tokens here
     run = read_olmo_core_config(str(tmp_path / "save" / "step0" / "config.json"), work_dir=str(tmp_path / "none"))
     from olmo_data.olmo_core import OlmoCoreData
@@ -232,24 +261,42 @@ def test_two_source_mixture(core: Any, small: list[str], tmp_path: Path, monkeyp
     assert len(data.dataset) * L == -(-requested // (8 * L)) * 8 * L  # whole steps
 
 
-def test_batch_size_schedule(core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """4 instances, then 16 (applied only once the batches drawn in the epoch allow it), then 8."""
+@pytest.mark.parametrize(
+    ("unit", "points", "configured"),
+    [("steps", (5, 30), 4), ("tokens", (5 * 4 * L, 90 * 4 * L), 8), ("epochs", (1, 2), 4)],
+)
+def test_batch_size_schedule(
+    core: Any,
+    small: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    unit: str,
+    points: tuple[int, int],
+    configured: int,
+) -> None:
+    """4 instances (overriding the loader's own size where it differs), then 16 (applied only once the batches
+    drawn in the epoch allow it), then 8; in each of OLMo-core's duration units."""
     from olmo_core.train import Duration
 
     dataset = fsl(core, small[:2])
+    last = 70
     data, reference, _ = run_and_compare(
         core,
         tmp_path,
         dataset,
         monkeypatch,
-        instances_per_batch=4,
-        last_step=70,
+        instances_per_batch=configured,
+        last_step=last,
         batch_sizes=[4 * L, 16 * L, 8 * L],
-        schedule=[Duration.steps(0), Duration.steps(5), Duration.steps(30)],
+        schedule=[Duration(0, unit), Duration(points[0], unit), Duration(points[1], unit)],
     )
+    for instance in (0, 7, 50, len(data.dataset) - 1):
+        want = sorted((s.step, r) for r, steps in reference.items() for s in steps if instance in s.index)
+        assert [(t.step, t.rank) for t in data.steps_of(instance, last, world_size=WORLD)] == want
     sizes = [len(s.index) * WORLD for s in reference[0]]
     assert sizes[:5] == [4] * 5 and 16 in sizes and sizes[-1] == 8
-    assert sizes.index(16) > 5  # the increase waited for a whole multiple of batches
+    if unit == "steps":
+        assert sizes.index(16) > 5  # the increase waited for a whole multiple of batches
 
 
 def test_config_json_is_recognised_and_read(core: Any, small: list[str], tmp_path: Path) -> None:
@@ -261,7 +308,7 @@ def test_config_json_is_recognised_and_read(core: Any, small: list[str], tmp_pat
     assert is_olmo_core_config(raw) and not is_olmo_core_config({"data": {"paths": ["a"]}})
     run = read_olmo_core_config(path)
     assert (run.global_batch_size, run.seed, run.sequence_length, run.kind) == (8 * L, 5, L, "fsl")
-    assert run.work_dir is None and run.pad_token_id == 1 and run.eos_token_id == 0
+    assert run.work_dir == tempfile.gettempdir() and run.pad_token_id == 1 and run.eos_token_id == 0
 
 
 # -- refusals (no OLMo-core needed) -------------------------------------------------------------------------------
