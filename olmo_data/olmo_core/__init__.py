@@ -24,7 +24,7 @@ from olmo_data.olmo_core.config import (
     is_olmo_core_config,
     read_olmo_core_config,
 )
-from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_dataset
+from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.mixture import MixtureFile, allocate_mixture
 from olmo_data.olmo_core.order import EpochOrder, build_olmo_core_order, olmo_core_order, order_file_name
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
@@ -48,7 +48,7 @@ __all__ = [
     "is_olmo_core_config",
     "olmo_core_batch",
     "olmo_core_order",
-    "open_dataset",
+    "open_core_dataset",
     "open_olmo_core",
     "order_file_name",
     "read_olmo_core_config",

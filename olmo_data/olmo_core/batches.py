@@ -17,7 +17,7 @@ import numpy as np
 from olmo_data.errors import DataError
 from olmo_data.fingerprint import batch_fingerprint
 from olmo_data.olmo_core.config import OlmoCoreRun, read_olmo_core_config
-from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_dataset
+from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 
@@ -67,7 +67,7 @@ class OlmoCoreData:
 
     def __init__(self, run: OlmoCoreRun, dataset: OlmoCoreDataset | None = None) -> None:
         self.run = run
-        self.dataset = dataset or open_dataset(run)
+        self.dataset = dataset or open_core_dataset(run)
         self.walk = StepWalk(len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes)
         self._orders: dict[int, EpochOrder] = {}
 

@@ -45,7 +45,7 @@ class CoreInstance:
 
 
 class OlmoCoreDataset:
-    """The instances of an OLMo-core run's dataset, numbered as OLMo-core numbers them. Build with `open_dataset`."""
+    """The instances of an OLMo-core run's dataset, numbered as OLMo-core numbers them (see `open_core_dataset`)."""
 
     def __init__(
         self,
@@ -111,7 +111,7 @@ class OlmoCoreDataset:
         return tokens, mask
 
 
-def open_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
+def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
     """The dataset of an OLMo-core run: its files sized (and, for a mixture, allocated) as OLMo-core does."""
     itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
     sizes: dict[str, int] = {}

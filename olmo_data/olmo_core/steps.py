@@ -37,11 +37,30 @@ class StepSlot:
         return self.batch * self.instances
 
 
+@dataclass(frozen=True)
+class Segment:
+    """Steps `first_step .. first_step + count - 1` read batches `first_batch ..` of epoch `epoch`, each of
+    `instances` instances (`tokens_before` tokens trained before the first): a stretch with no schedule event."""
+
+    first_step: int
+    count: int
+    epoch: int
+    first_batch: int
+    instances: int
+    tokens_before: int
+
+    def slot(self, step: int, sequence_length: int) -> StepSlot:
+        k = step - self.first_step
+        tokens = self.tokens_before + k * self.instances * sequence_length
+        return StepSlot(step, self.epoch, self.first_batch + k, self.instances, tokens)
+
+
 class StepWalk:
     """Step N -> `StepSlot`, for a dataset of `dataset_size` instances of `sequence_length` tokens.
 
-    Without a schedule this is arithmetic; with one, steps are replayed from 1 (each costs a few microseconds),
-    and the slots of one walk are kept so asking again, or for a later step, does not start over.
+    Without a schedule this is arithmetic. With one, the run is replayed as stretches of steps between schedule
+    events (a change coming due, a waiting increase becoming possible, an epoch's end), each a `Segment`, kept so
+    that asking again or further does not start over; a step or a position is then found by bisection.
     """
 
     def __init__(
@@ -62,14 +81,24 @@ class StepWalk:
                     f"the dataset ({self.dataset_size} instances of {self.sequence_length} tokens): OLMo-core would "
                     "train no batch"
                 )
-        self._slots: list[StepSlot] = []
-        self._keys: list[tuple[int, int]] = []  # (epoch, first position) of each slot, for bisect
-        self._walker: Iterator[StepSlot] | None = None
+        self._segments: list[Segment] = []
+        self._starts: list[int] = []  # first step of each segment
+        self._keys: list[tuple[int, int]] = []  # (epoch, first position) of each segment
+        self._walker: Iterator[Segment] | None = None
 
     def batches_per_epoch(self, tokens: int | None = None) -> int:
         """Batches in an epoch at a batch of `tokens` tokens (the configured size when None)."""
         per_batch = (tokens or self.global_batch_size) // self.sequence_length
         return self.dataset_size // per_batch
+
+    def _walk_to(self, step: int) -> None:
+        if self._walker is None:
+            self._walker = self._walk()
+        while not self._segments or self._segments[-1].first_step + self._segments[-1].count <= step:
+            seg = next(self._walker)
+            self._segments.append(seg)
+            self._starts.append(seg.first_step)
+            self._keys.append((seg.epoch, seg.first_batch * seg.instances))
 
     def slot(self, step: int) -> StepSlot:
         if step < 1:
@@ -78,35 +107,53 @@ class StepWalk:
             per_batch = self.global_batch_size // self.sequence_length
             n = self.batches_per_epoch()
             return StepSlot(step, (step - 1) // n + 1, (step - 1) % n, per_batch, (step - 1) * self.global_batch_size)
-        if self._walker is None:
-            self._walker = self._walk()
-        while len(self._slots) < step:
-            slot = next(self._walker)
-            self._slots.append(slot)
-            self._keys.append((slot.epoch, slot.start))
-        return self._slots[step - 1]
+        self._walk_to(step)
+        return self._segments[bisect.bisect_right(self._starts, step) - 1].slot(step, self.sequence_length)
 
-    def _walk(self) -> Iterator[StepSlot]:
-        """OLMo-core's Trainer and loader, step by step: the schedule applied before each batch is drawn."""
+    def _walk(self) -> Iterator[Segment]:
+        """OLMo-core's Trainer and loader: the schedule applied before each batch is drawn; between two moments
+        where that can change anything, steps go on in one stretch."""
         L = self.sequence_length
         gbs = self.global_batch_size
         epoch, drawn, step, tokens = 1, 0, 0, 0
         while True:
             gbs, drawn = self._apply(gbs, drawn, step, tokens, epoch)
             per_batch = gbs // L
-            if drawn >= self.dataset_size // per_batch:  # the epoch is over: the next one starts, schedule again
+            left = self.dataset_size // per_batch - drawn
+            if left <= 0:  # the epoch is over: the next one starts, and the schedule is asked again
                 epoch, drawn = epoch + 1, 0
                 continue
-            step += 1
-            yield StepSlot(step, epoch, drawn, per_batch, tokens)
-            drawn += 1
-            tokens += gbs
+            count = min([left] + self._steps_to_event(gbs, drawn, step, tokens, epoch))
+            yield Segment(step + 1, count, epoch, drawn, per_batch, tokens)
+            step, drawn, tokens = step + count, drawn + count, tokens + count * gbs
+
+    def _due(self, change: BatchSizeChange, step: int, tokens: int, epoch: int) -> bool:
+        """OLMo-core's `Duration.due`: steps and tokens from their value on, epochs once that many are done."""
+        if change.unit == "steps":
+            return step >= change.start
+        if change.unit == "tokens":
+            return tokens >= change.start
+        return epoch > change.start
+
+    def _steps_to_event(self, gbs: int, drawn: int, step: int, tokens: int, epoch: int) -> list[int]:
+        """Steps (at least 1) after which `_apply` may give another answer: a change coming due, or a due
+        increase waiting for the batches drawn in the epoch to be a multiple of its factor."""
+        out = []
+        for change in self.schedule:
+            if not self._due(change, step, tokens, epoch):
+                if change.unit == "steps":
+                    out.append(change.start - step)
+                elif change.unit == "tokens":
+                    out.append(-(-(change.start - tokens) // gbs))
+        due = [c for c in self.schedule if self._due(c, step, tokens, epoch)]
+        if due and due[-1].tokens > gbs:
+            out.append(-drawn % (due[-1].tokens // gbs) or 1)
+        return out
 
     def _apply(self, gbs: int, drawn: int, step: int, tokens: int, epoch: int) -> tuple[int, int]:
         """`BatchSizeSchedulerCallback._maybe_update_batch_size_and_lr` and the loader's batch-size setter."""
         for change in reversed(self.schedule):
-            due = {"steps": step, "tokens": tokens}.get(change.unit)
-            if (epoch > change.start) if due is None else (due >= change.start):
+            if self._due(change, step, tokens, epoch):
                 target = change.tokens
                 if target > gbs:
                     ratio = target // gbs
@@ -127,10 +174,11 @@ class StepWalk:
             return [step] if batch < n and step <= last_step else []
         if last_step < 1:
             return []
-        self.slot(last_step)  # walked that far: slots are in (epoch, start) order, so search them
-        i = bisect.bisect_right(self._keys, (epoch, position), 0, last_step) - 1
-        if i >= 0:
-            slot = self._slots[i]
-            if slot.epoch == epoch and slot.start <= position < slot.start + slot.instances:
-                return [slot.step]
-        return []
+        self._walk_to(last_step)  # segments are in (epoch, first position) order: search them
+        i = bisect.bisect_right(self._keys, (epoch, position)) - 1
+        if i < 0:
+            return []
+        seg = self._segments[i]
+        k = (position - seg.first_batch * seg.instances) // seg.instances
+        step = seg.first_step + k
+        return [step] if seg.epoch == epoch and k < seg.count and step <= last_step else []

@@ -119,6 +119,15 @@ def run_and_compare(
                     assert getattr(mine, field) is None, field
                 else:
                     np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=field)
+    # and back, as trace asks: the steps (and ranks) that trained an instance, for instances across the dataset
+    trained: dict[int, list[tuple[int, int]]] = {}
+    for rank, steps in reference.items():
+        for s in steps:
+            for i in s.index.tolist():
+                trained.setdefault(i, []).append((s.step, rank))
+    for instance in np.linspace(0, len(data.dataset) - 1, 40).astype(int).tolist():
+        got = [(t.step, t.rank) for t in data.steps_of(instance, last_step, world_size=WORLD)]
+        assert got == sorted(trained.get(instance, [])), instance
     return data, reference, work_dir
 
 
@@ -176,21 +185,13 @@ def write_label_masks(paths: list[str], folder: Path) -> list[str]:
     return out
 
 
-def test_trace_steps_of_an_instance_match_the_loader(
-    core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_label_masks_of_plain_fsl(core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Label mask files beside the token files come with each instance (run_and_compare checks them)."""
     masks = write_label_masks(small[:3], tmp_path)
     dataset = fsl(core, small[:3], label_mask_paths=masks)
-    last = steps_for(small[:3], 8)
-    data, reference, _ = run_and_compare(core, tmp_path, dataset, monkeypatch, last_step=last)
-    seen: dict[int, list[tuple[int, int]]] = {}
-    for rank, steps in reference.items():
-        for s in steps:
-            for i in s.index.tolist():
-                seen.setdefault(i, []).append((s.step, rank))
-    for instance in list(seen)[:20] + [len(data.dataset) - 1]:
-        got = [(t.step, t.rank) for t in data.steps_of(instance, last, world_size=WORLD)]
-        assert got == sorted(seen.get(instance, [])), instance
+    _, reference, _ = run_and_compare(core, tmp_path, dataset, monkeypatch, last_step=steps_for(small[:3], 8))
+    got = np.concatenate([s.label_mask for s in reference[1]])
+    assert got.any() and not got.all()
 
 
 def test_padded_fsl_one_document_per_instance(
@@ -297,6 +298,36 @@ def test_batch_size_schedule(
     assert sizes[:5] == [4] * 5 and 16 in sizes and sizes[-1] == 8
     if unit == "steps":
         assert sizes.index(16) > 5  # the increase waited for a whole multiple of batches
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batch_size_schedules(
+    core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Seeded schedules of 2 to 4 batch sizes (factors 2 and 4, up and down, in any unit), 120 steps each:
+    increases that wait, decreases that reopen an epoch's tail, changes at an epoch's end."""
+    from olmo_core.train import Duration
+
+    rng = np.random.default_rng(seed)
+    unit = ["steps", "tokens", "epochs"][seed % 3]
+    sizes = [int(rng.choice([2, 4, 8]))]
+    while len(sizes) < int(rng.integers(2, 5)):
+        options = [x for x in (sizes[-1] * 2, sizes[-1] * 4, sizes[-1] // 2, sizes[-1] // 4) if 2 <= x <= 16]
+        sizes.append(int(rng.choice(options)))
+    gaps = rng.integers(1, 4, len(sizes) - 1) if unit == "epochs" else rng.integers(3, 40, len(sizes) - 1)
+    starts = [0] + np.cumsum(gaps).tolist()
+    scale = 4 * L if unit == "tokens" else 1
+    run_and_compare(
+        core,
+        tmp_path,
+        fsl(core, small[:1]),
+        monkeypatch,
+        instances_per_batch=sizes[0],
+        last_step=120,
+        min_epoch=2,
+        batch_sizes=[x * L for x in sizes],
+        schedule=[Duration(int(x) * scale, unit) for x in starts],
+    )
 
 
 def test_config_json_is_recognised_and_read(core: Any, small: list[str], tmp_path: Path) -> None:
