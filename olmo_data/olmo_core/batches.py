@@ -145,6 +145,31 @@ class OlmoCoreData:
                 out.append(TrainedAt(step, epoch, within, within % world_size))
         return out
 
+    def record(self, batch: OlmoCoreBatch) -> dict[str, Any]:
+        """A batch as plain JSON values (for `inspect-batch --json`): where it sits in OLMo-core's run, where its
+        order came from, and for each of its instances (the rank's, when a rank was asked for) the file, first
+        token, length and mixture source."""
+        rows = batch.rank_instances
+        return {
+            "trainer": "olmo-core",
+            "config": self.run.source,
+            "step": batch.step,
+            "epoch": batch.epoch,
+            "batch_in_epoch": batch.batch_in_epoch,
+            "global_batch_tokens": batch.global_batch_tokens,
+            "sequence_length": self.run.sequence_length,
+            "seed": self.run.seed,
+            "rank": batch.rank,
+            "world_size": batch.world_size,
+            "fingerprint": batch.fingerprint,
+            "order": batch.order_note,
+            "instances": [
+                {"index": loc.index, "path": loc.path, "start": loc.start, "length": loc.length, "source": loc.source}
+                | ({"trained": bool(batch.instance_mask[i])} if batch.instance_mask is not None else {})
+                for i, loc in enumerate(self.dataset.locate(rows))
+            ],
+        }
+
     def locate(self, instances: Any) -> list[CoreInstance]:
         """Which file, and which tokens of it, each OLMo-core instance is."""
         return self.dataset.locate(instances)

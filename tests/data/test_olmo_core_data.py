@@ -163,6 +163,12 @@ def test_plain_fsl_every_step_on_two_ranks(
     assert (
         os.path.basename(data.epoch_order(1).path or "") == f"global_indices_dataset_size{n}_epoch1_seed{SEED}_v1.npy"
     )
+    # the JSON record names each instance's tokens where they are (checked against the rank's tokens)
+    record = json.loads(json.dumps(data.record(data.batch(last, 1, WORLD))))
+    assert record["step"] == last and record["epoch"] == reference[1][-1].epoch and len(record["instances"]) == 4
+    for row, inst in zip(reference[1][-1].input_ids, record["instances"], strict=True):
+        assert inst["length"] == L and inst["trained"] in (True, False)
+        np.testing.assert_array_equal(np.fromfile(inst["path"], dtype=np.uint16)[inst["start"] :][:L], row)
     # the first epoch is PCG64(seed + 1): our own epoch-0-based build_order one epoch on
     from olmo_data.order import build_order
 
