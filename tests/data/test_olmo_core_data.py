@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,20 @@ def steps_for(paths: list[str], per_batch: int, epochs: int = 3) -> int:
     """A last step inside epoch `epochs` + 1 of plain FSL data over `paths` (uint16 token files)."""
     instances = sum(os.path.getsize(p) // 2 // L for p in paths)
     return epochs * (instances // per_batch) + 2
+
+
+@pytest.fixture
+def range_server(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A loopback file server with Range support, as object stores serve files (no faults): (root, URL). One
+    request per connection: OLMo-core reads metadata in forked processes, which would share kept-alive sockets."""
+    from tests.flaky_server import FlakyServer
+
+    root = tmp_path / "www"
+    root.mkdir()
+    server = FlakyServer(root)
+    server._server.RequestHandlerClass.protocol_version = "HTTP/1.0"  # type: ignore[attr-defined]
+    with server:
+        yield root, server.url
 
 
 def fsl(core: Any, paths: list[str], **kw: Any) -> Any:
@@ -228,6 +243,32 @@ def test_padded_fsl_one_document_per_instance(
     assert "instance-indices" in " ".join(os.listdir(os.path.join(work_dir, "dataset-common")))
     for step in (1, 17, 40):
         assert rebuilt.batch(step).fingerprint == data.batch(step).fingerprint
+
+
+def test_padded_fsl_over_http_reads_documents_from_the_metadata(
+    core: Any,
+    token_paths: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    range_server: tuple[Path, str],
+) -> None:
+    """Remote token files: OLMo-core (and we) take a padded dataset's documents from the .csv.gz beside each."""
+    import shutil
+
+    from olmo_core.data import NumpyPaddedFSLDatasetConfig
+
+    root, url = range_server
+    urls = []
+    for p in token_paths[:12]:
+        for suffix in (".npy", ".csv.gz"):
+            shutil.copy(p[: -len(".npy")] + suffix, root / (os.path.basename(p)[: -len(".npy")] + suffix))
+        urls.append(f"{url}/{os.path.basename(p)}")
+    seq = 512
+    dataset = NumpyPaddedFSLDatasetConfig(tokenizer=core.tokenizer_config(), paths=urls, sequence_length=seq)
+    data, _, _ = run_and_compare(
+        core, tmp_path, dataset, monkeypatch, instances_per_batch=2, seq_len=seq, last_step=12, min_epoch=2
+    )
+    assert all(loc.path.startswith("http://") for loc in data.locate(range(len(data.dataset))))
 
 
 def test_max_target_sequence_length_shuffles_chunks(
