@@ -155,7 +155,9 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     if seq_len <= 0:
         raise DataError(f"{where}: dataset.sequence_length must be positive, got {seq_len}")
     mtsl = dataset.get("max_target_sequence_length")
-    if mtsl is not None and (int(mtsl) < seq_len or int(mtsl) % seq_len):
+    if mtsl is not None:
+        mtsl = _int(dataset, "max_target_sequence_length", "dataset", where)
+    if mtsl is not None and (mtsl < seq_len or mtsl % seq_len):
         raise DataError(
             f"{where}: dataset.max_target_sequence_length ({mtsl}) must be a multiple of sequence_length ({seq_len})"
         )
@@ -181,7 +183,7 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         paths=paths,
         label_mask_paths=masks,
         sequence_length=seq_len,
-        max_target_sequence_length=int(mtsl) if mtsl is not None else None,
+        max_target_sequence_length=mtsl,
         dtype=dtype,
         pad_token_id=_int(tokenizer, "pad_token_id", "dataset.tokenizer", where),
         eos_token_id=_int(tokenizer, "eos_token_id", "dataset.tokenizer", where),
@@ -288,6 +290,8 @@ def _mixture(section: Any, where: str) -> Mixture | None:
         what = f"dataset.source_mixture_config.source_list.sources[{i}]"
         if not isinstance(s, dict) or not s.get("paths"):
             raise DataError(f"{where}: {what} has no paths")
+        if isinstance(s.get("target_ratio"), bool) or not isinstance(s.get("target_ratio"), (int, float)):
+            raise DataError(f"{where}: {what}.target_ratio is {shown(s.get('target_ratio'))}; expected a number")
         sources.append(
             MixtureSource(
                 name=str(s.get("source_name", i)),

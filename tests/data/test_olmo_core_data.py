@@ -422,6 +422,17 @@ def minimal(dataset_class: str = "NumpyFSLDatasetConfig", **dataset: Any) -> dic
         ),
         (minimal(paths=None, mix="OLMoE-mix-0824"), "named data mix 'OLMoE-mix-0824'; not covered"),
         (minimal(max_target_sequence_length=L + 1), "must be a multiple of sequence_length"),
+        (minimal(max_target_sequence_length="4k"), "dataset.max_target_sequence_length is '4k'; expected a whole"),
+        (
+            minimal(
+                paths=None,
+                source_mixture_config={
+                    "_CLASS_": "olmo_core.data.source_mixture.SourceMixtureDatasetConfig",
+                    "source_list": {"sources": [{"source_name": "a", "paths": ["/x.npy"]}]},
+                },
+            ),
+            "sources[0].target_ratio is None; expected a number",
+        ),
         ({"data": {"paths": ["a"]}}, "no dataset section"),
         (minimal(_CLASS_="mine.Dataset"), "dataset._CLASS_ is 'mine.Dataset'"),
         (
