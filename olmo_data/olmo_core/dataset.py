@@ -7,8 +7,8 @@
   budget: the first `budget // L` instances of the file (see `olmo_data.olmo_core.mixture`).
 * `NumpyPaddedFSLDataset` makes one instance per document: its first `L` tokens, padded to `L` with the pad id;
   `label_mask` is False on padding (and where the file's own label mask says so). Documents are found as OLMo-core
-  finds them: in a local file, by its EOS tokens (a document ends at each EOS; with a BOS id, at an EOS followed by
-  BOS, and at a final EOS; tokens after the last boundary are no document); in a remote one, from the `.csv.gz`
+  finds them: in a local file, by its EOS tokens (a document ends at each EOS, whatever the BOS id: OLMo-core
+  3.0.0 does not pass it here; tokens after the last EOS are no document); in a remote one, from the `.csv.gz`
   beside it. OLMo-core keeps what it found in `work_dir/dataset-common/instance-indices-{L}-{sha256}.npy`;
   that file is read when it is there.
 """
@@ -162,27 +162,17 @@ def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray
 
 
 def document_spans(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
-    """(n, 2) document start/end offsets as OLMo-core's `iter_document_indices` finds them."""
+    """(n, 2) document start/end offsets as OLMo-core's padded dataset finds them (`iter_document_indices` as
+    `segment_documents_into_instances` calls it: without the BOS id, so a document ends at every EOS)."""
     dtype = np.dtype(NUMPY_DTYPES[run.dtype]).newbyteorder("<")
     n_tokens = size_bytes // dtype.itemsize
     if local_path(path):
         ends: list[np.ndarray] = []
-        eos, bos = run.eos_token_id, run.bos_token_id
         with open(path, "rb") as f:
             for lo in range(0, n_tokens, SCAN_TOKENS):
-                # one token of overlap so that an EOS-then-BOS pair across two reads is seen
-                count = min(SCAN_TOKENS + 1, n_tokens - lo)
-                f.seek(lo * dtype.itemsize)
-                chunk = np.frombuffer(f.read(count * dtype.itemsize), dtype=dtype)
-                if bos is None:
-                    hits = np.flatnonzero(chunk[: min(SCAN_TOKENS, count)] == eos)
-                else:
-                    hits = np.flatnonzero((chunk[:-1] == eos) & (chunk[1:] == bos))
-                ends.append(hits + lo + 1)
-        end = np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
-        if bos is not None and n_tokens and _last_token(path, dtype, n_tokens) == eos:
-            end = np.append(end, n_tokens)
-        end = end.astype(np.int64)
+                chunk = np.frombuffer(f.read(min(SCAN_TOKENS, n_tokens - lo) * dtype.itemsize), dtype=dtype)
+                ends.append(np.flatnonzero(chunk == run.eos_token_id) + lo + 1)
+        end = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, dtype=np.int64)
         return np.stack([np.concatenate([[0], end[:-1]]), end], axis=1) if len(end) else np.zeros((0, 2), np.int64)
     meta = path[: -len(".npy")] + ".csv.gz" if path.endswith(".npy") else path + ".csv.gz"
     rows: list[tuple[int, int]] = []
@@ -194,9 +184,3 @@ def document_spans(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
     except (OSError, DataError) as e:
         raise DataError(f"{meta}: OLMo-core reads a remote file's documents from this metadata file ({e})") from e
     return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
-
-
-def _last_token(path: str, dtype: np.dtype[Any], n_tokens: int) -> int:
-    with open(path, "rb") as f:
-        f.seek((n_tokens - 1) * dtype.itemsize)
-        return int(np.frombuffer(f.read(dtype.itemsize), dtype=dtype)[0])

@@ -245,6 +245,28 @@ def test_padded_fsl_one_document_per_instance(
         assert rebuilt.batch(step).fingerprint == data.batch(step).fingerprint
 
 
+def test_padded_fsl_with_a_bos_token(
+    core: Any, token_paths: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BOS id does not change where OLMo-core's padded dataset cuts documents (every EOS ends one), though its
+    EOS-scan helper knows a BOS rule: a token that follows some EOS stands in for a BOS here."""
+    from olmo_core.data import NumpyPaddedFSLDatasetConfig, TokenizerConfig
+
+    tokens = np.concatenate([np.fromfile(p, dtype=np.uint16) for p in token_paths])
+    after_eos = tokens[1:][tokens[:-1] == 0]
+    bos = int(np.argsort(np.bincount(after_eos))[-2])
+    tokenizer = TokenizerConfig(vocab_size=2048, eos_token_id=0, pad_token_id=1, bos_token_id=bos)
+    seq = 1024
+    dataset = NumpyPaddedFSLDatasetConfig(tokenizer=tokenizer, paths=token_paths, sequence_length=seq)
+    data, _, _ = run_and_compare(
+        core, tmp_path, dataset, monkeypatch, instances_per_batch=2, seq_len=seq, last_step=30, min_epoch=2
+    )
+    assert data.run.bos_token_id == bos and len(data.dataset) == int((tokens == 0).sum())
+    elsewhere = open_olmo_core(str(tmp_path / "save" / "step0" / "config.json"), work_dir=str(tmp_path / "none"))
+    for step in (1, 30):  # without OLMo-core's index files, the same documents from the EOS tokens
+        assert elsewhere.batch(step).fingerprint == data.batch(step).fingerprint
+
+
 def test_padded_fsl_over_http_reads_documents_from_the_metadata(
     core: Any,
     token_paths: list[str],
