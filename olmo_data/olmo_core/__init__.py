@@ -26,7 +26,13 @@ from olmo_data.olmo_core.config import (
 )
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.mixture import MixtureFile, allocate_mixture
-from olmo_data.olmo_core.order import EpochOrder, build_olmo_core_order, olmo_core_order, order_file_name
+from olmo_data.olmo_core.order import (
+    EpochOrder,
+    build_olmo_core_order,
+    olmo_core_order,
+    order_file_name,
+    write_olmo_core_order,
+)
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 
 __all__ = [
@@ -52,4 +58,5 @@ __all__ = [
     "open_olmo_core",
     "order_file_name",
     "read_olmo_core_config",
+    "write_olmo_core_order",
 ]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from olmo_data.errors import DataError
+from olmo_data.io import atomic_path
 
 
 def order_file_name(dataset_size: int, epoch: int, seed: int, chunk_size: int = 1) -> str:
@@ -75,3 +76,13 @@ def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chu
         return EpochOrder(epoch, stored, path, f"read from {path}")
     order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
     return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)")
+
+
+def write_olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> str:
+    """Write epoch `epoch`'s order into `work_dir` under OLMo-core's name, atomically (for `build-order`): the
+    bytes OLMo-core writes, so an OLMo-core loader pointed at this work_dir uses it as its own."""
+    os.makedirs(work_dir, exist_ok=True)
+    path = os.path.join(work_dir, order_file_name(dataset_size, epoch, seed, chunk_size))
+    with atomic_path(path) as tmp:
+        build_olmo_core_order(dataset_size, seed, epoch, chunk_size).astype("<u4").tofile(tmp)
+    return path

@@ -26,6 +26,7 @@ from olmo_data.olmo_core import (
     open_olmo_core,
     order_file_name,
     read_olmo_core_config,
+    write_olmo_core_order,
 )
 
 L = 64  # tokens per instance
@@ -188,6 +189,9 @@ def test_plain_fsl_every_step_on_two_ranks(
     from olmo_data.order import build_order
 
     np.testing.assert_array_equal(data.epoch_order(1).order, build_order(n, SEED, epoch=1))
+    # and written here, an order is OLMo-core's file byte for byte, under its name
+    mine = write_olmo_core_order(str(tmp_path / "ours"), n, SEED, 2)
+    assert Path(mine).read_bytes() == Path(work_dir, os.path.basename(mine)).read_bytes()
     # away from the training machine the orders are rebuilt, identically, and the note says so
     elsewhere = open_olmo_core(str(tmp_path / "save" / "step0" / "config.json"), work_dir=str(tmp_path / "none"))
     for step in (1, last // 2, last):
@@ -302,7 +306,10 @@ def test_max_target_sequence_length_shuffles_chunks(
     assert data.run.chunk_size == 4
     order = data.epoch_order(2).order
     assert (order.reshape(-1, 4) % 4 == np.arange(4)).all()  # whole chunks, in place
-    assert os.path.basename(data.epoch_order(2).path or "").startswith("global_indices_chunk4_dataset_size")
+    found = data.epoch_order(2).path or ""
+    assert os.path.basename(found).startswith("global_indices_chunk4_dataset_size")
+    mine = write_olmo_core_order(str(tmp_path / "ours"), len(data.dataset), SEED, 2, chunk_size=4)
+    assert os.path.basename(mine) == os.path.basename(found) and Path(mine).read_bytes() == Path(found).read_bytes()
 
 
 def test_two_source_mixture(core: Any, small: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
