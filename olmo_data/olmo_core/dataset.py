@@ -1,7 +1,8 @@
 """OLMo-core's instances: `NumpyFSLDataset` (and its source mixture) and `NumpyPaddedFSLDataset`, read here.
 
 * `NumpyFSLDataset` cuts every file on its own into `file_tokens // L` instances (the tail dropped) and numbers them
-  file after file: the same instances as `olmo_data.dataset.instances`. With `max_target_sequence_length` M it keeps only
+  file after file: the same instances as `olmo_data.dataset.instances`. With `max_target_sequence_length` M it keeps
+  only
   `file_tokens // M` whole runs of `M // L` instances per file, so every epoch's chunks are whole.
 * Its mixture (`NumpyFSLDatasetMixture`) is the same over the mixture's file occurrences, each cut to its token
   budget: the first `budget // L` instances of the file (see `olmo_data.olmo_core.mixture`).
