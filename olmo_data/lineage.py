@@ -38,7 +38,7 @@ from olmo_data.train_config import duration_steps, read_train_config
 
 TRAINER_STATE = "trainer_state.json"  # the trainer's names (olmo_train/checkpoint/layout.py), read here as files
 CONFIG = "config.yaml"
-SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
+SOURCES = ("checkpoint", "import-hf", "import-olmo", "import-olmo-core", "soup")
 TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
 _STEP_DIR = re.compile(r"^step(\d+)(-unsharded)?$")
 COUNTERS = (None, "continued", "restarted")  # a record's optional `counters` key (absent in older records)
