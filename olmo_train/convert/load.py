@@ -61,10 +61,8 @@ def load_model(
         tokenizer = _load_tokenizer(Path(str(named)), None) if named else None
     elif olmo_core.is_olmo_core_checkpoint(spec):
         model_cfg, state, core_config = olmo_core.read_olmo_core_checkpoint(spec)
-        named = ((core_config.get("dataset") or {}).get("tokenizer") or {}).get("identifier")
-        tokenizer = _load_tokenizer(Path(str(named)), None) if isinstance(named, str) and named.endswith(".json") else None
-        if tokenizer is None:
-            log.warning("no tokenizer: OLMo-core's checkpoints carry none; pass token ids, not text")
+        named = olmo_core.tokenizer_section(core_config).get("identifier")  # a hub id, or a tokenizer.json here
+        tokenizer = _load_tokenizer(Path(named), None) if isinstance(named, str) and named.endswith(".json") else None
     else:
         path = _localize(spec) if is_remote(spec) else Path(spec).expanduser()
         if (path / CONFIG_JSON).is_file() and not (path / TRAINER_STATE).is_file():

@@ -194,9 +194,7 @@ def _adam_states(optim: dict[str, Any], names: set[str], dcp: Path) -> dict[str,
     return out
 
 
-def optimizer_state(
-    dcp: Path, model: ModelConfig, optim_cfg: OptimizerConfig
-) -> dict[str, Any] | None:
+def optimizer_state(dcp: Path, model: ModelConfig, optim_cfg: OptimizerConfig) -> dict[str, Any] | None:
     """OLMo-core's AdamW state as our optim.pt (the full optimizer state dict torch's `get_optimizer_state_dict`
     gives for our model and optimizer: moments and step per parameter name, and our two parameter groups), or
     None when the checkpoint holds none. Parameters OLMo-core never stepped (no state) start afresh here too."""
@@ -217,8 +215,13 @@ def optimizer_state(
                     f"{dcp}: optimizer state {name}.{key} has shape {list(entry[key].shape)}, the parameter "
                     f"{list(shapes[ours])}"
                 )
-        state[ours] = {"step": entry["step"].reshape(()), "exp_avg": entry["exp_avg"], "exp_avg_sq": entry["exp_avg_sq"]}
-    decay, no_decay = [], []
+        state[ours] = {
+            "step": entry["step"].reshape(()),
+            "exp_avg": entry["exp_avg"],
+            "exp_avg_sq": entry["exp_avg_sq"],
+        }
+    decay: list[str] = []
+    no_decay: list[str] = []
     for name in params:  # as olmo_train.train.optim groups them
         is_embedding = name == "embeddings.weight"
         is_norm = len(shapes[name]) < 2
@@ -242,6 +245,13 @@ def their_name(ours: str) -> str | None:
 _THEIR_NAME = renamer(OLMO_CORE_TENSORS.renames)
 
 
+def tokenizer_section(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's `dataset.tokenizer` (OLMo-core's TokenizerConfig: identifier, vocab_size, special ids), or {}."""
+    dataset = config.get("dataset")
+    section = dataset.get("tokenizer") if isinstance(dataset, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
 # ---- the trainer state ---------------------------------------------------------------------------------------
 
 
@@ -257,11 +267,16 @@ def read_train_state(step_dir: Path) -> tuple[int, int]:
         with torch.serialization.safe_globals(array):
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        log.warning("%s: not readable as plain data (%s); the step is taken from the folder name", path, type(e).__name__)
+        log.warning(
+            "%s: not readable as plain data (%s); the step is taken from the folder name", path, type(e).__name__
+        )
         return fallback, 0
-    step, tokens = state.get("global_step"), state.get("global_train_tokens_seen") if isinstance(state, dict) else (None, None)
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (step, tokens))
-    return (int(step), int(tokens)) if ok else (fallback, 0)  # type: ignore[arg-type]
+    if not isinstance(state, dict):
+        return fallback, 0
+    step, tokens = state.get("global_step"), state.get("global_train_tokens_seen")
+    if isinstance(step, int) and isinstance(tokens, int) and min(step, tokens) >= 0:
+        return step, tokens
+    return fallback, 0
 
 
 # ---- import-olmo-core ----------------------------------------------------------------------------------------
@@ -294,7 +309,7 @@ def import_olmo_core(
             "model was trained with"
         )
     if tok is None:
-        named = ((raw.get("dataset") or {}).get("tokenizer") or {}).get("identifier") if isinstance(raw.get("dataset"), dict) else None
+        named = tokenizer_section(raw).get("identifier")
         log.warning(
             "%s: OLMo-core's checkpoints carry no tokenizer (its config names %s); pass it as --tokenizer for generate "
             "and export-hf to use",
@@ -308,7 +323,7 @@ def import_olmo_core(
         if optim_sd is not None:
             torch.save(optim_sd, tmp / OPTIM_FILE)
         if tok is not None:
-            section = (raw.get("dataset") or {}).get("tokenizer") or {}
+            section = tokenizer_section(raw)
             special = {s: section.get(f"{s}_token_id") for s in ("bos", "eos", "pad")}
             ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
             write_tokenizer(tok, ids, model, tmp)

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 _ABSENT = object()
 # how OLMo-core's machinery runs the model (precision, kernels, parallelism), not what it computes
-_INFRA = ("dtype", "backend", "use_flash", "full_precision", "loss_implementation", "init_method", "init_seed")
+_INFRA: tuple[str, ...] = ("dtype", "backend", "use_flash", "full_precision", "loss_implementation", "init_method")
+_INFRA += ("init_seed",)
 _INFRA += ("embedding_init_std", "freeze_params", "use_recompute_qkv_prep", "mxfp8_save_qkv_for_backward")
 _INFRA += ("mxfp8_projections", "mxfp8_qkv_projection", "mxfp8_out_projection", "type", "_CLASS_")
 NORM_KINDS = {"rms": "rms", "fused_rms": "rms", "default": "layer_norm"}  # same arithmetic, other kernels
@@ -85,18 +86,20 @@ def _spelled(v: Any) -> str:
     return "null" if v is None else "true" if v is True else "false" if v is False else repr(v)
 
 
-_NORM = {"name": "default", "eps": 1e-5, "elementwise_affine": True, "bias": True}
-_ROPE = {"name": "default", "theta": 500_000, "no_global_rope": False, "scaling": None, "partial_rotary_factor": 1.0}
-_ATTENTION = {"name": "default", "n_heads": 16, "n_kv_heads": None, "head_dim": None, "bias": True, "gate": None}
+_NORM: dict[str, Any] = {"name": "default", "eps": 1e-5, "elementwise_affine": True, "bias": True}
+_ROPE: dict[str, Any] = {"name": "default", "theta": 500_000, "no_global_rope": False, "scaling": None}
+_ROPE |= {"partial_rotary_factor": 1.0}
+_ATTENTION: dict[str, Any] = {"name": "default", "n_heads": 16, "n_kv_heads": None, "head_dim": None, "bias": True}
+_ATTENTION |= {"gate": None}
 _ATTENTION |= {"rope": None, "clip_qkv": None, "qk_norm": None, "dropout": 0.0, "sliding_window": None}
 _ATTENTION |= {"use_head_qk_norm": False, "scalable_softmax": False, "qk_norm_per_head_gains": False}
 _ATTENTION |= {"attention_sinks": False}
-_FEED_FORWARD = {"hidden_size": None, "name": "default", "bias": True, "activation": "silu"}
-_BLOCK = {"sequence_mixer": None, "attention": None, "layer_norm": None, "feed_forward": None}
+_FEED_FORWARD: dict[str, Any] = {"hidden_size": None, "name": "default", "bias": True, "activation": "silu"}
+_BLOCK: dict[str, Any] = {"sequence_mixer": None, "attention": None, "layer_norm": None, "feed_forward": None}
 _BLOCK |= {"feed_forward_moe": None, "name": "default", "dropout": 0.0}
 _BLOCK |= {"attention_residual_alpha": 1.0, "feed_forward_residual_alpha": 1.0}
-_LM_HEAD = {"name": "default", "layer_norm": None, "bias": True}
-_MODEL = {"d_model": None, "vocab_size": None, "n_layers": None, "block": None, "lm_head": None}
+_LM_HEAD: dict[str, Any] = {"name": "default", "layer_norm": None, "bias": True}
+_MODEL: dict[str, Any] = {"d_model": None, "vocab_size": None, "n_layers": None, "block": None, "lm_head": None}
 _MODEL |= {"embedding_norm": None, "name": "default", "init_std": 0.02, "block_pattern": None}
 _MODEL |= {"block_overrides": None, "embed_scale": None, "tie_word_embeddings": False}
 BLOCK_KINDS = {"reordered_norm": True, "default": False}  # block name -> our norm_after
@@ -221,7 +224,7 @@ def _sequence_length(config: dict[str, Any]) -> int:
     return ModelConfig.max_sequence_length
 
 
-_OPTIM = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-2, "group_overrides": None}
+_OPTIM: dict[str, Any] = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 1e-2, "group_overrides": None}
 _OPTIM |= {"compile": False, "fixed_fields": None, "foreach": None, "fused": None}
 _OPTIM |= {"step_increment_bugfix": True, "rolling_interval_length": 128, "sigma_factor": 6}
 
