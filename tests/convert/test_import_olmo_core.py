@@ -155,8 +155,10 @@ def test_an_olmo_core_checkpoint_imports_with_olmo_cores_logits(variant: str, tm
 
 
 @needs_core
-@pytest.mark.parametrize("optim", ["adamw", "skip_step"])
-def test_one_step_from_the_imported_optimizer_state_is_olmo_cores_step(optim: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant,optim", [("olmo2", "adamw"), ("olmo2", "skip_step"), ("llama-tied", "adamw")])
+def test_one_step_from_the_imported_optimizer_state_is_olmo_cores_step(
+    variant: str, optim: str, tmp_path: Path
+) -> None:
     """OLMo-core loads its checkpoint into a fresh train module and steps once; our model and optimizer, loaded
     from the import as the trainer loads a checkpoint, step once on the same batch: every weight agrees, so the
     moments, step counts, learning rate, betas, eps and each parameter's weight decay all came across."""
@@ -166,11 +168,11 @@ def test_one_step_from_the_imported_optimizer_state_is_olmo_cores_step(optim: st
     from olmo_train.nn import Transformer
     from olmo_train.train import build_optimizer
 
-    source, _ = save_core_checkpoint(tmp_path / "core", "olmo2", optim=optim, steps=3)
+    source, _ = save_core_checkpoint(tmp_path / "core", variant, optim=optim, steps=3)
     dest = import_olmo_core(str(source), tmp_path / "ours")
     ids = batch(50)
 
-    cfg = core_config("olmo2")
+    cfg = core_config(variant)
     core_model = cfg.build(init_device="cpu")
     opt_cfg = json.loads((source / "config.json").read_text())["train_module"]
     tm = TransformerTrainModuleConfig(
