@@ -102,7 +102,7 @@ def _locate(spec: str, config: str | None) -> tuple[Path, Path, Path]:
             f"{spec}: no {MODEL_AND_OPTIM}/{DCP_METADATA}; give an OLMo-core step folder (stepN, as its Checkpointer "
             f"writes it) or its {MODEL_AND_OPTIM} directory"
         )
-    step_dir = dcp.parent if dcp.name == MODEL_AND_OPTIM and dcp != path else path
+    step_dir = dcp.parent  # config.json and train/ lie beside model_and_optim/
     if config is not None:
         config_file = Path(config).expanduser()
         if not config_file.is_file():

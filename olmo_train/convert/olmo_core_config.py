@@ -157,6 +157,8 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
     if d_model % heads or (d_model // heads) % 2:
         raise DataError(f"{source}: {att.key('n_heads')} {heads} does not split d_model {d_model} into even heads")
     att.require("head_dim", (None, d_model // heads), "heads of d_model / n_heads")
+    if kv_heads is not None and (not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads):
+        raise DataError(f"{source}: {att.key('n_kv_heads')} {shown(kv_heads)} does not divide n_heads {heads}")
     if att.value.get("rope") is None:
         raise DataError(f"{source}: {att.key('rope')} is absent (no positions); only RoPE can be imported")
     rope = att.section("rope", _ROPE, ("RoPEConfig",))

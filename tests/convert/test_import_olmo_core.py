@@ -287,6 +287,7 @@ REFUSED: dict[str, tuple[str, Any, str]] = {
     "qwen-norm": ("model.block.layer_norm.name", "qwen_rms", r"model\.block\.layer_norm\.name is 'qwen_rms'; only"),
     "norm-bias": ("model.lm_head.layer_norm.bias", ..., r"model\.lm_head\.layer_norm\.bias is true \(OLMo-core's de"),
     "lm-head-bias": ("model.lm_head.bias", True, r"model\.lm_head\.bias is true; only false"),
+    "kv-heads": ("model.block.sequence_mixer.n_kv_heads", 3, r"sequence_mixer\.n_kv_heads 3 does not divide n_heads 4"),
     "embed-scale": ("model.embed_scale", 5.6, r"model\.embed_scale is 5\.6; only null"),
     "unknown-key": ("model.block.sequence_mixer.new_thing", 3, r"sequence_mixer\.new_thing is 3, an OLMo-core option"),
     "attention-class": (
@@ -347,6 +348,10 @@ def test_other_inputs_are_refused(core_source: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"step2: no config\.json; OLMo-core's ConfigSaverCallback writes the run's"):
         import_olmo_core(str(source), tmp_path / "o")
     dest = import_olmo_core(str(source), tmp_path / "o", config=str(tmp_path / "elsewhere.json"))
+    shutil.copy(tmp_path / "elsewhere.json", source / "config.json")  # its model_and_optim/ given directly
+    direct = import_olmo_core(str(source / "model_and_optim"), tmp_path / "direct")
+    assert (direct / "model.pt").read_bytes() == (dest / "model.pt").read_bytes()
+    (source / "config.json").unlink()
     with pytest.raises(DataError, match=r"a checkpoint of this project \(trainer_state\.json\), not OLMo-core's"):
         import_olmo_core(str(dest), tmp_path / "o2")
     with pytest.raises(DataError, match=r"the destination exists"):
