@@ -401,3 +401,73 @@ def test_import_olmo_core_needs_no_olmo_core() -> None:
 
     code = "import sys; sys.modules['olmo_core'] = None; import olmo_train.convert.olmo_core, cli.import_olmo_core"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def _fsdp_save(rank: int, world: int, out: str, port: int) -> None:
+    """One rank of a 2-rank OLMo-core run under its own FSDP (gloo, CPU): one step, then its Checkpointer's save."""
+    import os
+
+    import torch.distributed as dist
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.train.train_module.transformer.config import TransformerDataParallelConfig
+
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world)}
+    os.environ.update(env | {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = core_config("olmo2").build(init_device="cpu")
+    randomize(model, 0)
+    tm_cfg = TransformerTrainModuleConfig(
+        rank_microbatch_size=4 * SEQ,
+        max_sequence_length=SEQ,
+        optim=AdamWConfig(lr=1e-2, betas=(0.9, 0.95)),
+        dp_config=TransformerDataParallelConfig(name=DataParallelType.fsdp),
+    )
+    tm = tm_cfg.build(model, device=torch.device("cpu"))
+    assert tm.optim is not None
+    ids = batch(100 + rank)
+    lm_loss(tm.model(ids), ids).backward()
+    tm.optim.step()
+    checkpointer = Checkpointer(work_dir=Path(out) / "work", process_group=dist.group.WORLD)
+    checkpointer.save(Path(out) / "step1", tm, {"global_step": 1, "global_train_tokens_seen": 2 * 4 * SEQ})
+    if rank == 0:
+        config = {"model": core_config("olmo2").as_config_dict(), "train_module": tm_cfg.as_config_dict()}
+        checkpointer.write_file(Path(out) / "step1", "config.json", json.dumps(config))
+    dist.destroy_process_group()
+
+
+@needs_core
+@pytest.mark.slow
+def test_a_checkpoint_of_a_two_rank_fsdp_run_imports_whole(tmp_path: Path) -> None:
+    """OLMo-core's real runs are sharded: a checkpoint its FSDP wrote from 2 ranks (each tensor in 2 pieces, in
+    2 ranks' shard files) imports as OLMo-core itself loads it into one process: the same logits and the same AdamW
+    moments."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp_save, args=(2, str(tmp_path / "core"), port), nprocs=2)
+    source = tmp_path / "core" / "step1"
+    assert len(list((source / "model_and_optim").glob("__1_*.distcp"))) > 0  # rank 1 wrote shards of its own
+    tm = TransformerTrainModuleConfig(
+        rank_microbatch_size=4 * SEQ, max_sequence_length=SEQ, optim=AdamWConfig(lr=1e-2)
+    ).build(core_config("olmo2").build(init_device="cpu"))
+    Checkpointer(work_dir=tmp_path / "work").load(source, tm)
+    assert tm.optim is not None
+    dest = import_olmo_core(str(source), tmp_path / "ours")
+    ours, _ = load_model(dest)
+    ids = batch(7, n=2)
+    with torch.no_grad():
+        assert max_diff(ours(ids), tm.model.eval()(ids)) <= 1e-5
+    from olmo_train.convert.olmo_core import their_name
+
+    optim = torch.load(dest / "optim.pt", weights_only=True)
+    core_state = {name: tm.optim.state[p] for name, p in tm.model.named_parameters()}
+    assert set(optim["state"]) == {k for k in ours.state_dict() if k != "lm_head.weight" or not ours.cfg.weight_tying}
+    for name, state in optim["state"].items():
+        core = core_state[str(their_name(name))]
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(state[key], core[key].reshape(state[key].shape)), (name, key)
