@@ -19,6 +19,7 @@ TRAIN_COMMANDS: dict[str, str] = {
     "export-hf": "olmo_cli.export_hf:export_hf",
     "import-hf": "olmo_cli.import_hf:import_hf",
     "import-olmo": "olmo_cli.import_olmo:import_olmo",
+    "import-olmo-core": "olmo_cli.import_olmo_core:import_olmo_core",
     "generate": "olmo_cli.generate:generate",
     "verify": "olmo_cli.verify:verify",
     "eval": "olmo_cli.eval:eval_",

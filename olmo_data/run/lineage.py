@@ -35,7 +35,7 @@ from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote, read_bytes
 from olmo_data.run.layout import CONFIG, STEP_DIR, TRAINER_STATE, join, latest_checkpoint
 
-SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
+SOURCES = ("checkpoint", "import-hf", "import-olmo", "import-olmo-core", "soup")
 TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
 COUNTERS = (None, "continued", "restarted")  # a record's optional `counters` key (absent in older records)
 MAX_DEPTH = 64  # a chain longer than this is a loop in the records

@@ -174,13 +174,16 @@ def write_imported(
     state: dict[str, torch.Tensor],
     add_files: Callable[[Path], None] | None = None,
     lineage: list[dict[str, Any]] | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write an imported model as the unsharded checkpoint fine-tuning starts from, and return its path:
     model.pt (fp32, the trainer's master weights), a config.yaml that is a whole training config but for its data
     (load_path set to the checkpoint itself, reset_trainer_state), checksums.json, and trainer_state.json at step 0,
     written last: it marks the checkpoint complete; its `lineage` names the import's source
     (`lineage.import_record`). `add_files` puts anything else (the tokenizer) into the
-    directory being filled. All of it under a `.tmp-` name, renamed at the end."""
+    directory being filled; `overrides` sets other config fields (an import that brings its optimizer state names
+    its optimizer settings and `reset_optimizer_state: false`). All of it under a `.tmp-` name, renamed at the end."""
     state = {k: v.to(torch.float32) for k, v in state.items()}
     if model.weight_tying:
         state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
@@ -190,6 +193,7 @@ def write_imported(
         load_path=str(dest.resolve()),
         reset_trainer_state=True,
         model=model,
+        **(overrides or {}),
     )
     with atomic_directory(dest) as tmp:
         log.info("writing %s", MODEL_FILE)

@@ -3,7 +3,7 @@
 A list of parent records: [] for a run started from nothing, one record for a run started from load_path (a new
 stage, fine-tuning) or an import, N for a soup. A resumed run keeps its lineage. Each record is
 
-    {"source": "checkpoint" | "import-hf" | "import-olmo" | "soup",
+    {"source": "checkpoint" | "import-hf" | "import-olmo" | "import-olmo-core" | "soup",
      "given": the parent as the user wrote it (load_path, a soup's argument, an import's source),
      "resolved": the parent checkpoint's absolute local directory, or its URL,
      "run_name": str, "data_fingerprint": str, "step": int, "tokens_seen": int,
@@ -81,7 +81,8 @@ def parent_record(
 
 
 def import_record(source: str, given: str) -> dict[str, Any]:
-    """The record of an imported model (import-hf, import-olmo): its source directory, model name or URL."""
+    """The record of an imported model (import-hf, import-olmo, import-olmo-core): its source directory, model name
+    or URL."""
     location = given if is_remote(given) or not Path(given).expanduser().exists() else resolved_location(given)
     return {
         "source": source,
