@@ -129,3 +129,17 @@ def test_a_checkpoint_on_s3_downloads_checked(
         assert (entry / name).read_bytes() == (saved[0] / name).read_bytes(), name
     with pytest.raises(DataError, match=r"load_path s3://runs/nothing: no trainer_state.json there"):
         ckpt.localize("s3://runs/nothing", SINGLE)
+
+
+@pytest.mark.parametrize("name", [ckpt.CHECKSUMS, ckpt.TRAINER_STATE])
+def test_a_side_file_announced_at_a_terabyte_is_refused_naming_its_url(
+    server: FlakyServer, saved: tuple[Path, Path], name: str
+) -> None:
+    url = f"{server.url}/{saved[1].name}"
+    server.faults = Faults(endless=name)
+    began = time.monotonic()
+    code, out = verify_cli(url)
+    assert code == 2 and out.count("\n") == 1, out
+    assert out.startswith(f"FAILED {url}/{name}: download refused (the server announces 1,000,000,000,000 bytes")
+    assert time.monotonic() - began < 5 and server.bytes_sent < 2**20
+    assert leftovers(cache_entry(url), name) == []
