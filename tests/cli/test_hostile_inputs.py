@@ -1,0 +1,78 @@
+"""Inputs an unlucky user or a hostile file gives the newer commands: a side file of the wrong shape, a number too
+large for a float or an int, a device this machine lacks, a disk that fills up. Each is one line naming the file,
+key or flag, exit 2, no traceback, nothing partial left."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from olmo_cli.main import main
+from olmo_data.suffix_index import index_folder
+from tests.cli.test_full_disk import fill_on_write, leftovers
+from tests.data.test_suffix_index import make_files
+from tests.helpers import small_disk
+
+
+def one_line(result: Result, *fragments: str) -> str:
+    """The result is exit 2 with one line of output (click's runner mixes stderr in), holding each fragment."""
+    out = result.output
+    assert result.exit_code == 2 and "Traceback" not in out, out
+    assert out.count("\n") == 1, out
+    for fragment in fragments:
+        assert fragment in out, out
+    return out
+
+
+def index_config(tmp_path: Path) -> tuple[list[str], Path]:
+    paths, cfg = make_files(tmp_path, "uint16")
+    cfg.update(seed=1, global_train_batch_size=4, max_duration="1ep")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return paths, tmp_path / "config.yaml"
+
+
+@pytest.mark.parametrize(
+    ("manifest", "says"),
+    [([1, 2], "not a JSON object"), ({"shards": "many"}, "shards"), ({"shards": [1, "x"]}, "shards")],
+)
+def test_an_index_manifest_of_the_wrong_shape_is_one_line(tmp_path: Path, manifest: object, says: str) -> None:
+    paths, config = index_config(tmp_path)
+    out = tmp_path / "index"
+    args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    folder = index_folder(paths[0], out)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    trace = ["trace", str(config), "--tokens", "0,7,14", "--index-dir", str(out)]
+    one_line(CliRunner().invoke(main, trace), str(folder / "manifest.json"), says)
+    rebuilt = CliRunner().invoke(main, args)  # the rerun rebuilds what it cannot read
+    assert rebuilt.exit_code == 0, rebuilt.output
+
+
+def test_a_damaged_shard_record_is_rebuilt_on_rerun(tmp_path: Path) -> None:
+    paths, config = index_config(tmp_path)
+    out = tmp_path / "index"
+    args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    folder = index_folder(paths[0], out)
+    (folder / "manifest.json").unlink()
+    for damaged in ("{not json", "[]", '{"start": "x"}'):
+        (folder / "shard-00001.json").write_text(damaged)
+        again = CliRunner().invoke(main, args)
+        assert again.exit_code == 0 and "Traceback" not in again.output, again.output
+        assert "sorted 1 " in again.output, again.output
+        (folder / "manifest.json").unlink()
+
+
+def test_index_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, config = index_config(tmp_path)
+    with small_disk(tmp_path / "disk", "12k") as real:
+        out = tmp_path / "disk" / "index"
+        if not real:
+            fill_on_write(monkeypatch, 12_000)
+        args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
+        one_line(CliRunner().invoke(main, args), "the disk is full", str(out))
+        assert leftovers(tmp_path / "disk") == []
