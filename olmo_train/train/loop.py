@@ -24,7 +24,7 @@ from torch import nn
 
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
-from olmo_train.config import TrainConfig, load_config, save_config
+from olmo_train.config import TrainConfig, check_schedule_fits, load_config, save_config
 from olmo_train.distributed import (
     Dist,
     all_reduce_sum,
@@ -352,15 +352,16 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if ev.type == "lm" and ev.label not in eval_sets:
                 eval_sets[ev.label] = eval_batches(replace(ev, max_batches=ev.max_batches or subset), cfg, d)
         last = min(data.total_steps(), cfg.stop_at or data.total_steps())
+        check_schedule_fits(cfg, data.total_steps())  # a length in tokens or epochs is known in steps only now
         tasks = start_downstream(cfg, d, cfg.eval_on_start or bool(cfg.eval_interval and cfg.eval_interval <= last))
+        optim = build_optimizer(model, cfg.optimizer)
+        cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
+        state = resume(cfg, model, optim, data, d)  # e.g. a load_path that is not there
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         lock.release()
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
         raise
-    optim = build_optimizer(model, cfg.optimizer)
-    cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
-    state = resume(cfg, model, optim, data, d)
     if restart.pre_train_checkpoint_wanted(cfg, state):  # OLMo's: saving works, found out before step 1
         save("sharded", cfg, model, optim, state, d)
         restart.after_pre_train_save(save_folder / ckpt.step_dir(0, False) if d.is_main else None, optim)
