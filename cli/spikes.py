@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from olmo_cli.options import Command
+from olmo_data import strict_json
 
 
 @click.command("spikes", cls=Command)
@@ -29,4 +28,4 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool) -> None:
     from olmo_data.spikes import find_spikes, format_spikes
 
     report = find_spikes(run, window=window, z=z, top=top)
-    click.echo(json.dumps(report.to_json()) if as_json else format_spikes(report))
+    click.echo(strict_json.dumps(report.to_json()) if as_json else format_spikes(report))
