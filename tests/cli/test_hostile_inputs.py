@@ -76,3 +76,20 @@ def test_index_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
         one_line(CliRunner().invoke(main, args), "the disk is full", str(out))
         assert leftovers(tmp_path / "disk") == []
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda", "cuda:7", "tpu"])
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_a_device_this_machine_lacks_is_one_line(tmp_path: Path, device: str, command: str) -> None:
+    import torch
+
+    from olmo_cli.train_main import main as olmo_train
+
+    if device.startswith("cuda") and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has the GPU asked for")
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    extra = ["--tasks", "piqa"] if command == "eval" else ["--prompt", "x"]
+    result = CliRunner().invoke(olmo_train, [command, str(tmp_path), *extra, "--device", device])
+    said = "not a device" if device in ("gpu", "tpu") else "CUDA GPU"
+    one_line(result, f"--device {device}: ", said)
