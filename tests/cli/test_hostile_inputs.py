@@ -4,7 +4,9 @@ key or flag, exit 2, no traceback, nothing partial left."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from olmo_cli.main import main
 from olmo_data.suffix_index import index_folder
-from tests.cli.test_full_disk import fill_on_write, leftovers
+from tests.cli.test_full_disk import leftovers
 from tests.data.test_suffix_index import make_files
 from tests.helpers import small_disk
 
@@ -71,8 +73,12 @@ def test_index_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     _, config = index_config(tmp_path)
     with small_disk(tmp_path / "disk", "12k") as real:
         out = tmp_path / "disk" / "index"
-        if not real:
-            fill_on_write(monkeypatch, 12_000)
+        if not real:  # the shards are written by numpy (tofile), past builtins.open: their records are refused
+
+            def refuse(*a: object) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            monkeypatch.setattr("olmo_data.suffix_index.write_json_atomic", refuse)
         args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
         one_line(CliRunner().invoke(main, args), "the disk is full", str(out))
         assert leftovers(tmp_path / "disk") == []
@@ -93,3 +99,29 @@ def test_a_device_this_machine_lacks_is_one_line(tmp_path: Path, device: str, co
     result = CliRunner().invoke(olmo_train, [command, str(tmp_path), *extra, "--device", device])
     said = "not a device" if device in ("gpu", "tpu") else "CUDA GPU"
     one_line(result, f"--device {device}: ", said)
+
+
+def test_unshard_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every conversion writes through one temporary directory (soup's test is in tests/checkpoint/test_soup.py)."""
+    import errno
+    import os
+    import warnings
+
+    from olmo_cli.train_main import main as olmo_train
+    from tests.convert.test_unshard import save_both
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sharded, _ = save_both(tmp_path / "run", tied=False)
+    with small_disk(tmp_path / "disk", "16k") as real:
+        if not real:
+            import torch
+
+            def refuse(*a: object, **k: object) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            monkeypatch.setattr(torch, "save", refuse)
+        dest = tmp_path / "disk" / "unsharded"
+        result = CliRunner().invoke(olmo_train, ["unshard", str(sharded), "--destination", str(dest)])
+        one_line(result, f"error: {dest}: the disk is full (No space left on device); the partial .tmp-unsharded was")
+        assert list((tmp_path / "disk").iterdir()) == []
