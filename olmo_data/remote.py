@@ -402,8 +402,11 @@ class RemoteReader:
                 if r.status >= 400:  # the cause's `code` tells "not found" (manifest.is_not_found_error)
                     raise _Permanent(f"HTTP {r.status} {r.reason}") from HTTPStatusError(r.status, url)
                 if r.status == 200 and read is not None:
-                    body = read(r)
-                    r.close()  # what is left of the file is not wanted: drop the connection rather than read it
+                    try:
+                        body = read(r)
+                    finally:  # what is left is not wanted (or refused): drop the connection, not read it
+                        if r.length_remaining != 0:
+                            r.close()
                     return r.status, r.headers, body
                 return r.status, r.headers, r.read()  # urllib3 raises on a body shorter than Content-Length
             finally:
