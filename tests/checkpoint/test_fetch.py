@@ -143,3 +143,22 @@ def test_a_side_file_announced_at_a_terabyte_is_refused_naming_its_url(
     assert out.startswith(f"FAILED {url}/{name}: download refused (the server announces 1,000,000,000,000 bytes")
     assert time.monotonic() - began < 5 and server.bytes_sent < 64 << 20
     assert leftovers(cache_entry(url), name) == []
+
+
+@pytest.mark.parametrize("kind", ["sharded", "unsharded"])
+def test_a_checkpoint_from_a_server_that_ignores_range_is_fetched_once_and_checked(
+    server: FlakyServer, saved: tuple[Path, Path], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 4 KiB: a file of several chunks is streamed from the first answer, not re-read per chunk."""
+    import olmo_data.remote
+
+    real = olmo_data.remote.RemoteReader.download
+    monkeypatch.setattr(
+        olmo_data.remote.RemoteReader, "download", lambda self, u, d, c=0, **k: real(self, u, d, 4096, **k)
+    )
+    checkpoint = saved[0] if kind == "sharded" else saved[1]
+    server.faults = Faults(ignore_range=True)
+    code, out = verify_cli(f"{server.url}/{checkpoint.name}")
+    assert code == 0 and out.startswith("OK "), out
+    size = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+    assert server.bytes_sent < 2 * size, (server.bytes_sent, size)  # once (checksums.json read twice at most)

@@ -46,7 +46,7 @@ def test_an_index_manifest_of_the_wrong_shape_is_one_line(tmp_path: Path, manife
     out = tmp_path / "index"
     args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    folder = index_folder(paths[0], out)
+    folder = index_folder(paths[0], str(out))
     (folder / "manifest.json").write_text(json.dumps(manifest))
     trace = ["trace", str(config), "--tokens", "0,7,14", "--index-dir", str(out)]
     one_line(CliRunner().invoke(main, trace), str(folder / "manifest.json"), says)
@@ -59,7 +59,7 @@ def test_a_damaged_shard_record_is_rebuilt_on_rerun(tmp_path: Path) -> None:
     out = tmp_path / "index"
     args = ["index", str(config), "--index-dir", str(out), "--shard-tokens", "1000"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    folder = index_folder(paths[0], out)
+    folder = index_folder(paths[0], str(out))
     (folder / "manifest.json").unlink()
     for damaged in ("{not json", "[]", '{"start": "x"}'):
         (folder / "shard-00001.json").write_text(damaged)
