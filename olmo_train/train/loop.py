@@ -492,7 +492,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             save("sharded", cfg, model, optim, state, d, background)
         if background is not None:  # finished, stopped or preempted: the save in flight completed before exit
             background.wait()
-    except BaseException as e:  # a save in flight is removed, and named if its writes filled the disk
+    except Exception as e:  # a save in flight is removed, and named if its writes filled the disk
         if background is not None:
             background.abandon(e)
         raise
