@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from olmo_cli import strict_json
 from olmo_cli.options import Command
 
 
@@ -56,7 +55,7 @@ def eval_(
     if not report.is_main:
         return
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        click.echo(strict_json.dumps(report.as_json(), indent=2))
         return
     click.echo(report.table())
     requests = sum(report.requests.values())

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from olmo_cli import strict_json
 from olmo_cli.options import Command
 
 
@@ -61,7 +60,7 @@ def inspect_batch(
 
     Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics, and, once the run
     trained the step, the loss it had on each instance (in --json: `loss`, per supervised token, and
-    `supervised_tokens`).
+    `supervised_tokens`; an infinite or NaN loss is null there, as every non-finite number in --json output).
 
     \b
     Examples:
@@ -86,6 +85,6 @@ def inspect_batch(
     )
     sort_instances(report, sort)
     if as_json:
-        click.echo(json.dumps(report.to_json(), ensure_ascii=False))
+        click.echo(strict_json.dumps(report.to_json(), ensure_ascii=False))
     else:
         click.echo(format_report(report, max_tokens=max_tokens))

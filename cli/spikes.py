@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from olmo_cli import strict_json
 from olmo_cli.options import Command
 
 
@@ -38,4 +37,4 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool, plot: str |
         from olmo_view.plot import plot_spikes
 
         plot_spikes(RunAnswers(run, window=window, z=z), plot, report)
-    click.echo(json.dumps(report.to_json()) if as_json else format_spikes(report))
+    click.echo(strict_json.dumps(report.to_json()) if as_json else format_spikes(report))

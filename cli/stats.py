@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from olmo_cli import strict_json
 from olmo_cli.options import Command
 
 
@@ -50,4 +49,4 @@ def stats(
         dtype=dtype,
         document_lengths=not no_lengths,
     )
-    click.echo(json.dumps(result.to_json()) if as_json else format_stats(result))
+    click.echo(strict_json.dumps(result.to_json()) if as_json else format_stats(result))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from olmo_cli import strict_json
 from olmo_cli.options import Command, progress_option
 from olmo_data.errors import DataError
 
@@ -96,7 +95,7 @@ def trace(
             index_dir=index_dir,
             use_index=not no_index,
         )
-        click.echo(json.dumps(found.to_json()) if as_json else format_spans(found))
+        click.echo(strict_json.dumps(found.to_json()) if as_json else format_spans(found))
         return
     from olmo_data.trace import format_chain, trace_chain
 
@@ -117,4 +116,4 @@ def trace(
         index_dir=index_dir,
         use_index=not no_index,
     )
-    click.echo(json.dumps(report.to_json()) if as_json else format_chain(report))
+    click.echo(strict_json.dumps(report.to_json()) if as_json else format_chain(report))

@@ -35,6 +35,7 @@ from olmo_data.run.layout import (
 )
 from olmo_data.run.lineage import (
     COUNTERS,
+    MAX_DEPTH,
     SOURCES,
     Stage,
     checkpoint_identity,
@@ -59,6 +60,7 @@ __all__ = [
     "InstanceReport",
     "LATEST",
     "LATEST_UNSHARDED",
+    "MAX_DEPTH",
     "METRICS",
     "MODEL_FILE",
     "OPTIM_FILE",

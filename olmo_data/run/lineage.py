@@ -361,6 +361,8 @@ def _json(path: str) -> dict[str, Any]:
         obj = json.loads(read_bytes(path))
     except ValueError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError as e:  # a lineage nested thousands deep
+        raise DataError(f"{path}: nested too deeply to read (a damaged or crafted lineage?)") from e
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e})") from e
     if not isinstance(obj, dict):

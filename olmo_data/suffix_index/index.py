@@ -35,8 +35,14 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES, InstanceSource
-from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
+from olmo_data.errors import DataError, is_disk_full, shown
+from olmo_data.io import (
+    atomic_path,
+    is_remote,
+    remove_live_temporaries,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 from olmo_data.processes import pool_context
 from olmo_data.suffix_index.sort import engine_name, suffix_array
 
@@ -122,8 +128,11 @@ def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
     data_path = Path(task.folder) / f"shard-{task.shard:05d}.u32"
     if not meta_path.exists() or not data_path.exists():
         return False
-    meta = json.loads(meta_path.read_text())
-    if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+    try:  # a damaged record (cut short, edited) is a shard to build again
+        meta = json.loads(meta_path.read_text())
+        if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+            return False
+    except (ValueError, TypeError, KeyError):
         return False
     if data_path.stat().st_size != 4 * (task.end - task.start):
         return False
@@ -157,7 +166,27 @@ def build_index(
     engine: str = "auto",
     progress: bool | None = None,
 ) -> IndexSummary:
-    """Index every distinct token file of `source`; shards already done (and still matching their file) are kept."""
+    """Index every distinct token file of `source`; shards already done (and still matching their file) are kept.
+    A full disk is one line naming where the index goes; the shards done so far are kept for the rerun."""
+    try:
+        return _build_index(source, index_dir, shard_tokens, context, processes, engine, progress)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        remove_live_temporaries()
+        where = index_dir or "the suffix-index folders beside the token files"
+        raise DataError(f"{where}: the disk is full ({e}); free space there and rerun (done shards are kept)") from e
+
+
+def _build_index(
+    source: InstanceSource,
+    index_dir: str | None,
+    shard_tokens: int,
+    context: int,
+    processes: int,
+    engine: str,
+    progress: bool | None,
+) -> IndexSummary:
     if shard_tokens < 1 or context < 1 or shard_tokens + context >= 1 << 32:
         raise DataError(f"shard_tokens {shard_tokens} and context {context}: expected positive, summing below 2**32")
     engine = engine_name(engine)
@@ -173,7 +202,12 @@ def build_index(
             continue
         folder = index_folder(path, index_dir)
         stamp = file_stamp(path)
-        old = _read_manifest(folder)
+        try:
+            old = _read_manifest(folder)
+        except DataError as e:  # unreadable: rebuilt, as a manifest of other settings is
+            messages.append(f"{e.args[0].split(';')[0]}: rebuilding the index")
+            (folder / "manifest.json").unlink()
+            old = None
         settings = {"version": INDEX_VERSION, "dtype": f.dtype, "shard_tokens": shard_tokens, "context": context}
         trust = old is not None and old.get("stamp") == stamp and all(old.get(k) == v for k, v in settings.items())
         if old is not None and not trust:  # shards are about to change: no manifest may vouch for a mix of them
@@ -245,6 +279,10 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
         return None
     except ValueError as e:
         raise DataError(f"{folder / 'manifest.json'}: not valid JSON ({e}); delete the folder and rerun index") from e
+    shards = data.get("shards") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(shards, int) or isinstance(shards, bool) or shards < 0:
+        what = "not a JSON object" if not isinstance(data, dict) else f'"shards" is {shown(shards)}, not a count'
+        raise DataError(f"{folder / 'manifest.json'}: {what}; delete the folder and rerun index")
     return data
 
 

@@ -30,6 +30,7 @@ from olmo_train.checkpoint import safety
 from olmo_train.checkpoint.integrity import Recorder
 from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TMP_PREFIX, TRAINER_STATE, TrainerState
 from olmo_train.checkpoint.load import check_files
+from olmo_train.checkpoint.space import REFUSALS, refusal
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,14 @@ def atomic_directory(dest: Path) -> Iterator[Path]:
         if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
             raise DataError(f"{dest}: the destination appeared while converting; remove it or give another one")
         os.rename(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        code = None if isinstance(e, DataError) else refusal(e, dest.parent)  # a full disk, a read-only mount...
+        if code is not None:
+            meaning, remedy = REFUSALS[code]
+            raise DataError(
+                f"{dest}: {meaning} ({os.strerror(code)}); the partial {tmp.name} was removed: {remedy} and rerun"
+            ) from e
         raise
 
 

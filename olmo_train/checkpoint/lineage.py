@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
-from olmo_data.run import COUNTERS, SOURCES, checkpoint_identity, counters_continued
+from olmo_data.run import COUNTERS, MAX_DEPTH, SOURCES, checkpoint_identity, counters_continued
 
 _FIELDS: dict[str, str] = {
     "source": "str",
@@ -98,8 +98,14 @@ def import_record(source: str, given: str) -> dict[str, Any]:
     }
 
 
-def check_lineage(value: Any, where: str, key: str = "lineage") -> None:
-    """Each record's fields by key and type, recursively; a damaged record is named by its position."""
+def check_lineage(value: Any, where: str, key: str = "lineage", depth: int = 0) -> None:
+    """Each record's fields by key and type, recursively; a damaged record is named by its position. A lineage
+    deeper than MAX_DEPTH stages is refused (a loop, or crafted), so that walking it never overflows the stack."""
+    if depth > MAX_DEPTH:
+        raise DataError(
+            f"{where}: the lineage is more than {MAX_DEPTH} stages deep (at {key.split('.lineage')[0]}...); the "
+            "checkpoint is damaged"
+        )
     if not isinstance(value, list):
         raise DataError(
             f"{where}: {key} must be a list of parent records, got {shown(value)}; the checkpoint is damaged"
@@ -134,7 +140,7 @@ def check_lineage(value: Any, where: str, key: str = "lineage") -> None:
                 f"{where}: {at}.source must be one of {list(SOURCES)}, got {shown(record['source'])}; the checkpoint "
                 "is damaged"
             )
-        check_lineage(record["lineage"], where, f"{at}.lineage")
+        check_lineage(record["lineage"], where, f"{at}.lineage", depth + 1)
 
 
 def walk(lineage: list[dict[str, Any]], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:

@@ -19,7 +19,7 @@ import torch
 from olmo_data.errors import DataError
 from olmo_train.checkpoint import CONFIG, read_config, recorded_tokenizer
 from olmo_train.convert import load_model
-from olmo_train.distributed import init_distributed, shutdown
+from olmo_train.distributed import device_named, init_distributed, shutdown
 from olmo_train.train.downstream import (
     Timing,
     build_tasks,
@@ -79,7 +79,7 @@ def evaluate_model(
     distributed = "RANK" in os.environ
     d = init_distributed() if distributed else None
     try:
-        where = torch.device(device) if device else (d.device if d else _default_device())
+        where = device_named(device) if device else (d.device if d else _default_device())
         t0 = time.perf_counter()
         model, own = load_model(model_path, device=where)
         if tokenizer:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from olmo_data.config import TrainConfig, load_config, save_config
+from olmo_data.config import TrainConfig, check_schedule_fits, load_config, save_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.distributed import (
@@ -352,15 +352,16 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if ev.type == "lm" and ev.label not in eval_sets:
                 eval_sets[ev.label] = eval_batches(replace(ev, max_batches=ev.max_batches or subset), cfg, d)
         last = min(data.total_steps(), cfg.stop_at or data.total_steps())
+        check_schedule_fits(cfg, data.total_steps())  # a length in tokens or epochs is known in steps only now
         tasks = start_downstream(cfg, d, cfg.eval_on_start or bool(cfg.eval_interval and cfg.eval_interval <= last))
+        optim = build_optimizer(model, cfg.optimizer)
+        cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
+        state = resume(cfg, model, optim, data, d)  # e.g. a load_path that is not there
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         lock.release()
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
         raise
-    optim = build_optimizer(model, cfg.optimizer)
-    cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
-    state = resume(cfg, model, optim, data, d)
     if restart.pre_train_checkpoint_wanted(cfg, state):  # OLMo's: saving works, found out before step 1
         save("sharded", cfg, model, optim, state, d)
         restart.after_pre_train_save(save_folder / ckpt.step_dir(0, False) if d.is_main else None, optim)
@@ -491,6 +492,10 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             save("sharded", cfg, model, optim, state, d, background)
         if background is not None:  # finished, stopped or preempted: the save in flight completed before exit
             background.wait()
+    except Exception as e:  # a save in flight is removed, and named if its writes filled the disk
+        if background is not None:
+            background.abandon(e)
+        raise
     finally:  # also on errors: stop the prefetch thread, flush metrics, end the wandb run
         data.close()
         metrics.close()
