@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("inspect-batch", cls=Command)
@@ -86,6 +84,6 @@ def inspect_batch(
     )
     sort_instances(report, sort)
     if as_json:
-        click.echo(json.dumps(report.to_json(), ensure_ascii=False))
+        echo_json(report.to_json())
     else:
         click.echo(format_report(report, max_tokens=max_tokens))

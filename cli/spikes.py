@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("spikes", cls=Command)
@@ -29,4 +27,7 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool) -> None:
     from olmo_data.run import find_spikes, format_spikes
 
     report = find_spikes(run, window=window, z=z, top=top)
-    click.echo(json.dumps(report.to_json()) if as_json else format_spikes(report))
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_spikes(report))

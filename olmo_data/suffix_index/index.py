@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES, InstanceSource
+from olmo_data.display import bar_disabled
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.processes import pool_context
@@ -235,7 +236,7 @@ def build_index(
 
 
 def _quiet(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress
+    return bar_disabled(progress)
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
