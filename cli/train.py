@@ -16,9 +16,8 @@ import click
 from olmo_cli.options import Command
 
 
-@click.command(
-    "train", cls=Command, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
-)
+# the config's --key=value overrides are options click does not know: kept, in order, as OVERRIDES
+@click.command("train", cls=Command, context_settings={"ignore_unknown_options": True})
 @click.argument("config")
 @click.option(
     "--nproc",
