@@ -213,3 +213,20 @@ def test_commands_log_plainly_and_name_loggers_only_with_verbose() -> None:
     assert plain.returncode == 0 and verbose.returncode == 0, plain.stderr + verbose.stderr
     assert plain.stderr == "built the order\n"
     assert verbose.stderr == "INFO olmo_data.x: built the order\nDEBUG olmo_data.x: detail\n"
+
+
+def test_make_install_takes_torch_alone_from_the_cpu_index_when_asked(tmp_path: Path) -> None:
+    """`make install TORCH_INDEX=URL` gives the URL to the torch install only; without it, pip's own index."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    venv = f"VENV={tmp_path / 'venv'}"  # a dry run (-n): nothing is installed, nothing downloaded
+    cpu = "https://download.pytorch.org/whl/cpu"
+    planned = subprocess.run(
+        ["make", "-n", "install", venv, f"TORCH_INDEX={cpu}"], cwd=repo, capture_output=True, text=True
+    )
+    default = subprocess.run(["make", "-n", "install", venv], cwd=repo, capture_output=True, text=True)
+    assert planned.returncode == 0 and default.returncode == 0, planned.stderr + default.stderr
+    with_index = [line for line in planned.stdout.splitlines() if "--index-url" in line]
+    assert len(with_index) == 1 and '"torch==2.13.0"' in with_index[0] and f'--index-url "{cpu}"' in with_index[0]
+    assert "--index-url" not in default.stdout and '"torch==2.13.0"' in default.stdout
