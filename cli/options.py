@@ -125,13 +125,15 @@ def setup_logging(verbose: bool) -> None:
     logger's name, and third-party warnings shown as their libraries print them. Without it, those warnings (torch's
     `_pytree` FutureWarnings, torchao's missing kernels, olmo_eval's notes) are hidden: `olmo_train.quiet`."""
     import logging
+    import os
+
+    from olmo_train.optional import VERBOSE_ENV, quiet
 
     if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # and in the processes it launches (torchrun's ranks)
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from olmo_train.optional import quiet
-
     quiet()
 
 

@@ -47,7 +47,7 @@ def train(ctx: click.Context, config: str, nproc: int, overrides: tuple[str, ...
     env = dict(os.environ)
     # torchrun prints a banner when it sets OMP_NUM_THREADS=1 itself; setting it here is the same for the ranks
     env.setdefault("OMP_NUM_THREADS", "1")
-    if ctx.find_root().params.get("verbose"):
+    if ctx.find_root().params.get("verbose"):  # torchrun's own log lines too (OLMO_VERBOSE is set for the ranks)
         env.setdefault("LOGLEVEL", "INFO")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     command += ["-m", "olmo_train", *args]

@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["quiet", "quietly"]
+__all__ = ["VERBOSE_ENV", "quiet", "quietly"]
 
 CHATTY_LOGGERS = ("torchao", "torch.utils._pytree")  # (transformers sets its own logger's level when imported)
 # Everywhere once `quiet()` ran: ai2-olmo-eval and the `datasets` it loads its tasks with log a line per task
@@ -31,12 +31,16 @@ QUIET_WARNINGS = (  # (category, message regex): Python warnings third-party cod
 )
 
 
+VERBOSE_ENV = "OLMO_VERBOSE"  # set (to 1) by `--verbose`, so that processes a command launches show them too
+
+
 def quiet(verbose: bool = False) -> None:
     """Hide third-party chatter for the rest of the process: their loggers show errors only, their import-time
     deprecation and missing-kernel warnings are not shown, transformers draws no progress bars. Every command calls
-    it unless --verbose; a Python user calls `olmo_train.quiet()` once, before importing transformers or torchao, to
-    see only what they asked for. `verbose=True` (or DEBUG logging on) leaves everything as the libraries print it."""
-    if verbose or logging.getLogger().isEnabledFor(logging.DEBUG):
+    it unless --verbose (as does the trainer, unless OLMO_VERBOSE=1); a Python user calls `olmo_train.quiet()`
+    once, before importing transformers or torchao, to see only what they asked for. `verbose=True` (or DEBUG
+    logging on) leaves everything as the libraries print it."""
+    if verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0") or logging.getLogger().isEnabledFor(logging.DEBUG):
         return
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)

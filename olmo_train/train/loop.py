@@ -38,6 +38,7 @@ from olmo_train.distributed import (
     tell_launcher,
 )
 from olmo_train.nn import Transformer, check_trainable, doc_ids_from_starts, float8, lora
+from olmo_train.optional import quiet
 from olmo_train.train import relora as relora_regime
 from olmo_train.train import restart
 from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
@@ -531,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s [rank {rank}] %(message)s",
         datefmt="%H:%M:%S",
     )
+    quiet()  # third-party warnings (olmo_eval's, torch's) only with OLMO_VERBOSE=1
     try:
         cfg = load_config(config_path, overrides)
         return train(cfg)
