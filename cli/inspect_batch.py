@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from olmo_cli import strict_json
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("inspect-batch", cls=Command)
@@ -85,6 +84,6 @@ def inspect_batch(
     )
     sort_instances(report, sort)
     if as_json:
-        click.echo(strict_json.dumps(report.to_json(), ensure_ascii=False))
+        echo_json(report.to_json())
     else:
         click.echo(format_report(report, max_tokens=max_tokens))

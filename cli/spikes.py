@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from olmo_cli import strict_json
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("spikes", cls=Command)
@@ -37,4 +36,7 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool, plot: str |
         from olmo_view.plot import plot_spikes
 
         plot_spikes(RunAnswers(run, window=window, z=z), plot, report)
-    click.echo(strict_json.dumps(report.to_json()) if as_json else format_spikes(report))
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_spikes(report))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from olmo_cli import strict_json
-from olmo_cli.options import Command, progress_option
+from olmo_cli.options import Command, echo_json, progress_option
 from olmo_data.errors import DataError
 
 
@@ -95,7 +94,10 @@ def trace(
             index_dir=index_dir,
             use_index=not no_index,
         )
-        click.echo(strict_json.dumps(found.to_json()) if as_json else format_spans(found))
+        if as_json:
+            echo_json(found.to_json())
+        else:
+            click.echo(format_spans(found))
         return
     from olmo_data.trace import format_chain, trace_chain
 
@@ -116,4 +118,7 @@ def trace(
         index_dir=index_dir,
         use_index=not no_index,
     )
-    click.echo(strict_json.dumps(report.to_json()) if as_json else format_chain(report))
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_chain(report))

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES, InstanceSource
+from olmo_data.display import bar_disabled
 from olmo_data.errors import DataError, is_disk_full, shown
 from olmo_data.io import (
     atomic_path,
@@ -269,7 +270,7 @@ def _build_index(
 
 
 def _quiet(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress
+    return bar_disabled(progress)
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:

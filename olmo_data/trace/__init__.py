@@ -1,8 +1,10 @@
 """Provenance in reverse: which training steps saw a document, a source's documents or a passage (`find`), across
 the stages a run grew from (`stages`), and the maximal spans of a text found in the training data (`spans`); the
-token files are scanned by one driver (`scan`) where no suffix index answers.
+token files are scanned by one driver (`scan`) where no suffix index answers; one document shown by id, with
+its steps (`document`).
 """
 
+from olmo_data.trace.document import DocumentView, format_document, show_documents
 from olmo_data.trace.find import open_run
 from olmo_data.trace.spans import MIN_TOKENS, SpansReport, format_spans, marked_text, trace_spans
 from olmo_data.trace.stages import ChainTrace, format_chain, trace_chain
@@ -10,11 +12,14 @@ from olmo_data.trace.stages import ChainTrace, format_chain, trace_chain
 __all__ = [
     "ChainTrace",
     "MIN_TOKENS",
+    "DocumentView",
     "SpansReport",
     "format_chain",
+    "format_document",
     "format_spans",
     "marked_text",
     "open_run",
+    "show_documents",
     "trace_chain",
     "trace_spans",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from olmo_data.dataset import InstanceSource
+from olmo_data.display import bar_disabled
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_data.processes import pool_context
@@ -60,7 +61,7 @@ def scan(
         for lo in range(0, n, SCAN_CHUNK)
     ]
     total = sum(n for _, n in files.values())
-    disable = None if progress is None else not progress
+    disable = bar_disabled(progress)
     with tqdm(total=total, unit=" tokens", unit_scale=True, desc="search", disable=disable) as bar:
         for path, n, answer in scan_tasks(fn, tasks, processes, total):
             yield path, answer

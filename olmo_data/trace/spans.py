@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DocIndex, InstanceSource
+from olmo_data.display import marked
 from olmo_data.errors import DataError
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
@@ -265,10 +266,10 @@ def _segments(tok: Any, query: list[int], found: list[tuple[int, int, Any]]) -> 
     return [(tok.decode(query[a:b]), bool(covered[a])) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def marked_text(report: SpansReport, style: str = "brackets") -> str:
-    """The text with the tokens that lie in a span marked: [[ ]] around them, or underlined ("ansi")."""
-    opening, closing = ("\x1b[4m", "\x1b[24m") if style == "ansi" else ("[[", "]]")
-    return "".join(f"{opening}{s}{closing}" if inside else s for s, inside in report.segments)
+def marked_text(report: SpansReport) -> str:
+    """The text with the tokens that lie in a span marked [[ ]] (`olmo_data.display.marked`: one marking for
+    `trace --spans`, `generate --trace` and `inspect-batch --decode`, on a terminal and in a pipe alike)."""
+    return marked(report.segments)
 
 
 def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
@@ -294,5 +295,5 @@ def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
         if len(span.places) > max_places:
             lines.append(f"  ... and {len(span.places) - max_places} more places (--json lists them all)")
     if report.spans:
-        lines.append("text: " + marked_text(report))
+        lines.append("text ([[ ]]: in the training data): " + marked_text(report))
     return "\n".join(lines)

@@ -203,7 +203,7 @@ def write_imported(
         **(overrides or {}),
     )
     with atomic_directory(dest) as tmp:
-        log.info("writing %s", MODEL_FILE)
+        log.debug("writing %s", MODEL_FILE)
         written = Recorder(tmp)
         written.torch_save(state, MODEL_FILE)
         save_config(cfg, tmp / CONFIG)
