@@ -32,7 +32,8 @@ from olmo_data.suffix_search import common_prefix
 from olmo_data.trace import SCAN_CHUNK, scan_tasks
 
 CAP = 64  # tokens every start is searched to before the walk
-BATCH = 1 << 14  # starts searched at once
+BATCH = 1 << 14  # starts searched at once, at most
+FIRST_BATCH = 256  # ... at first, and after a long match (x4 each batch)
 PAIRS = 1 << 20  # (place, start) pairs of a scan compared at once
 _WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
 
@@ -49,29 +50,39 @@ def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
 
 
 def index_longest(index: RunIndex, query: np.ndarray, progress: bool | None = None) -> np.ndarray:
-    """L(i) for every start of `query`, from the suffix index."""
+    """L(i) for every start of `query`, from the suffix index, settled from the left: the next starts are searched
+    to CAP tokens in a batch (that grows while nothing long is found, so a text the data holds whole costs one small
+    batch), and a start held to the cap is walked (`_walk`)."""
     n = len(query)
-    starts = np.arange(n, dtype=np.int64)
-    longest = np.zeros(n, dtype=np.int64)
-    with progress_bar(2 * n, "spans", progress) as bar:
-        for a in range(0, n, BATCH):
-            rows = starts[a : a + BATCH]
-            longest[a : a + BATCH] = index.longest(query, rows, np.minimum(CAP, n - rows))
-            bar.update(len(rows))
-        deep = np.flatnonzero((longest == CAP) & (n - starts > CAP))  # held to the cap, and the text goes on
-        done = at = 0
-        while at < len(deep):
-            following = _walk(index, query, longest, int(deep[at]))
-            at = int(np.searchsorted(deep, following))
-            bar.update(following - done)
-            done = following
-        bar.update(n - done)
+    longest = np.full(n, -1, dtype=np.int64)  # -1: not searched yet; else min(L, CAP), or L once settled
+    settled, batch = 0, FIRST_BATCH
+    with progress_bar(n, "spans", progress) as bar:
+        while settled < n:
+            if longest[settled] < 0:
+                _capped(index, query, longest, settled, settled + batch)
+                batch = min(4 * batch, BATCH)
+            ahead = longest[settled:]
+            deep = (ahead == CAP) & (n - np.arange(settled, n) > CAP)  # held to the cap, and the text goes on
+            stop = np.flatnonzero((ahead < 0) | deep)
+            following = settled + (int(stop[0]) if len(stop) else len(ahead))  # the starts before are exact
+            if following < n and longest[following] >= 0:
+                following = _walk(index, query, longest, following)
+                batch = FIRST_BATCH
+            bar.update(following - settled)
+            settled = following
     return longest
+
+
+def _capped(index: RunIndex, query: np.ndarray, longest: np.ndarray, a: int, b: int) -> None:
+    """min(L, CAP) for the starts in [a, b) not searched yet."""
+    rows = a + np.flatnonzero(longest[a:b] < 0)
+    if len(rows):
+        longest[rows] = index.longest(query, rows, np.minimum(CAP, len(query) - rows))
 
 
 def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> int:
     """From start i, held to the cap: L of i and of the starts after it that follow from it, written into
-    `longest`; returns the first start not settled (its value the capped search's)."""
+    `longest`; returns the first start not settled."""
     n = len(query)
     while True:
         length = int(index.longest(query, np.array([i]))[0])
@@ -82,6 +93,7 @@ def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> in
             return n
         # the first start after i that holds query[start : end + 1]: monotone in the start
         t0 = max(i + 1, end + 1 - CAP)
+        _capped(index, query, longest, t0, end + 1)
         tail = longest[t0 : end + 1] >= end + 1 - np.arange(t0, end + 1)  # exact: these pieces are within the cap
         if not tail[0]:
             nxt = t0 + int(np.argmax(tail)) if tail.any() else end + 1
@@ -90,7 +102,10 @@ def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> in
         else:
             nxt = _gallop(index, query, i, t0, end + 1)
         longest[i + 1 : nxt] = end - np.arange(i + 1, nxt)
-        if nxt > end or longest[nxt] < CAP or n - nxt <= CAP:  # the capped search settled it
+        if nxt == n:
+            return n
+        _capped(index, query, longest, nxt, nxt + 1)
+        if longest[nxt] < CAP or n - nxt <= CAP:  # the capped search settled it
             return nxt
         i = nxt
 
@@ -224,7 +239,7 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, int, int]) -> tuple[
     path, dtype, lo, hi, query, k, keep = task
     n = len(query)
     state = _empty(n)
-    tokens = token_array(path, dtype)
+    tokens = np.asarray(token_array(path, dtype))  # a plain view of the memory map: cheaper to index
     window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
     count = min(hi - lo, len(window) - k + 1)
     if count <= 0:

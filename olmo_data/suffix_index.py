@@ -39,7 +39,7 @@ from olmo_data.instances import InstanceSource
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES
 from olmo_data.processes import pool_context
-from olmo_data.suffix_search import QUERY_ABOVE, common_prefix, lower_bound, smallest
+from olmo_data.suffix_search import QUERY_ABOVE, Samples, common_prefix, lower_bound, smallest
 from olmo_data.suffix_sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
@@ -257,6 +257,12 @@ class Shard:
     end: int
     window_end: int
     positions: np.ndarray  # uint32 memory map, relative to start
+    sampled: Samples | None = None  # made at the first query
+
+    def samples(self, tokens: np.ndarray) -> Samples:
+        if self.sampled is None:
+            self.sampled = Samples(tokens, self.positions, self.start, self.window_end)
+        return self.sampled
 
 
 class FileSuffixIndex:
@@ -265,7 +271,7 @@ class FileSuffixIndex:
 
     def __init__(self, path: str, dtype: str, folder: Path, manifest: dict[str, Any]) -> None:
         self.path = path
-        self.tokens = token_array(path, dtype)
+        self.tokens = np.asarray(token_array(path, dtype))
         self.shards: list[Shard] = []
         n = len(self.tokens)
         for k in range(int(manifest["shards"])):
@@ -279,7 +285,8 @@ class FileSuffixIndex:
             previous = self.shards[-1].end if self.shards else 0
             if start != previous or not start < end <= window_end <= n or size != 4 * (end - start):
                 raise _not_covering(folder, path, n)
-            self.shards.append(Shard(start, end, window_end, np.memmap(data, dtype="<u4", mode="r")))
+            positions = np.asarray(np.memmap(data, dtype="<u4", mode="r"))  # a plain view: cheaper to index
+            self.shards.append(Shard(start, end, window_end, positions))
         if (self.shards[-1].end if self.shards else 0) != n:
             raise _not_covering(folder, path, n)
 
@@ -320,7 +327,14 @@ class FileSuffixIndex:
             for a in range(0, len(starts), ROWS):
                 rows = slice(a, a + ROWS)
                 _, before, at = lower_bound(
-                    self.tokens, shard.positions, shard.start, shard.window_end, query, starts[rows], caps[rows]
+                    self.tokens,
+                    shard.positions,
+                    shard.start,
+                    shard.window_end,
+                    query,
+                    starts[rows],
+                    caps[rows],
+                    samples=shard.samples(self.tokens),
                 )
                 best[rows] = np.maximum(best[rows], np.maximum(before, at))
             near = self._near_end(shard, int(caps.max()))
@@ -344,8 +358,8 @@ class FileSuffixIndex:
             return counts, []
         for shard in self.shards:
             args = (self.tokens, shard.positions, shard.start, shard.window_end, query, starts, lengths)
-            lo, _, _ = lower_bound(*args)
-            hi, _, _ = lower_bound(*args, above=True)
+            lo, _, _ = lower_bound(*args, samples=shard.samples(self.tokens))
+            hi, _, _ = lower_bound(*args, above=True, samples=shard.samples(self.tokens))
             counts += hi - lo
             near = self._near_end(shard, int(lengths.max()))
             long_rows = np.flatnonzero(lengths > shard.window_end - shard.end)
