@@ -157,6 +157,8 @@ def trace_spans(
     of a span, the rest counted only, so that a span the data holds a million times costs no more than that."""
     if (text is None) == (tokens is None):
         raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     cfg, source = open_run(config)
     tok = data_tokenizer(tokenizer, source, "--spans")
     query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))
@@ -231,9 +233,10 @@ def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
                 f"  {docs}, tokens [{place.start}, {place.end}) of {place.path}: "
                 + (f"steps {shown}" if place.steps else "not trained in these steps")
             )
-        if span.count > max_places:
+        listed_here = min(max_places, len(span.places))
+        if span.count > listed_here:
             more = f"--json lists {len(span.places)}" + ("; the others are counted only" if span.unlisted else "")
-            lines.append(f"  ... and {span.count - max_places} more places ({more})")
+            lines.append(f"  ... and {span.count - listed_here} more places ({more})")
     if report.spans:
         lines.append("text: " + marked_text(report))
     return "\n".join(lines)

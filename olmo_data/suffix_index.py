@@ -338,10 +338,10 @@ class FileSuffixIndex:
                 )
                 best[rows] = np.maximum(best[rows], np.maximum(before, at))
             near = self._near_end(shard, int(caps.max()))
-            rows = np.flatnonzero(caps > shard.window_end - shard.end)  # the pieces some window is too short for
-            if len(near) and len(rows):
-                got = self._near_prefixes(near, query, starts[rows], caps[rows]).max(axis=1)
-                best[rows] = np.maximum(best[rows], got)
+            long = np.flatnonzero(caps > shard.window_end - shard.end)  # the pieces some window is too short for
+            if len(near) and len(long):
+                got = self._near_prefixes(near, query, starts[long], caps[long]).max(axis=1)
+                best[long] = np.maximum(best[long], got)
         return best
 
     def occurrences(
@@ -367,7 +367,8 @@ class FileSuffixIndex:
             if len(near) and len(long_rows):  # positions whose window holds the piece only in part
                 prefixes = self._near_prefixes(near, query, starts[long_rows], lengths[long_rows])
                 for k, r in enumerate(long_rows.tolist()):
-                    held[r] = near[prefixes[k] >= lengths[r]]
+                    beyond = near + lengths[r] > shard.window_end  # the others' windows hold it: in the interval
+                    held[r] = near[(prefixes[k] >= lengths[r]) & beyond]
                     counts[r] += len(held[r])
             for r in sorted(set(np.flatnonzero(hi > lo).tolist()) | {r for r, h in held.items() if len(h)}):
                 here = shard.start + smallest(shard.positions, int(lo[r]), int(hi[r]), int(quota[r]))
@@ -405,7 +406,9 @@ class RunIndex:
         out = {path: np.zeros(0, dtype=np.int64) for path in self.empty}
         return out | {path: index.find(seq) for path, index in self.files.items()}
 
-    def longest(self, query: Sequence[int], starts: np.ndarray, caps: np.ndarray | None = None) -> np.ndarray:
+    def longest(
+        self, query: Sequence[int] | np.ndarray, starts: np.ndarray, caps: np.ndarray | None = None
+    ) -> np.ndarray:
         """For each start i: the longest prefix of query[i:] (at most `caps`) that some token file holds."""
         q = _never_past_end(query)
         best = np.zeros(len(starts), dtype=np.int64)
@@ -414,7 +417,7 @@ class RunIndex:
         return best
 
     def occurrences(
-        self, query: Sequence[int], starts: np.ndarray, lengths: np.ndarray, keep: int
+        self, query: Sequence[int] | np.ndarray, starts: np.ndarray, lengths: np.ndarray, keep: int
     ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
         """For each piece query[start : start + length]: how many places of the token files hold it, and the first
         `keep` of them (by file, in the run's order, then position), per file."""
@@ -433,7 +436,7 @@ class RunIndex:
         return counts, listed
 
 
-def _never_past_end(query: Sequence[int]) -> np.ndarray:
+def _never_past_end(query: Sequence[int] | np.ndarray) -> np.ndarray:
     """The query as int64, a negative id (which no token file holds) made one that sorts after every suffix, so
     that it cannot equal the PAST_END marker and match where a scan would not."""
     q = np.asarray(query, dtype=np.int64)
