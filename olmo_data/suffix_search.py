@@ -19,6 +19,7 @@ QUERY_END = -2  # a piece's token past its end, for a lower bound: the piece sor
 QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
 BLOCK_ELEMENTS = 1 << 20  # tokens compared at once, all rows together (8 MiB an int64 array)
 FIRST_BLOCK = 4  # most comparisons of a binary search differ within a few tokens
+SAMPLES = 1 << 16  # suffixes a shard keeps in memory to bracket searches: 2 MB (4 MB for uint32 tokens)
 
 
 def common_prefix(
@@ -65,35 +66,34 @@ def common_prefix(
 
 
 class Samples:
-    """Every `step`-th suffix of a sorted shard, keyed by its first tokens packed into one int64 whose order is
-    theirs: one np.searchsorted of the pieces' keys replaces the top levels of every binary search (about 12 of
-    the 24 of a 16M-token shard), which otherwise cost a pass over all the rows each."""
+    """Every `step`-th suffix of a sorted shard, keyed by its first WIDTH tokens as big-endian bytes (numpy compares
+    fixed-width bytes as memcmp does, so the keys sort as the suffixes do): one np.searchsorted of the pieces' keys
+    replaces the top levels of every binary search, which otherwise cost a pass over all the rows each."""
 
-    def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, count: int = 1 << 18):
-        self.bits = 17 if tokens.dtype.itemsize <= 2 else 34  # token + 2 (the markers), and one code above all
-        self.width = 63 // self.bits
+    WIDTH = 8
+
+    def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, count: int = SAMPLES):
+        self.code = np.dtype(">u4") if tokens.dtype.itemsize <= 2 else np.dtype(">u8")  # token + 2, and one above
+        self.top = (1 << 17) - 1 if tokens.dtype.itemsize <= 2 else (1 << 34) - 1
         step = max(1, len(suffixes) // count)
         self.ranks = np.arange(0, len(suffixes), step, dtype=np.int64)
         pos = base + np.asarray(suffixes[self.ranks]).astype(np.int64)
-        at = pos[:, None] + np.arange(self.width)
-        text = np.asarray(tokens[np.minimum(at, len(tokens) - 1)]).astype(np.int64)
+        at = pos[:, None] + np.arange(self.WIDTH)
+        text = tokens.take(at, mode="clip").astype(np.int64)
         text[at >= limit] = PAST_END
         self.keys = self._pack(text)
 
     def _pack(self, columns: np.ndarray) -> np.ndarray:
-        top = (1 << self.bits) - 1
-        codes = np.where(columns == QUERY_ABOVE, top, np.minimum(columns + 2, top - 1))  # any bigger id: top - 1
-        out = np.zeros(len(columns), dtype=np.int64)
-        for j in range(self.width):
-            out = (out << self.bits) | codes[:, j]
-        return out
+        codes = np.where(columns == QUERY_ABOVE, self.top, np.minimum(columns + 2, self.top - 1))  # bigger ids: top-1
+        packed = np.ascontiguousarray(codes.astype(self.code))
+        return packed.view(f"S{self.WIDTH * self.code.itemsize}").ravel()
 
     def bracket(
         self, query: np.ndarray, qstart: np.ndarray, qlen: np.ndarray, above: bool, count: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per piece: ranks [lo, hi) that its bound lies in, from the samples whose keys differ from its own."""
-        offset = np.arange(self.width)
-        piece = query[np.minimum(qstart[:, None] + offset, len(query) - 1)]
+        offset = np.arange(self.WIDTH)
+        piece = query.take(qstart[:, None] + offset, mode="clip")
         piece[offset >= qlen[:, None]] = QUERY_ABOVE if above else QUERY_END
         keys = self._pack(piece)
         below = np.searchsorted(self.keys, keys, side="left")  # samples [0, below) sort before the piece
