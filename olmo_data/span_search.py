@@ -49,33 +49,63 @@ def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
 # -- with the index -----------------------------------------------------------------------------------------------
 
 
-def index_longest(index: RunIndex, query: np.ndarray, progress: bool | None = None) -> np.ndarray:
-    """L(i) for every start of `query`, from the suffix index, settled from the left: the next starts are searched
-    to CAP tokens in a batch (that grows while nothing long is found, so a text the data holds whole costs one small
-    batch), and a start held to the cap is walked (`_walk`)."""
+def index_longest(index: RunIndex, query: np.ndarray, progress: bool | None = None, min_tokens: int = 1) -> np.ndarray:
+    """L(i) for every start of `query`, from the suffix index, exact where at least `min_tokens` (elsewhere below
+    it), settled from the left: the next starts are searched to CAP tokens in a batch (that grows while nothing
+    long is found, so a text the data holds whole costs one small batch), and a start held to the cap is walked
+    (`_walk`). With `min_tokens` k, a batch first searches every h-th start (h = k // 2): a start of L >= k is
+    followed within h starts by one of L >= k - h + 1, so only the starts before such a one are searched."""
     n = len(query)
-    longest = np.full(n, -1, dtype=np.int64)  # -1: not searched yet; else min(L, CAP), or L once settled
+    longest = np.full(n, -1, dtype=np.int64)  # -1: not searched; -2: below min_tokens; min(L, CAP); L once settled
+    step = max(1, min(min_tokens, CAP) // 2)
     settled, batch = 0, FIRST_BATCH
     with progress_bar(n, "spans", progress) as bar:
         while settled < n:
-            if longest[settled] < 0:
-                _capped(index, query, longest, settled, settled + batch)
+            if longest[settled] == -1:
+                _screened(index, query, longest, settled, min(n, settled + batch), step, min_tokens)
                 batch = min(4 * batch, BATCH)
             ahead = longest[settled:]
             deep = (ahead == CAP) & (n - np.arange(settled, n) > CAP)  # held to the cap, and the text goes on
-            stop = np.flatnonzero((ahead < 0) | deep)
-            following = settled + (int(stop[0]) if len(stop) else len(ahead))  # the starts before are exact
-            if following < n and longest[following] >= 0:
+            stop = np.flatnonzero((ahead == -1) | deep)
+            following = settled + (int(stop[0]) if len(stop) else len(ahead))  # the starts before are settled
+            if following < n and longest[following] != -1:
                 following = _walk(index, query, longest, following)
                 batch = FIRST_BATCH
             bar.update(following - settled)
             settled = following
+    longest[longest < 0] = 0
     return longest
 
 
-def _capped(index: RunIndex, query: np.ndarray, longest: np.ndarray, a: int, b: int) -> None:
-    """min(L, CAP) for the starts in [a, b) not searched yet."""
-    rows = a + np.flatnonzero(longest[a:b] < 0)
+def _screened(
+    index: RunIndex, query: np.ndarray, longest: np.ndarray, a: int, b: int, step: int, min_tokens: int
+) -> None:
+    """min(L, CAP) for the starts in [a, b) that may hold min_tokens; -2 for the others (see index_longest)."""
+    if step == 1:
+        _capped(index, query, longest, a, b)
+        return
+    n = len(query)
+    first = -(-a // step) * step
+    samples = np.arange(first, min(n, b + step), step)  # the sample after b too: it screens the starts before it
+    _capped(index, query, longest, samples=samples)
+    good = samples[longest[samples] >= min_tokens - step + 1]
+    rows = (good[:, None] - np.arange(step)).ravel()
+    rows = rows[(rows >= a) & (rows < b)]
+    _capped(index, query, longest, samples=np.unique(rows))
+    part = longest[a:b]
+    part[part == -1] = -2
+
+
+def _capped(
+    index: RunIndex,
+    query: np.ndarray,
+    longest: np.ndarray,
+    a: int = 0,
+    b: int = 0,
+    samples: np.ndarray | None = None,
+) -> None:
+    """min(L, CAP) for the starts in [a, b) (or `samples`) not searched yet or only screened."""
+    rows = a + np.flatnonzero(longest[a:b] < 0) if samples is None else samples[longest[samples] < 0]
     if len(rows):
         longest[rows] = index.longest(query, rows, np.minimum(CAP, len(query) - rows))
 

@@ -119,7 +119,7 @@ def find_spans(
     if len(q) < min_tokens:
         total = 0
     elif index is not None:
-        longest = index_longest(index, q, progress)
+        longest = index_longest(index, q, progress, min_tokens)
         spans = maximal_spans(longest, min_tokens)
         counts, places = index_places(index, q, spans, max_places)
         out = [(i, j, at, c) for (i, j), at, c in zip(spans, places, counts, strict=True)]

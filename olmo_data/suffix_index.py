@@ -370,7 +370,19 @@ class FileSuffixIndex:
                     beyond = near + lengths[r] > shard.window_end  # the others' windows hold it: in the interval
                     held[r] = near[(prefixes[k] >= lengths[r]) & beyond]
                     counts[r] += len(held[r])
-            for r in sorted(set(np.flatnonzero(hi > lo).tolist()) | {r for r, h in held.items() if len(h)}):
+            small = (hi > lo) & (hi - lo <= quota)  # listed whole: read together, sorted per row
+            small[list(held)] = False
+            rows = np.flatnonzero(small)
+            sizes = (hi - lo)[rows]
+            at = np.repeat(lo[rows] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+            values = shard.start + shard.positions[at].astype(np.int64)
+            values = values[np.lexsort((values, np.repeat(rows, sizes)))]
+            pieces = np.split(values, np.cumsum(sizes)[:-1]) if len(rows) else []
+            for r, here in zip(rows.tolist(), pieces, strict=True):
+                listed[r].append(here)
+            quota[rows] -= sizes
+            others = set(np.flatnonzero((hi > lo) & ~small).tolist()) | {r for r, h in held.items() if len(h)}
+            for r in sorted(others):
                 here = shard.start + smallest(shard.positions, int(lo[r]), int(hi[r]), int(quota[r]))
                 if r in held:  # never in the interval: a window too short to hold the piece sorts it elsewhere
                     here = np.sort(np.concatenate([here, held[r]]))[: quota[r]]

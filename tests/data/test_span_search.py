@@ -100,10 +100,10 @@ def test_index_and_scan_equal_the_definition_on_random_texts(seed: int, tmp_path
     k = int(rng.integers(4, 10))
     want_longest = reference_longest(files, query)
     assert index_longest(index, query, False).tolist() == want_longest.tolist()
-    scanned_longest = scan_longest(source, query, k, 10)[0]
     at_least_k = want_longest >= k
-    assert scanned_longest[at_least_k].tolist() == want_longest[at_least_k].tolist()
-    assert (scanned_longest[~at_least_k] < k).all()
+    for got in (scan_longest(source, query, k, 10)[0], index_longest(index, query, False, k)):
+        assert got[at_least_k].tolist() == want_longest[at_least_k].tolist()
+        assert (got[~at_least_k] < k).all()
     want = reference_spans(files, query, k)
     assert want, "the case has no span"
     paths = cfg["data"]["paths"]
