@@ -1,10 +1,14 @@
 """Benchmark: `trace --spans` search time and peak memory against the text's length, with the suffix index and by
 the scan, on the demo data (the standard library, ~2.9M tokens in 4 token files).
 
-Two kinds of text, each cut to 100 .. 20,000 tokens:
+Three kinds of text, each cut to 100 .. 20,000 tokens:
   corpus  documents of the demo corpus (pydoc_data/topics.py's tail, then the next longest modules): the data holds
-          the text whole, with spans that recur many times in it
-  other   this repository's own olmo_data/*.py, which the corpus does not hold: many short spans, a few long ones
+          the text whole (one span, or two)
+  other   this repository's own olmo_data/*.py, which the corpus does not hold: a few spans, mostly short
+  lines   the corpus's 400 most frequent lines (of 12 characters or more) in random order: spans everywhere, each
+          held tens to hundreds of times (`    def __repr__(self):` 233 times)
+Each search is run `--repeats` times, each time in a fresh process; the table shows the median time and the
+largest peak memory.
 
 Each (text, length, mode) runs in a fresh process (`--one`), which times `find_spans` (the maximal spans, how many
 places hold each, and the first 1,000 places: what `trace --spans` searches before it maps places to steps) and
@@ -22,6 +26,7 @@ import argparse
 import hashlib
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -75,7 +80,14 @@ def texts(data: Path) -> dict[str, str]:
         if name != "pydoc_data/topics.py" and len(corpus) < 200_000:
             corpus += docs[name]
     other = "".join(p.read_text() for p in sorted((ROOT / "olmo_data").glob("*.py")))
-    return {"corpus": corpus, "other": other}
+    import collections
+    import random
+
+    lines = collections.Counter(line for text in docs.values() for line in text.split("\n") if len(line.strip()) >= 12)
+    common = [line for line, _ in lines.most_common(400)]
+    rng = random.Random(0)
+    repeated = "\n".join(rng.choice(common) for _ in range(20_000))
+    return {"corpus": corpus, "other": other, "lines": repeated}
 
 
 def one(config: str, text_file: str, tokens: int, mode: str) -> None:
@@ -116,6 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="runs/spans-bench")
     ap.add_argument("--lengths", default="100,300,1000,3577,10000,20000")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit-gb", type=float, default=4.0, help="address-space limit of each search process")
     ap.add_argument("--one", nargs=4, metavar=("CONFIG", "TEXT", "TOKENS", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,16 +147,23 @@ def main() -> None:
         for tokens in [int(x) for x in args.lengths.split(",")]:
             got = {}
             for mode in ("index", "scan"):
-                cmd = [sys.executable, __file__, "--one", str(config), str(text_file), str(tokens), mode]
-                proc = subprocess.run(
-                    cmd,
-                    capture_output=True,
-                    text=True,
-                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
-                )
-                if proc.returncode:
-                    raise SystemExit(f"{kind} {tokens} {mode} failed:\n{proc.stderr[-2000:]}")
-                got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs = []
+                for _ in range(args.repeats):
+                    cmd = [sys.executable, __file__, "--one", str(config), str(text_file), str(tokens), mode]
+                    proc = subprocess.run(
+                        cmd,
+                        capture_output=True,
+                        text=True,
+                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+                    )
+                    if proc.returncode:
+                        raise SystemExit(f"{kind} {tokens} {mode} failed:\n{proc.stderr[-2000:]}")
+                    runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                got[mode] = {
+                    **runs[0],
+                    "seconds": statistics.median(r["seconds"] for r in runs),
+                    "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+                }
             if got["index"]["digest"] != got["scan"]["digest"]:
                 raise SystemExit(f"{kind} {tokens}: the index and the scan disagree: {got}")
             rows.append({"text": kind, **{f"{m}_{k}": v for m, r in got.items() for k, v in r.items()}})

@@ -19,7 +19,7 @@ QUERY_END = -2  # a piece's token past its end, for a lower bound: the piece sor
 QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
 BLOCK_ELEMENTS = 1 << 20  # tokens compared at once, all rows together (8 MiB an int64 array)
 FIRST_BLOCK = 4  # most comparisons of a binary search differ within a few tokens
-SAMPLES = 1 << 16  # suffixes a shard keeps in memory to bracket searches: 2 MB (4 MB for uint32 tokens)
+SAMPLES = 1 << 14  # suffixes a shard keeps in memory to bracket searches: 512 KB (1 MB for uint32 tokens)
 
 
 def common_prefix(
