@@ -39,7 +39,7 @@ from olmo_data.instances import InstanceSource
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES
 from olmo_data.processes import pool_context
-from olmo_data.suffix_search import QUERY_ABOVE, Samples, common_prefix, lower_bound, smallest
+from olmo_data.suffix_search import QUERY_ABOVE, Samples, bound_one, common_prefix, lower_bound, smallest
 from olmo_data.suffix_sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
@@ -390,12 +390,39 @@ class FileSuffixIndex:
                 quota[r] -= len(here)
         return counts, [np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in listed]
 
+    def intervals(self, sequence: np.ndarray) -> list[tuple[Shard, int, int, np.ndarray]]:
+        """Per shard: the ranks [lo, hi) of the suffixes that start with `sequence`, and the positions near its end
+        that hold it although its window is too short to (checked against the file)."""
+        m = len(sequence)
+        out = []
+        for shard in self.shards:
+            samples = shard.samples(self.tokens)
+            args = (self.tokens, shard.positions, shard.start, shard.window_end, sequence)
+            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions)))
+            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions)), above=True)
+            near = self._near_end(shard, m)
+            if len(near):
+                near = near[near + m > shard.window_end]
+                zero = np.zeros(1, dtype=np.int64)
+                near = near[self._near_prefixes(near, sequence, zero, zero + m)[0] >= m] if len(near) else near
+            out.append((shard, lo, hi, near))
+        return out
+
+    def count(self, sequence: np.ndarray) -> int:
+        """How many positions of the file hold `sequence`."""
+        if not len(sequence):
+            return 0
+        return sum(hi - lo + len(near) for _, lo, hi, near in self.intervals(sequence))
+
     def find(self, sequence: np.ndarray) -> np.ndarray:
         """Every position where the file holds `sequence`, sorted."""
         if not len(sequence):
             return np.zeros(0, dtype=np.int64)
-        zero = np.zeros(1, dtype=np.int64)
-        return self.occurrences(sequence, zero, zero + len(sequence), zero + len(self.tokens))[1][0]
+        found = [
+            np.concatenate([shard.start + shard.positions[lo:hi].astype(np.int64), near])
+            for shard, lo, hi, near in self.intervals(sequence)
+        ]
+        return np.sort(np.concatenate(found))
 
 
 def _not_covering(folder: Path, path: str, n: int) -> DataError:
@@ -417,6 +444,11 @@ class RunIndex:
         seq = _never_past_end(sequence)
         out = {path: np.zeros(0, dtype=np.int64) for path in self.empty}
         return out | {path: index.find(seq) for path, index in self.files.items()}
+
+    def count(self, sequence: Sequence[int]) -> int:
+        """How many places of the token files hold `sequence` (infini-gram's count), without listing them."""
+        seq = _never_past_end(sequence)
+        return sum(index.count(seq) for index in self.files.values())
 
     def longest(
         self, query: Sequence[int] | np.ndarray, starts: np.ndarray, caps: np.ndarray | None = None

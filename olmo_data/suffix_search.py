@@ -88,6 +88,11 @@ class Samples:
         packed = np.ascontiguousarray(codes.astype(self.code))
         return packed.view(f"S{self.WIDTH * self.code.itemsize}").ravel()
 
+    def bracket_one(self, piece: np.ndarray, above: bool, count: int) -> tuple[int, int]:
+        """`bracket` of one piece."""
+        lo, hi = self.bracket(piece, np.zeros(1, dtype=np.int64), np.array([len(piece)]), above, count)
+        return int(lo[0]), int(hi[0])
+
     def bracket(
         self, query: np.ndarray, qstart: np.ndarray, qlen: np.ndarray, above: bool, count: int
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -143,6 +148,43 @@ def lower_bound(
             pos = base + np.asarray(suffixes[rank[todo] + side]).astype(np.int64)
             out[todo], _ = common_prefix(tokens, pos, limit, query, qstart[todo], qlen[todo], above=above)
     return lo, lcp_lo, lcp_hi
+
+
+def bound_one(
+    tokens: np.ndarray,
+    suffixes: np.ndarray,
+    base: int,
+    limit: int,
+    piece: np.ndarray,
+    lo: int,
+    hi: int,
+    *,
+    above: bool = False,
+) -> int:
+    """`lower_bound` of one piece within ranks [lo, hi), in plain Python over slices: a single lookup (count or
+    find of an n-gram) pays a few microseconds a step instead of the dozen array operations a step of the
+    vectorised search costs whatever its rows."""
+    m = len(piece)
+    lcp_lo = lcp_hi = 0
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        p = base + int(suffixes[mid])
+        skip = min(lcp_lo, lcp_hi)
+        end = min(p + m, limit)
+        text = tokens[p + skip : end]
+        differ = np.flatnonzero(text != piece[skip : skip + len(text)])
+        if len(differ):
+            j = int(differ[0])
+            lcp, less = skip + j, bool(text[j] < piece[skip + j])
+        elif end - p < m:  # the suffix's window ends inside the piece: it sorts first
+            lcp, less = end - p, True
+        else:  # the piece is a prefix of the suffix
+            lcp, less = m, above
+        if less:
+            lo, lcp_lo = mid + 1, lcp
+        else:
+            hi, lcp_hi = mid, lcp
+    return lo
 
 
 def smallest(positions: np.ndarray, lo: int, hi: int, keep: int, block: int = 1 << 22) -> np.ndarray:

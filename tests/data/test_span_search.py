@@ -111,6 +111,9 @@ def test_index_and_scan_equal_the_definition_on_random_texts(seed: int, tmp_path
         got = [(i, j, [at[p].tolist() for p in paths]) for i, j, at, _ in found]
         assert got == want
         assert [c for _, _, _, c in found] == [sum(map(len, places)) for _, _, places in want]
+    for i, j, places in want:  # one n-gram's count and places, as `trace --tokens` and a count look them up
+        assert index.count(query[i:j].tolist()) == sum(map(len, places))
+        assert [index.find(query[i:j].tolist())[p].tolist() for p in paths] == places
 
 
 def test_a_text_held_whole_and_repeated(tmp_path: Path) -> None:
