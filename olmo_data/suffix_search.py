@@ -89,9 +89,15 @@ class Samples:
         return packed.view(f"S{self.WIDTH * self.code.itemsize}").ravel()
 
     def bracket_one(self, piece: np.ndarray, above: bool, count: int) -> tuple[int, int]:
-        """`bracket` of one piece."""
-        lo, hi = self.bracket(piece, np.zeros(1, dtype=np.int64), np.array([len(piece)]), above, count)
-        return int(lo[0]), int(hi[0])
+        """`bracket` of one piece, in plain Python."""
+        head = piece[: self.WIDTH].tolist()
+        head += [QUERY_ABOVE if above else QUERY_END] * (self.WIDTH - len(head))
+        codes = [self.top if t == QUERY_ABOVE else min(t + 2, self.top - 1) for t in head]
+        key = np.array(codes, dtype=self.code).tobytes()
+        below = int(np.searchsorted(self.keys, key, side="left"))
+        over = int(np.searchsorted(self.keys, key, side="right"))
+        lo = int(self.ranks[below - 1]) + 1 if below > 0 else 0
+        return lo, int(self.ranks[over]) if over < len(self.ranks) else count
 
     def bracket(
         self, query: np.ndarray, qstart: np.ndarray, qlen: np.ndarray, above: bool, count: int
@@ -172,9 +178,9 @@ def bound_one(
         skip = min(lcp_lo, lcp_hi)
         end = min(p + m, limit)
         text = tokens[p + skip : end]
-        differ = np.flatnonzero(text != piece[skip : skip + len(text)])
-        if len(differ):
-            j = int(differ[0])
+        differ = text != piece[skip : skip + len(text)]
+        j = int(differ.argmax()) if len(differ) else 0
+        if len(differ) and differ[j]:
             lcp, less = skip + j, bool(text[j] < piece[skip + j])
         elif end - p < m:  # the suffix's window ends inside the piece: it sorts first
             lcp, less = end - p, True
