@@ -35,6 +35,7 @@ CAP = 64  # tokens every start is searched to before the walk
 BATCH = 1 << 14  # starts searched at once, at most
 FIRST_BATCH = 256  # ... at first, and after a long match (x4 each batch)
 PAIRS = 1 << 20  # (place, start) pairs of a scan compared at once
+PROGRESS_DELAY = 2.0  # seconds before a search shows its bar
 _WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
 
 
@@ -43,7 +44,7 @@ def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
     from tqdm import tqdm
 
     quiet = None if progress is None else not progress  # None: tqdm's own test, quiet when not a terminal
-    return tqdm(total=total, unit=" tokens", unit_scale=True, desc=desc, delay=2, disable=quiet)
+    return tqdm(total=total, unit=" tokens", unit_scale=True, desc=desc, delay=PROGRESS_DELAY, disable=quiet)
 
 
 # -- with the index -----------------------------------------------------------------------------------------------

@@ -229,3 +229,42 @@ def test_matches_that_overlap_by_more_than_the_cap(tmp_path: Path, monkeypatch: 
     assert longest.tolist() == reference_longest([data], query).tolist() and gallops
     spans = [(i, j) for i, j, _, _ in find_spans(source, query.tolist(), 8, index=index)[0]]
     assert spans == [(i, j) for i, j, _, _ in find_spans(source, query.tolist(), 8)[0]] == [(1, 191), (91, 301)]
+
+
+def test_a_progress_bar_only_when_asked_or_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both searches draw a bar once they take longer than PROGRESS_DELAY (made 0 here), on a terminal or with
+    --progress; under pytest (not a terminal) the default draws none."""
+    import olmo_data.span_search as search
+
+    monkeypatch.setattr(search, "PROGRESS_DELAY", 0.0)
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 50, 3000)
+    cfg = write_files(tmp_path, [data])
+    source = open_from_config(cfg)
+    build_index(source, shard_tokens=1000, context=10, progress=False)
+    index = open_index(source)
+    assert index is not None
+    query = data[100:400].tolist()
+    for progress, drawn in ((None, False), (True, True)):
+        find_spans(source, query, 8, index=index, progress=progress)
+        find_spans(source, query, 8, progress=progress)
+        err = capsys.readouterr().err
+        assert ("spans: 100%" in err and "search: 100%" in err) is drawn, err
+
+
+def test_the_scan_in_chunks_and_processes_finds_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 700 tokens over two processes: matches that begin in one chunk and run into the next, and places
+    met out of order, reduce to the one-chunk answer."""
+    import olmo_data.span_search as search
+    import olmo_data.trace as trace_module
+
+    files, query = random_case(np.random.default_rng(9))
+    source = open_from_config(write_files(tmp_path, files))
+    whole, _ = find_spans(source, query.tolist(), 6, max_places=3)
+    monkeypatch.setattr(search, "SCAN_CHUNK", 700)
+    monkeypatch.setattr(trace_module, "SCAN_CHUNK", 700)
+    chunked, _ = find_spans(source, query.tolist(), 6, max_places=3, processes=2)
+    as_lists = [[(i, j, {p: v.tolist() for p, v in m.items()}, c) for i, j, m, c in s] for s in (whole, chunked)]
+    assert as_lists[0] == as_lists[1] != []
