@@ -16,6 +16,7 @@ reports its peak resident set size (ru_maxrss, the process's imports included) u
 `--limit-gb`. The index and the scan must find the same spans and places, or the benchmark stops.
 
     python benchmarks/spans_length.py [--data runs/spans-bench] [--lengths 100,1000,3577,10000,20000]
+    python benchmarks/spans_length.py --million build; then --million index, --million scan (each under prlimit)
 
 --data is made when missing: `olmo-data demo-data`, `tokenize`, a one-epoch order and `olmo-data index`.
 """
@@ -124,6 +125,32 @@ def one(config: str, text_file: str, tokens: int, mode: str) -> None:
     )
 
 
+def million(data: Path, mode: str) -> None:
+    """A 12-token line held 1,000,000 times (13M tokens, one file): the span is counted, 1,000 places listed."""
+    import numpy as np
+
+    from olmo_data.instances import open_from_config
+    from olmo_data.spans import find_spans
+    from olmo_data.suffix_index import build_index, open_index
+
+    path = data / "million" / "part-0.npy"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.tile(np.concatenate([np.arange(10, 22), [0]]), 1_000_000).astype(np.uint16).tofile(path)
+    source = open_from_config({"model": {"max_sequence_length": 16}, "data": {"paths": [str(path)], "dtype": "uint16"}})
+    if mode == "build":
+        build_index(source, progress=False)
+        return
+    t0 = time.perf_counter()
+    found, _ = find_spans(source, [5, *range(10, 22), 6], 8, index=open_index(source) if mode == "index" else None)
+    seconds = time.perf_counter() - t0
+    spans = [(i, j, c, sum(len(v) for v in at.values())) for i, j, at, c in found]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps({"mode": mode, "spans (start, end, count, listed)": spans, "seconds": seconds, "peak_rss_mb": rss})
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="runs/spans-bench")
@@ -131,7 +158,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit-gb", type=float, default=4.0, help="address-space limit of each search process")
     ap.add_argument("--one", nargs=4, metavar=("CONFIG", "TEXT", "TOKENS", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--million", choices=["build", "index", "scan"], help="the span held a million times, alone")
     args = ap.parse_args()
+    if args.million:
+        million(Path(args.data), args.million)
+        return
     if args.one:
         one(args.one[0], args.one[1], int(args.one[2]), args.one[3])
         return
