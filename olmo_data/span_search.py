@@ -4,8 +4,9 @@ the maximal spans it gives: with the suffix index or by a scan, in time and memo
 Both rest on one fact: a match of length l at start i is a match of length l - 1 at start i + 1, so
 L(i + 1) >= L(i) - 1.
 
-With the index, every start is first searched to CAP tokens at once (one binary search a shard for all of them,
-comparisons that stop at the first differing token). Starts held to the cap are then walked in order: L(i) from
+With the index, the starts are searched to CAP tokens in batches from the left (one binary search a shard for a
+whole batch, comparisons that stop at the first differing token; with min_tokens k, every (k // 2)-th start first,
+and only the starts near one that may hold k tokens after it). Starts held to the cap are walked in order: L(i) from
 one search of the rest of the text; every start up to i + L(i) holds at least the rest of that match, and only
 where some start holds one token more (found by galloping, monotone in the start) is L searched again. The starts
 searched deeply are about one per maximal match, so a text held in the data as a whole costs a few searches, not
