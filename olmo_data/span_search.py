@@ -8,7 +8,8 @@ With the index, the starts are searched to CAP tokens in batches from the left (
 whole batch, comparisons that stop at the first differing token; with min_tokens k, every (k // 2)-th start first,
 and only the starts near one that may hold k tokens after it). Starts held to the cap are walked in order: L(i) from
 one search of the rest of the text; every start up to i + L(i) holds at least the rest of that match, and only
-where some start holds one token more (found by galloping, monotone in the start) is L searched again. The starts
+where some start holds one token more (found by galloping back from the match's end, monotone in the start) is L
+searched again. The starts
 searched deeply are about one per maximal match, so a text held in the data as a whole costs a few searches, not
 one per token as long as the rest of the text.
 
@@ -71,7 +72,7 @@ def index_longest(index: RunIndex, query: np.ndarray, progress: bool | None = No
             stop = np.flatnonzero((ahead == -1) | deep)
             following = settled + (int(stop[0]) if len(stop) else len(ahead))  # the starts before are settled
             if following < n and longest[following] != -1:
-                following = _walk(index, query, longest, following)
+                following = _walk(index, query, longest, following, min_tokens)
                 batch = FIRST_BATCH
             bar.update(following - settled)
             settled = following
@@ -106,13 +107,13 @@ def _capped(
     b: int = 0,
     samples: np.ndarray | None = None,
 ) -> None:
-    """min(L, CAP) for the starts in [a, b) (or `samples`) not searched yet or only screened."""
-    rows = a + np.flatnonzero(longest[a:b] < 0) if samples is None else samples[longest[samples] < 0]
+    """min(L, CAP) for the starts in [a, b) (or `samples`) not searched yet."""
+    rows = a + np.flatnonzero(longest[a:b] == -1) if samples is None else samples[longest[samples] == -1]
     if len(rows):
         longest[rows] = index.longest(query, rows, np.minimum(CAP, len(query) - rows))
 
 
-def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> int:
+def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int, min_tokens: int) -> int:
     """From start i, held to the cap: L of i and of the starts after it that follow from it, written into
     `longest`; returns the first start not settled."""
     n = len(query)
@@ -123,17 +124,8 @@ def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> in
         if end >= n:  # held to the text's end: so is every later start
             longest[i + 1 :] = n - np.arange(i + 1, n)
             return n
-        # the first start after i that holds query[start : end + 1]: monotone in the start
-        t0 = max(i + 1, end + 1 - CAP)
-        _capped(index, query, longest, t0, end + 1)
-        tail = longest[t0 : end + 1] >= end + 1 - np.arange(t0, end + 1)  # exact: these pieces are within the cap
-        if not tail[0]:
-            nxt = t0 + int(np.argmax(tail)) if tail.any() else end + 1
-        elif t0 == i + 1:
-            nxt = t0
-        else:
-            nxt = _gallop(index, query, i, t0, end + 1)
-        longest[i + 1 : nxt] = end - np.arange(i + 1, nxt)
+        nxt = _first_held(index, query, longest, i, end + 1, min_tokens)
+        longest[i + 1 : nxt] = end - np.arange(i + 1, nxt)  # they hold the rest of i's match, not one token more
         if nxt == n:
             return n
         _capped(index, query, longest, nxt, nxt + 1)
@@ -142,16 +134,22 @@ def _walk(index: RunIndex, query: np.ndarray, longest: np.ndarray, i: int) -> in
         i = nxt
 
 
-def _gallop(index: RunIndex, query: np.ndarray, bad: int, good: int, end: int) -> int:
-    """The smallest start in (bad, good] whose piece up to `end` is held, knowing `good`'s is and `bad`'s is not:
-    probes leftwards at doubling distances, then halves; each probe one search of the piece."""
+def _first_held(index: RunIndex, query: np.ndarray, longest: np.ndarray, bad: int, end: int, min_tokens: int) -> int:
+    """The first start in (bad, end) that holds query[start : end] (`bad`'s does not; holding is monotone in the
+    start), or `end`: probed from the right at doubling distances, then halved, each probe answered by what
+    `longest` already knows or by one search of the piece."""
 
     def held(start: int) -> bool:
-        return int(index.longest(query, np.array([start]), np.array([end - start]))[0]) == end - start
+        known, length = int(longest[start]), end - start
+        if known >= 0 and (known < CAP or length <= CAP):
+            return known >= length
+        if known == -2 and length >= min_tokens:
+            return False
+        return int(index.longest(query, np.array([start]), np.array([length]))[0]) == length
 
-    step = 1
-    while good - step > bad:
-        probe = good - step
+    good, step = end, 1
+    while end - step > bad:
+        probe = end - step
         if not held(probe):
             bad = probe
             break

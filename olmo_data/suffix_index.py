@@ -39,13 +39,22 @@ from olmo_data.instances import InstanceSource
 from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
 from olmo_data.manifest import DTYPES
 from olmo_data.processes import pool_context
-from olmo_data.suffix_search import QUERY_ABOVE, Samples, bound_one, common_prefix, lower_bound, smallest
+from olmo_data.suffix_search import (
+    QUERY_ABOVE,
+    Samples,
+    bound_one,
+    common_prefix,
+    longest_one,
+    lower_bound,
+    smallest,
+)
 from olmo_data.suffix_sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
 SHARD_TOKENS = 1 << 24  # positions per shard: ~1.1 GB peak per numpy worker
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 ROWS = 1 << 16  # pieces searched at once: their bookkeeping stays a few MB
+FEW_ROWS = 16  # up to this many pieces, one at a time in plain Python costs less than the vectorised search
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
 
 
@@ -323,8 +332,14 @@ class FileSuffixIndex:
         best = np.zeros(len(starts), dtype=np.int64)
         if not len(starts):
             return best
+        few = len(starts) <= FEW_ROWS  # the steps of a span walk: a scalar search each
         for shard in self.shards:
-            for a in range(0, len(starts), ROWS):
+            for r in range(len(starts)) if few else ():
+                piece = query[int(starts[r]) : int(starts[r] + caps[r])]
+                edges = shard.samples(self.tokens).bracket_one(piece, False, len(shard.positions))
+                args = (self.tokens, shard.positions, shard.start, shard.window_end, piece)
+                best[r] = max(int(best[r]), longest_one(*args, *edges))
+            for a in range(0, 0 if few else len(starts), ROWS):
                 rows = slice(a, a + ROWS)
                 _, before, at = lower_bound(
                     self.tokens,

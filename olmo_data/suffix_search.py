@@ -168,29 +168,61 @@ def bound_one(
     above: bool = False,
 ) -> int:
     """`lower_bound` of one piece within ranks [lo, hi), in plain Python over slices: a single lookup (count or
-    find of an n-gram) pays a few microseconds a step instead of the dozen array operations a step of the
-    vectorised search costs whatever its rows."""
-    m = len(piece)
+    find of an n-gram, a step of the span walk) pays a few microseconds a step instead of the dozen array
+    operations a step of the vectorised search costs whatever its rows."""
+    return search_one(tokens, suffixes, base, limit, piece, lo, hi, above)[0]
+
+
+def longest_one(
+    tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, piece: np.ndarray, lo: int, hi: int
+) -> int:
+    """The longest prefix of one piece that the suffixes hold (`lower_bound`'s larger common prefix), searched
+    within the bracket [lo, hi); its edges, never compared by the search, are compared here."""
+    rank, lcp_lo, lcp_hi = search_one(tokens, suffixes, base, limit, piece, lo, hi, False)
+    if rank == lo and rank > 0:
+        lcp_lo = _prefix_one(tokens, base + int(suffixes[rank - 1]), limit, piece, 0)[0]
+    if rank == hi and rank < len(suffixes):
+        lcp_hi = _prefix_one(tokens, base + int(suffixes[rank]), limit, piece, 0)[0]
+    return max(lcp_lo, lcp_hi)
+
+
+def search_one(
+    tokens: np.ndarray,
+    suffixes: np.ndarray,
+    base: int,
+    limit: int,
+    piece: np.ndarray,
+    lo: int,
+    hi: int,
+    above: bool,
+) -> tuple[int, int, int]:
+    """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side."""
     lcp_lo = lcp_hi = 0
     while lo < hi:
         mid = (lo + hi) >> 1
-        p = base + int(suffixes[mid])
-        skip = min(lcp_lo, lcp_hi)
-        end = min(p + m, limit)
-        text = tokens[p + skip : end]
-        differ = text != piece[skip : skip + len(text)]
-        j = int(differ.argmax()) if len(differ) else 0
-        if len(differ) and differ[j]:
-            lcp, less = skip + j, bool(text[j] < piece[skip + j])
-        elif end - p < m:  # the suffix's window ends inside the piece: it sorts first
-            lcp, less = end - p, True
-        else:  # the piece is a prefix of the suffix
-            lcp, less = m, above
+        lcp, less = _prefix_one(tokens, base + int(suffixes[mid]), limit, piece, min(lcp_lo, lcp_hi), above)
         if less:
             lo, lcp_lo = mid + 1, lcp
         else:
             hi, lcp_hi = mid, lcp
-    return lo
+    return lo, lcp_lo, lcp_hi
+
+
+def _prefix_one(
+    tokens: np.ndarray, p: int, limit: int, piece: np.ndarray, skip: int, above: bool = False
+) -> tuple[int, bool]:
+    """The common prefix of the suffix at p (read up to `limit`) and the piece, known to share `skip` tokens, and
+    whether the suffix sorts before the piece."""
+    m = len(piece)
+    end = min(p + m, limit)
+    text = tokens[p + skip : end]
+    differ = text != piece[skip : skip + len(text)]
+    j = int(differ.argmax()) if len(differ) else 0
+    if len(differ) and differ[j]:
+        return skip + j, bool(text[j] < piece[skip + j])
+    if end - p < m:  # the suffix's window ends inside the piece: it sorts first
+        return end - p, True
+    return m, above  # the piece is a prefix of the suffix
 
 
 def smallest(positions: np.ndarray, lo: int, hi: int, keep: int, block: int = 1 << 22) -> np.ndarray:

@@ -221,12 +221,18 @@ def test_matches_that_overlap_by_more_than_the_cap(tmp_path: Path, monkeypatch: 
     build_index(source, shard_tokens=150, context=20, progress=False)
     index = open_index(source)
     assert index is not None
-    gallops = []
-    original = search._gallop
-    monkeypatch.setattr(search, "_gallop", lambda *a: gallops.append(a) or original(*a))
+    overlaps = []
+    original = search._first_held
+
+    def first_held(*args: Any) -> int:
+        found = int(original(*args))
+        overlaps.append(args[4] - 1 - found)  # how far before the match's end the next one starts
+        return found
+
+    monkeypatch.setattr(search, "_first_held", first_held)
     query = np.concatenate([[2000], x, y, z, [2001]])
     longest = index_longest(index, query, False)
-    assert longest.tolist() == reference_longest([data], query).tolist() and gallops
+    assert longest.tolist() == reference_longest([data], query).tolist() and max(overlaps) == 100 > search.CAP
     spans = [(i, j) for i, j, _, _ in find_spans(source, query.tolist(), 8, index=index)[0]]
     assert spans == [(i, j) for i, j, _, _ in find_spans(source, query.tolist(), 8)[0]] == [(1, 191), (91, 301)]
 
