@@ -7,6 +7,8 @@ Three kinds of text, each cut to 100 .. 20,000 tokens:
   other   this repository's own olmo_data/*.py, which the corpus does not hold: a few spans, mostly short
   lines   the corpus's 400 most frequent lines (of 12 characters or more) in random order: spans everywhere, each
           held tens to hundreds of times (`    def __repr__(self):` 233 times)
+  pieces  400-character slices of random documents, one after another: a long span every ~100 tokens (the index's
+          worst case here: each costs a walk of single searches, while the scan of 2.9M tokens is cheap)
 Each search is run `--repeats` times, each time in a fresh process; the table shows the median time and the
 largest peak memory.
 
@@ -88,7 +90,13 @@ def texts(data: Path) -> dict[str, str]:
     common = [line for line, _ in lines.most_common(400)]
     rng = random.Random(0)
     repeated = "\n".join(rng.choice(common) for _ in range(20_000))
-    return {"corpus": corpus, "other": other, "lines": repeated}
+    names = sorted(name for name in docs if len(docs[name]) > 2000)
+    pieces = ""
+    while len(pieces) < 200_000:
+        text = docs[rng.choice(names)]
+        at = rng.randrange(len(text) - 400)
+        pieces += text[at : at + 400]
+    return {"corpus": corpus, "other": other, "lines": repeated, "pieces": pieces}
 
 
 def one(config: str, text_file: str, tokens: int, mode: str) -> None:
