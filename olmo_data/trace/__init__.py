@@ -4,7 +4,7 @@ token files are scanned by one driver (`scan`) where no suffix index answers; on
 its steps (`document`).
 """
 
-from olmo_data.trace.document import DocumentView, format_document, show_documents
+from olmo_data.trace.document import format_document, show_documents
 from olmo_data.trace.find import open_run
 from olmo_data.trace.spans import MIN_TOKENS, SpansReport, format_spans, marked_text, trace_spans
 from olmo_data.trace.stages import ChainTrace, format_chain, trace_chain
@@ -12,7 +12,6 @@ from olmo_data.trace.stages import ChainTrace, format_chain, trace_chain
 __all__ = [
     "ChainTrace",
     "MIN_TOKENS",
-    "DocumentView",
     "SpansReport",
     "format_chain",
     "format_document",
