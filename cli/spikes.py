@@ -28,8 +28,13 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool, plot: str |
       olmo-data spikes runs/tiny/config.yaml --window 50 --z 4 --json
       olmo-data spikes runs/tiny --plot spikes.png
     """
+    import math
+
+    from olmo_data.errors import DataError
     from olmo_data.run import find_spikes, format_spikes
 
+    if not (math.isfinite(z) and z > 0):  # the library takes any finite z (a test may list every step)
+        raise DataError(f"--z {z}: expected a positive, finite number of standard deviations (e.g. 3)")
     report = find_spikes(run, window=window, z=z, top=top)
     if plot is not None:
         from olmo_view import RunAnswers

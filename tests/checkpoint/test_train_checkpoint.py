@@ -76,7 +76,7 @@ def test_interrupted_download_is_not_reused(
     (remote / "optim.pt").write_bytes(b"o" * 10_000)
     real_download = RemoteReader.download
 
-    def interrupted_download(self: RemoteReader, source: str, write: Callable[[bytes], Any]) -> None:
+    def interrupted_download(self: RemoteReader, source: str, write: Callable[[bytes], Any], **_: Any) -> None:
         data = self.read_all(source)
         write(data[: len(data) // 2])
         raise Killed

@@ -50,4 +50,4 @@ def test_no_top_level_cli_package_is_installed(tmp_path: Path) -> None:
         "print(importlib.util.find_spec('cli') is None, sorted(top.split()))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert proc.stdout.strip() == "True ['olmo_cli', 'olmo_data', 'olmo_train']"
+    assert proc.stdout.strip() == "True ['olmo_cli', 'olmo_data', 'olmo_train', 'olmo_view']"

@@ -160,7 +160,7 @@ def test_http_dataset_reads_ranges_with_cache(
         write_tokens(root / f"part-{i}.npy", a, "uint32")
     write_manifest(root, ["part-0.npy", "part-1.npy"], "uint32", [1000, 555])
     reader = RemoteReader(RemoteOptions(cache_entries=8, coalesce_gap=0))  # no merging: one request per instance
-    monkeypatch.setattr("olmo_data.remote._READER", reader)
+    monkeypatch.setattr("olmo_data.remote.reader._READER", reader)
     ds = open_dataset([url + "/"], sequence_length=50)
     ref = olmo_reference_instances(arrays, 50)
     assert len(ds) == len(ref) == 20 + 11
@@ -201,7 +201,7 @@ def test_s3_ranged_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         s3.create_bucket(Bucket="data")
         arr = np.arange(50_000, 50_000 + 1000, dtype=np.uint16)
         s3.put_object(Bucket="data", Key="tok/a.npy", Body=arr.tobytes())
-        monkeypatch.setattr("olmo_data.remote._READER", RemoteReader())
+        monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader())
         ds = open_dataset(["s3://data/tok/a.npy"], sequence_length=64, dtype="uint16")
         assert len(ds) == 1000 // 64
         np.testing.assert_array_equal(ds.get_batch([3, 14])[0], [arr[192:256], arr[896:960]])
