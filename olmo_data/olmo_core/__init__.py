@@ -33,6 +33,14 @@ from olmo_data.olmo_core.order import (
     order_file_name,
     write_olmo_core_order,
 )
+from olmo_data.olmo_core.runs import (
+    data_fingerprint,
+    instances_holding,
+    olmo_core_of,
+    open_trained_on,
+    run_length,
+    trained_at,
+)
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 
 __all__ = [
@@ -51,12 +59,18 @@ __all__ = [
     "TrainedAt",
     "allocate_mixture",
     "build_olmo_core_order",
+    "data_fingerprint",
+    "instances_holding",
     "is_olmo_core_config",
     "olmo_core_batch",
+    "olmo_core_of",
     "olmo_core_order",
     "open_core_dataset",
     "open_olmo_core",
+    "open_trained_on",
     "order_file_name",
     "read_olmo_core_config",
+    "run_length",
+    "trained_at",
     "write_olmo_core_order",
 ]
