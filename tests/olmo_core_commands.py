@@ -62,6 +62,7 @@ def check_commands(config_json: str, config: Any, reference: dict[int, list[Any]
     from tests.olmo_core_reference import global_rows
 
     dataset = config.dataset.build()
+    config.data_loader.build(dataset)  # as drive_loader: the loader gives the dataset its work_dir, prepares it
     world = len(reference)
     for step in chosen_steps(reference):
         want_fp = batch_fingerprint(global_rows(reference, step, "input_ids"))
