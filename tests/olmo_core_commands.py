@@ -62,7 +62,9 @@ def check_commands(config_json: str, config: Any, reference: dict[int, list[Any]
     from tests.olmo_core_reference import global_rows
 
     dataset = config.dataset.build()
-    config.data_loader.build(dataset)  # as drive_loader: the loader gives the dataset its work_dir, prepares it
+    loader = config.data_loader.build(dataset)  # as drive_loader: the loader gives the dataset its work_dir
+    first_batch = len(reference[0][0].index) * len(reference)  # instances at step 1 (a schedule's first size)
+    check_stats_and_orders(config_json, dataset, loader, max(s.epoch for s in reference[0]), first_batch)
     world = len(reference)
     for step in chosen_steps(reference):
         want_fp = batch_fingerprint(global_rows(reference, step, "input_ids"))
@@ -127,3 +129,31 @@ def check_trace(config_json: str, dataset: Any, reference: dict[int, list[Any]])
     )
     assert sorted({(h["step"], h["rank"]) for h in got["hits"]}) == want and want
     assert {h["instance"] for h in got["hits"]} <= holding
+
+
+def check_stats_and_orders(config_json: str, dataset: Any, loader: Any, epochs: int, first_batch: int) -> None:
+    """`stats --json`: OLMo-core's dataset size and batches per epoch, its batch size in tokens, its order files
+    found; `build-order`: each epoch's file under OLMo-core's name with OLMo-core's bytes (those its loader wrote
+    in the work_dir), and the work_dir's own files recognised as identical and kept."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    stats = run_json(["stats", config_json, "--json"])
+    assert stats["num_instances"] == len(dataset) and stats["trainer"] == "olmo-core"
+    assert stats["global_batch_tokens"] == first_batch * dataset.sequence_length
+    assert stats["batches_per_epoch"] == len(dataset) // first_batch
+    assert all(note.startswith("read from") for note in stats["orders"][:epochs])  # those the loader drove
+    work_dir = str(loader.work_dir)
+    written = sorted(f for f in os.listdir(work_dir) if f.startswith("global_indices"))
+    assert len(written) == epochs, written
+    with tempfile.TemporaryDirectory() as other:
+        result = CliRunner().invoke(
+            data_main, ["build-order", config_json, "--epochs", str(epochs), "--destination", other]
+        )
+        assert result.exit_code == 0, result.output
+        assert sorted(os.listdir(other)) == written
+        for name in written:
+            assert Path(other, name).read_bytes() == Path(work_dir, name).read_bytes(), name
+    result = CliRunner().invoke(data_main, ["build-order", config_json, "--epochs", str(epochs)])
+    assert result.exit_code == 0 and result.output.count("identical to OLMo-core's order (kept)") == epochs

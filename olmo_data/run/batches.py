@@ -331,7 +331,9 @@ def _inspect_olmo_core(
         report.instance_filter = core.run.instance_filter.settings()
         report.masked_instances = int((~keep[chosen]).sum())
     docs = doc_index or DocIndex()
-    decoder = load_tokenizer(tokenizer, "auto" if str(tokenizer).endswith(".tiktoken") else "hf") if decode else None
+    decoder = None
+    if decode and tokenizer is not None:
+        decoder = load_tokenizer(tokenizer, "auto" if tokenizer.endswith(".tiktoken") else "hf")
     for p, loc in zip(chosen.tolist(), core.locate(batch.instances[chosen]), strict=True):
         ids = batch.tokens[p]
         report.instances.append(

@@ -96,7 +96,7 @@ def trace_chain(
         wanted = parse_steps(steps)
         if wanted is None and olmo_core_form(config) is None:  # a run of ours: its own max_duration
             wanted = (1, run_steps(read_run_config(config), len(core.dataset)))
-        found = trace_olmo_core(
+        own = trace_olmo_core(
             core,
             ids,
             source_glob=source_glob,
@@ -108,7 +108,7 @@ def trace_chain(
             processes=processes,
             progress=progress,
         )
-        return ChainTrace([StageTrace(olmo_core_stage(core, config, found.first_step, found.last_step), found)])
+        return ChainTrace([StageTrace(olmo_core_stage(core, config, own.first_step, own.last_step), own)])
     cfg = read_run_config(config)
     source = open_from_config(cfg)
     first_last = parse_steps(steps)
