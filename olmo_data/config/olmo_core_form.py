@@ -2,7 +2,7 @@
 
 Every config object OLMo-core saves names its class under `_CLASS_` (`olmo_core.data.numpy_dataset.…`), so the
 form is told by the `dataset` and `data_loader` sections alone. The data commands (`inspect-batch`, `trace`,
-`stats`, `build-order`, `spikes`) ask here first and read such a run through `olmo_data.olmo_core`; everything
+`stats`, `build-order`) ask here first and read such a run through `olmo_data.olmo_core`; everything
 else that reads a run's config (`read_run_config`) refuses it in one line naming what does read it, rather than
 failing on a missing `data.paths`. This module only recognises the form: OLMo-core's rules live above the
 config package (`olmo_data.olmo_core` needs the dataset package, which needs this one).
@@ -19,7 +19,7 @@ import yaml
 from olmo_data.config.schema import ConfigError
 
 CLASS_KEY = "_CLASS_"
-READ_BY = "olmo-data inspect-batch, trace, stats, build-order and spikes"  # the commands that take it as it is
+READ_BY = "olmo-data inspect-batch, trace, stats and build-order"  # the commands that take it as it is
 
 
 def is_olmo_core_form(raw: Any) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DocIndex, InstanceSource
+from olmo_data.config import olmo_core_form
 from olmo_data.errors import DataError
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
@@ -220,6 +221,10 @@ def trace_spans(
     with its documents and the steps (within `steps`, "A..B") that trained on it."""
     if (text is None) == (tokens is None):
         raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
+    if olmo_core_form(config) is not None:
+        raise DataError(
+            f"{config}: --spans of an OLMo-core run is not covered; trace a passage of it with --text or --tokens"
+        )
     cfg, source = open_run(config)
     tok = data_tokenizer(tokenizer, source, "--spans")
     query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))

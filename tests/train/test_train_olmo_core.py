@@ -21,7 +21,7 @@ import yaml
 from olmo_data.config import ConfigError, load_config
 from olmo_data.dataset.fingerprint import batch_fingerprint
 from olmo_data.errors import DataError
-from olmo_data.run import inspect_batch
+from olmo_data.run import find_spikes, inspect_batch
 from tests.train.test_train_e2e import launch
 
 L, SEED, STEPS = 64, 6198, 3
@@ -73,11 +73,13 @@ def test_trains_on_olmo_core_batches_on_two_ranks(
     from olmo_core.data import NumpyFSLDatasetConfig
     from olmo_core.data.numpy_dataset import InstanceFilterConfig
 
+    repetitive = tmp_path / "repetitive.npy"  # 128 instances of a 3-token sequence over and over
+    np.tile(np.array([5, 6, 7], dtype=np.uint16), 128 * L // 3 + 1)[: 128 * L].tofile(repetitive)
     dataset = NumpyFSLDatasetConfig(
         tokenizer=core.tokenizer_config(),
-        paths=token_paths,
+        paths=[*token_paths, str(repetitive)],
         sequence_length=L,
-        instance_filter_config=InstanceFilterConfig(repetition_max_count=4),
+        instance_filter_config=InstanceFilterConfig(repetition_max_count=8),
     )
     config = core.experiment_config(
         dataset, global_batch_size=8 * L, seed=SEED, work_dir=str(tmp_path / "work"), save_folder=str(tmp_path / "x")
@@ -90,6 +92,11 @@ def test_trains_on_olmo_core_batches_on_two_ranks(
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["train/batch_fingerprint"] for m in metrics] == want
     assert all(np.isfinite(m["train/loss"]) for m in metrics)
+    assert sum(m["train/masked_instances"] for m in metrics) > 0
+    for m, s in zip(metrics, range(1, STEPS + 1), strict=True):  # OLMo-core's instance_mask, on both ranks
+        keep = core.global_rows(reference, s, "instance_mask")
+        assert m["train/masked_instances"] == int((~keep).sum())
+        assert m["train/supervised_tokens"] == int(keep.sum()) * (L - 1)
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["global_train_batch_size"] == 8  # OLMo-core's 512 tokens / 64
     # inspect-batch of our run: OLMo-core's batch, and the losses our run had on it
@@ -97,6 +104,12 @@ def test_trains_on_olmo_core_batches_on_two_ranks(
     assert report.batch_fingerprint == want[1] and report.trainer == "olmo-core"
     assert [i.instance for i in report.instances] == core.global_rows(reference, 2, "index").tolist()
     assert report.loss_record is not None and all(i.supervised_tokens is not None for i in report.instances)
+    # and spikes names the instances behind a jump: steps 1 and 2 logged lower, so that step 3 is one
+    lines = [{**m, "train/loss": m["train/loss"] - 3.0 * (m["step"] < 3)} for m in metrics]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    spikes = find_spikes(str(tmp_path / "run"), window=2, z=3.0, top=3)
+    assert [s.step for s in spikes.spikes] == [3] and len(spikes.spikes[0].contributors) == 3
+    assert {c.instance for c in spikes.spikes[0].contributors} <= set(core.global_rows(reference, 3, "index").tolist())
 
 
 def test_padded_batches_train_with_their_label_mask(
