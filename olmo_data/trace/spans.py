@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.config import olmo_core_form
+from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.errors import DataError
 from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
