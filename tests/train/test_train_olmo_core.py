@@ -115,7 +115,8 @@ def test_trains_on_olmo_core_batches_on_two_ranks(
 def test_padded_batches_train_with_their_label_mask(
     core: Any, token_paths: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One process, padded instances: the padding is not trained (OLMo-core's label mask as masked labels)."""
+    """One process, padded instances: the padding is not trained (OLMo-core's label mask as masked labels); a
+    stopped run resumes on OLMo-core's next batch."""
     from olmo_core.data import NumpyPaddedFSLDatasetConfig
 
     dataset = NumpyPaddedFSLDatasetConfig(tokenizer=core.tokenizer_config(), paths=token_paths, sequence_length=L)
@@ -124,8 +125,11 @@ def test_padded_batches_train_with_their_label_mask(
     )
     config_json = core.save_config_json(config, tmp_path / "olmo-core")
     reference = core.drive_loader(config, world_size=1, last_step=2, monkeypatch=monkeypatch)
-    launch(ours(tmp_path, config_json, max_duration=2), 1)
+    mine = ours(tmp_path, config_json, max_duration=2)
+    launch(mine, 1, "--stop_at=1")  # stopped after step 1, resumed: step 2 is still OLMo-core's step 2
+    launch(mine, 1)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
     for m, step in zip(metrics, reference[0], strict=True):
         assert m["train/batch_fingerprint"] == batch_fingerprint(step.input_ids)
         assert m["train/supervised_tokens"] == int(step.label_mask[:, 1:].sum())
