@@ -44,10 +44,12 @@ def stats(
     from olmo_data.dataset import format_stats, stats_for
     from olmo_data.olmo_core import format_olmo_core_stats, olmo_core_of, olmo_core_stats
 
-    core = olmo_core_of(paths[0]) if len(paths) == 1 and paths[0].endswith(".json") else None
+    core = olmo_core_of(paths[0]) if len(paths) == 1 and paths[0].endswith((".json", ".yaml", ".yml")) else None
     if core is not None:  # an OLMo-core run's config.json: its data as OLMo-core's loader reads it
         if mix or sequence_length or global_batch_size or duration or dtype:
-            raise DataError("an OLMo-core run's config.json gives the data, batch size and duration: no options")
+            raise DataError(
+                "an OLMo-core run's data (its config.json) gives the data, batch size and duration: no options"
+            )
         found = olmo_core_stats(core)
         click.echo(json.dumps(found.to_json()) if as_json else format_olmo_core_stats(found, format_stats(found.stats)))
         return
