@@ -10,23 +10,38 @@ from olmo_cli.options import Command
 @click.command("build-order", cls=Command)
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--epochs", default=1, show_default=True, help="How many epochs' orders to build.")
-@click.option("--first-epoch", default=0, show_default=True, help="The first epoch to build (0-based).")
+@click.option(
+    "--first-epoch", type=int, default=None, help="The first epoch to build (0-based; an OLMo-core run's from 1) [0]."
+)
 @click.option(
     "--destination",
     default=None,
     help="Order directory or epoch-0 .npy file (default: data.order_path, else save_folder/train_data).",
 )
-def build_order(config: str, epochs: int, first_epoch: int, destination: str | None) -> None:
+def build_order(config: str, epochs: int, first_epoch: int | None, destination: str | None) -> None:
     """Build OLMo-compatible global_indices.npy orders for CONFIG's data, seed and global batch size.
 
     The order of epoch e is a PCG64(seed + e) shuffle of all instances, stored as headerless uint32, with a
     .json side file recording the data fingerprint; an existing order is kept if it matches the data.
+
+    For the config.json an OLMo-core run saved (or a config of ours with data.olmo_core), it writes OLMo-core's
+    order files instead (epochs from 1, PCG64(seed + epoch), chunked with max_target_sequence_length) under the
+    names OLMo-core gives them, into its data_loader.work_dir (or --destination, a directory): byte for byte the
+    files OLMo-core's loader writes and reads.
 
     \b
     Examples:
       olmo-data build-order configs/tiny.yaml --epochs 2
     """
     from olmo_data.dataset import build_config_orders
+    from olmo_data.olmo_core import build_olmo_core_orders, olmo_core_of
 
-    for summary in build_config_orders(config, epochs=epochs, first_epoch=first_epoch, location=destination):
+    core = olmo_core_of(config)
+    if core is not None:  # an OLMo-core run (or a run of ours on its batches): its own order files
+        first = 1 if first_epoch is None else first_epoch
+        for line in build_olmo_core_orders(core, epochs=epochs, first_epoch=first, destination=destination):
+            click.echo(line)
+        return
+    first = 0 if first_epoch is None else first_epoch
+    for summary in build_config_orders(config, epochs=epochs, first_epoch=first, location=destination):
         click.echo(summary.line())

@@ -13,7 +13,11 @@ from olmo_cli.options import Command, echo_json
 @click.option("--batch-index", type=int, default=None, help="Global batch index (0-based), instead of --step.")
 @click.option("--rank", type=int, default=None, help="Show only the part rank R consumed (needs --world-size).")
 @click.option("--world-size", type=int, default=None, help="Number of ranks the run used.")
-@click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
+@click.option(
+    "--order",
+    default=None,
+    help="Order directory, file or URL (default: from the config); an OLMo-core run's: its order files' work_dir.",
+)
 @click.option("--decode", is_flag=True, help="Decode each instance to text.")
 @click.option(
     "--tokenizer",
@@ -56,6 +60,9 @@ def inspect_batch(
     save_folder: str | None,
 ) -> None:
     """Show which instances, tokens and documents a training step of CONFIG's run trained on.
+
+    CONFIG may also be the config.json an OLMo-core run saved: its batch is rebuilt by OLMo-core's rules (epochs
+    from 1, batch size in tokens, its order files from its work_dir or rebuilt, padded instances, mixtures).
 
     Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics, and, once the run
     trained the step, the loss it had on each instance (in --json: `loss`, per supervised token, and

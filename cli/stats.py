@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from olmo_cli.options import Command, echo_json, progress_option
+from olmo_data.errors import DataError
 
 
 @click.command("stats", cls=Command)
@@ -33,6 +34,7 @@ def stats(
     """Statistics of token files/directories PATHS, a --mix, or a training CONFIG's data, as training will see it.
 
     A CONFIG (a .yaml file) gives the data, sequence length, batch size and duration; the options override them.
+    The config.json an OLMo-core run saved gives its data as OLMo-core reads it (batch size in tokens, epochs from 1).
 
     \b
     Examples:
@@ -40,7 +42,20 @@ def stats(
       olmo-data stats runs/demo/tokens --sequence-length 128 --global-batch-size 16
     """
     from olmo_data.dataset import format_stats, stats_for
+    from olmo_data.olmo_core import format_olmo_core_stats, olmo_core_of, olmo_core_stats
 
+    core = olmo_core_of(paths[0]) if len(paths) == 1 and paths[0].endswith((".json", ".yaml", ".yml")) else None
+    if core is not None:  # an OLMo-core run's config.json: its data as OLMo-core's loader reads it
+        if mix or sequence_length or global_batch_size or duration or dtype:
+            raise DataError(
+                "an OLMo-core run's data (its config.json) gives the data, batch size and duration: no options"
+            )
+        found = olmo_core_stats(core)
+        if as_json:
+            echo_json(found.to_json())
+        else:
+            click.echo(format_olmo_core_stats(found, format_stats(found.stats)))
+        return
     result = stats_for(
         paths,
         mix=mix,

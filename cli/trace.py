@@ -29,7 +29,11 @@ from olmo_data.errors import DataError
 @click.option("--tokenizer", "-t", default=None, help="Tokenizer for --text (default: the one the manifest records).")
 @click.option("--steps", default=None, metavar="A..B", help="Steps to look at (1-based) [default: the whole run].")
 @click.option("--world-size", type=int, default=None, help="Also say which rank trained each place.")
-@click.option("--order", default=None, help="Order directory, file or URL (default: from the config).")
+@click.option(
+    "--order",
+    default=None,
+    help="Order directory, file or URL (default: from the config); an OLMo-core run's: its order files' work_dir.",
+)
 @click.option("--processes", "-p", type=int, default=1, show_default=True, help="Processes for the --text scan.")
 @click.option(
     "--no-lineage",
@@ -70,7 +74,8 @@ def trace(
     then position), the others counted (--json: "count", "unlisted"). --text, --tokens and --spans use the
     suffix index `olmo-data index` builds when there is one (same answers as the scan, in a fraction of a second).
 
-    Works for any run config, this project's or OLMo's (with data.order_path at its published order); through
+    Works for any run config, this project's or OLMo's (with data.order_path at its published order), or the
+    config.json an OLMo-core run saved (its steps and epochs as OLMo-core counts them; not --spans); through
     mixtures (a repeated source is found at each repetition); on SFT data it also counts the supervised tokens.
 
     A run that started from another run's checkpoint (a stage 2: load_path with reset_trainer_state or

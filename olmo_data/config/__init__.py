@@ -37,6 +37,7 @@ from olmo_data.config.load import (
     read_run_config,
     save_config,
 )
+from olmo_data.config.olmo_core_form import is_olmo_core_form, olmo_core_form
 
 __all__ = [
     "CHOICES",
@@ -59,9 +60,11 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "duration_steps",
+    "is_olmo_core_form",
     "keys_text",
     "load_config",
     "olmo",
+    "olmo_core_form",
     "parse_duration",
     "read_run_config",
     "save_config",

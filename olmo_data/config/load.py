@@ -22,6 +22,7 @@ import yaml
 
 from olmo_data.config.checks import get_dotted, problems
 from olmo_data.config.olmo import olmo_form_key, translate
+from olmo_data.config.olmo_core_form import refuse_olmo_core_form
 from olmo_data.config.schema import (
     CHOICES,
     LORA_TARGETS,
@@ -105,6 +106,7 @@ def config_from_dict(
 ) -> TrainConfig:
     """The TrainConfig of a config's keys as YAML gives them (a file's, or a dict a program built): the one path
     from keys to a config, for the trainer and every data command alike, so all of them see the same run."""
+    refuse_olmo_core_form(raw, source)
     raw = copy.deepcopy(raw)
     olmo_form = olmo_form_key(raw)  # by the file's own keys: an override never changes how it is read
     for key, text in _split_overrides(overrides):  # a string key keeps its text: --run_name=007 is not 7
@@ -325,8 +327,11 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         raise ConfigError(f"config key 'model.embedding_size': {m.embedding_size} < model.vocab_size={m.vocab_size}")
     if len(cfg.optimizer.betas) != 2:
         raise ConfigError(f"config key 'optimizer.betas': expected two numbers, got {cfg.optimizer.betas}")
-    if require_data and not cfg.data.paths and not cfg.data.mix:
-        raise ConfigError("config: no training data; set data.paths (token files or directories) or data.mix")
+    if require_data and not cfg.data.paths and not cfg.data.mix and not cfg.data.olmo_core:
+        raise ConfigError(
+            "config: no training data; set data.paths (token files or directories), data.mix or data.olmo_core"
+        )
+    _check_olmo_core_data(cfg)
     if cfg.data.paths and cfg.data.mix:
         raise ConfigError("config: set either data.paths or data.mix, not both")
     if cfg.model.loss_chunk_tokens is not None and cfg.model.loss_chunk_tokens < 1:
@@ -339,6 +344,30 @@ def _check(cfg: TrainConfig, *, require_data: bool = True) -> None:
         raise ConfigError(
             f"config key 'data.label_mask_paths': {len(cfg.data.label_mask_paths)} entries for "
             f"{len(cfg.data.paths)} data.paths; give one label mask per token file"
+        )
+
+
+def _check_olmo_core_data(cfg: TrainConfig) -> None:
+    """data.olmo_core names the whole data side (files, order, batch size, instance filter): a key of ours that
+    would change it is refused by name rather than silently overruled."""
+    if not cfg.data.olmo_core:
+        return
+    d = cfg.data
+    for key, value in (
+        ("paths", d.paths),
+        ("mix", d.mix),
+        ("label_mask_paths", d.label_mask_paths),
+        ("order_path", d.order_path),
+        ("dtype", d.dtype),
+    ):
+        if value:
+            raise ConfigError(
+                f"config key 'data.{key}': data.olmo_core ({d.olmo_core}) gives the run's data; remove data.{key}"
+            )
+    if d.instance_filter.enabled:
+        raise ConfigError(
+            "config key 'data.instance_filter.enabled': with data.olmo_core the filter is the OLMo-core config's "
+            "own (dataset.instance_filter_config); remove data.instance_filter"
         )
 
 

@@ -109,6 +109,7 @@ class DataConfig:
     prefetch_batches: int = 4  # this rank's next batches read in the background (hides remote latency and retries)
     remote_concurrency: int | None = None  # ranged reads in flight; None: $OLMO_DATA_REMOTE_CONCURRENCY, else 64
     instance_filter: InstanceFilterConfig = field(default_factory=InstanceFilterConfig)  # repetitive instances
+    olmo_core: str | None = None  # an OLMo-core run's config.json: train on exactly its loader's batches
 
 
 @dataclass

@@ -42,7 +42,7 @@ from olmo_data.dataset.order import (
     read_order_range,
 )
 from olmo_data.dataset.sources import Sources
-from olmo_data.dataset.stats import DatasetStats, dataset_stats, format_stats, stats_for
+from olmo_data.dataset.stats import DatasetStats, FileStats, SourceStats, dataset_stats, format_stats, stats_for
 from olmo_data.dataset.steps import (
     BatchPosition,
     batch_position,
@@ -59,6 +59,7 @@ __all__ = [
     "DTYPES",
     "DatasetStats",
     "DocIndex",
+    "FileStats",
     "DocumentSpan",
     "InstanceSource",
     "LABEL_MASK_DTYPE",
@@ -67,6 +68,7 @@ __all__ = [
     "Manifests",
     "Repetition",
     "RepetitionFilter",
+    "SourceStats",
     "Sources",
     "TokenFile",
     "batch_fingerprint",

@@ -343,6 +343,11 @@ def open_from_config(config: TrainConfig | dict[str, Any], *, base_dir: str | No
 
     if data.get("mix"):
         return open_dataset(sequence_length=int(length), mix=rel(data["mix"]), dtype=data.get("dtype"))
+    if not data.get("paths") and data.get("olmo_core"):
+        raise DataError(
+            f"config: data.olmo_core ({data['olmo_core']}) names an OLMo-core run's data; this command reads only "
+            "data.paths or data.mix (inspect-batch, trace, stats, build-order and spikes read data.olmo_core)"
+        )
     if not data.get("paths"):
         raise DataError("config: data.paths is missing or empty (and no data.mix); list token files or directories")
     masks = data.get("label_mask_paths")

@@ -33,7 +33,16 @@ from olmo_data.olmo_core.order import (
     order_file_name,
     write_olmo_core_order,
 )
+from olmo_data.olmo_core.runs import (
+    data_fingerprint,
+    instances_holding,
+    olmo_core_of,
+    open_trained_on,
+    run_length,
+    trained_at,
+)
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
+from olmo_data.olmo_core.summary import OlmoCoreStats, build_olmo_core_orders, format_olmo_core_stats, olmo_core_stats
 
 __all__ = [
     "BatchSizeChange",
@@ -46,17 +55,27 @@ __all__ = [
     "OlmoCoreData",
     "OlmoCoreDataset",
     "OlmoCoreRun",
+    "OlmoCoreStats",
     "StepSlot",
     "StepWalk",
     "TrainedAt",
     "allocate_mixture",
     "build_olmo_core_order",
+    "build_olmo_core_orders",
+    "data_fingerprint",
+    "instances_holding",
+    "format_olmo_core_stats",
     "is_olmo_core_config",
     "olmo_core_batch",
+    "olmo_core_of",
+    "olmo_core_stats",
     "olmo_core_order",
     "open_core_dataset",
     "open_olmo_core",
+    "open_trained_on",
     "order_file_name",
     "read_olmo_core_config",
+    "run_length",
+    "trained_at",
     "write_olmo_core_order",
 ]

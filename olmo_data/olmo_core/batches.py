@@ -70,6 +70,7 @@ class OlmoCoreData:
         self.dataset = dataset or open_core_dataset(run)
         self.walk = StepWalk(len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes)
         self._orders: dict[int, EpochOrder] = {}
+        self.raw: dict[str, Any] = {}  # the config.json's keys, when read from one (its trainer section: max_duration)
 
     def epoch_order(self, epoch: int) -> EpochOrder:
         if epoch not in self._orders:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.config import TrainConfig, olmo_core_form, read_run_config
 from olmo_data.dataset import (
     BatchPosition,
     DocIndex,
@@ -47,10 +47,11 @@ from olmo_data.dataset import (
 from olmo_data.display import marked
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
-from olmo_data.run.instance_loss import logged_batch_fingerprint, step_losses
+from olmo_data.olmo_core import OlmoCoreData, data_fingerprint, olmo_core_of, run_length
+from olmo_data.run.instance_loss import StepLosses, logged_batch_fingerprint, step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, save_folder_of
 from olmo_data.run.lineage import format_lineage, read_lineage
-from olmo_data.tokenizer import data_tokenizer
+from olmo_data.tokenizer import data_tokenizer, load_tokenizer
 
 _ARRAYS_AND_RECORDS = ("documents", "token_ids", "label_mask", "repetition")  # converted one by one in to_json
 
@@ -97,6 +98,9 @@ class BatchReport:
     lineage_note: str | None = None  # the lineage as text, or why it could not be read
     loss_record: str | None = None  # the instance_loss.bin the losses come from; None: the run has none for the step
     assumed_dtype: str | None = None  # token files read as this dtype for want of a manifest or data.dtype
+    trainer: str | None = None  # "olmo-core": the batch of an OLMo-core run (epochs 1-based, as it counts them)
+    global_batch_tokens: int | None = None  # OLMo-core's global batch size, in tokens (its unit)
+    order_note: str | None = None  # OLMo-core: where the epoch's order came from (its file, or rebuilt)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -140,12 +144,18 @@ def inspect_batch(
     The per-instance losses are read from `save_folder` (default: the config's, or the folder of a run's own
     config.yaml). `positions` reports only those positions of the global batch.
     """
-    cfg = read_run_config(config)
-    rule = instance_filter_of(cfg)
     if (step is None) == (batch_index is None):
         raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
     if (rank is None) != (world_size is None):
         raise DataError("--rank and --world-size go together: rank r of world size W trains positions r, r+W, ...")
+    core = olmo_core_of(config, work_dir=order)
+    if core is not None:  # an OLMo-core run, or a run of ours on its batches: OLMo-core's rules (olmo_core)
+        own = None if olmo_core_form(config) is not None else read_run_config(config)
+        options = dict(decode=decode, tokenizer=tokenizer, doc_index=doc_index, save_folder=save_folder)
+        step = step if step is not None else int(batch_index or 0) + 1
+        return _inspect_olmo_core(core, config, own, step, rank, world_size, positions, **options)  # type: ignore[arg-type]
+    cfg = read_run_config(config)
+    rule = instance_filter_of(cfg)
     if source is None:
         source = open_from_config(cfg)
     gbs = cfg.global_train_batch_size
@@ -200,25 +210,7 @@ def inspect_batch(
         chosen = rank_positions(gbs, rank, world_size)
     else:
         chosen = np.arange(gbs)
-    folder = save_folder or save_folder_of(cfg, config if isinstance(config, str) else None)
-    record = os.path.join(folder, INSTANCE_LOSS) if folder else None
-    losses = step_losses(record, pos.step) if record is not None else None
-    if losses is not None and len(losses.tokens) != gbs:
-        raise DataError(
-            f"{record}: step {pos.step} has {len(losses.tokens)} instances, but the config's global batch size is "
-            f"{gbs}; is this the run of this config?"
-        )
-    if losses is not None and folder:
-        logged = logged_batch_fingerprint(folder, pos.step)
-        if logged is not None and logged != report.batch_fingerprint:
-            raise DataError(
-                f"{record}: the run in {folder} trained another batch at step {pos.step} (fingerprint {logged} in its "
-                f"metrics, {report.batch_fingerprint} rebuilt from this config): its losses are not this batch's; "
-                "give the config that run used, or --save-folder of this config's run"
-            )
-        if logged is None:  # no way to tell whose batch the losses belong to: none shown rather than maybe wrong
-            losses = None
-    report.loss_record = record if losses is not None else None
+    losses = _losses(report, cfg, config, save_folder, gbs)
     if isinstance(config, str):
         _add_lineage(report, config, cfg)
     locations = source.locate_many(indices[chosen])
@@ -267,6 +259,112 @@ def _runs(decoder: Any, ids: np.ndarray, mask: np.ndarray) -> list[tuple[str, bo
     return [(decoder.decode(ids[a:b].tolist()), bool(untrained[a])) for a, b in runs if b > a]
 
 
+def _losses(report: BatchReport, cfg: TrainConfig, config: Any, save_folder: str | None, gbs: int) -> StepLosses | None:
+    """The run's per-instance losses at the report's step, when its save folder holds them for this very batch
+    (its logged fingerprint is the rebuilt one); sets `report.loss_record`."""
+    folder = save_folder or save_folder_of(cfg, config if isinstance(config, str) else None)
+    record = os.path.join(folder, INSTANCE_LOSS) if folder else None
+    losses = step_losses(record, report.step) if record is not None else None
+    if losses is not None and len(losses.tokens) != gbs:
+        raise DataError(
+            f"{record}: step {report.step} has {len(losses.tokens)} instances, but the config's global batch size "
+            f"is {gbs}; is this the run of this config?"
+        )
+    if losses is not None and folder:
+        logged = logged_batch_fingerprint(folder, report.step)
+        if logged is not None and logged != report.batch_fingerprint:
+            raise DataError(
+                f"{record}: the run in {folder} trained another batch at step {report.step} (fingerprint {logged} "
+                f"in its metrics, {report.batch_fingerprint} rebuilt from this config): its losses are not this "
+                "batch's; give the config that run used, or --save-folder of this config's run"
+            )
+        if logged is None:  # no way to tell whose batch the losses belong to: none shown rather than maybe wrong
+            losses = None
+    report.loss_record = record if losses is not None else None
+    return losses
+
+
+def _inspect_olmo_core(
+    core: OlmoCoreData,
+    config: Any,
+    own: TrainConfig | None,
+    step: int,
+    rank: int | None,
+    world_size: int | None,
+    positions: list[int] | None,
+    *,
+    decode: bool,
+    tokenizer: str | None,
+    doc_index: DocIndex | None,
+    save_folder: str | None,
+) -> BatchReport:
+    """`inspect_batch` of an OLMo-core run (`own` None) or of a run of ours that trained on one's batches
+    (`own`: its config, for its losses): OLMo-core's global batch at `step`, its epoch as OLMo-core numbers it,
+    each instance's tokens, masks and documents."""
+    if decode and tokenizer is None:
+        raise DataError("--decode of an OLMo-core run needs --tokenizer PATH (its config names no tokenizer file)")
+    batch = core.batch(step)
+    assert batch.tokens is not None
+    gbs, L = len(batch.instances), core.run.sequence_length
+    if world_size is not None and (world_size < 1 or gbs % world_size):
+        raise DataError(f"--world-size {world_size} does not divide step {step}'s batch of {gbs} instances")
+    epoch_order = core.epoch_order(batch.epoch)
+    report = BatchReport(
+        step=step,
+        global_batch=step - 1,
+        epoch=batch.epoch,
+        batch_in_epoch=batch.batch_in_epoch,
+        batches_per_epoch=core.walk.batches_per_epoch(batch.global_batch_tokens),
+        global_batch_size=gbs,
+        sequence_length=L,
+        seed=core.run.seed,
+        num_instances=len(core.dataset),
+        order_path=epoch_order.path or "(rebuilt)",
+        data_fingerprint=data_fingerprint(core),
+        batch_fingerprint=batch.fingerprint or "",
+        rank=rank,
+        world_size=world_size,
+        run_steps=run_length(core) if own is None else run_steps(own, len(core.dataset)),
+        trainer="olmo-core",
+        global_batch_tokens=batch.global_batch_tokens,
+        order_note=batch.order_note,
+    )
+    losses = _losses(report, own, config, save_folder, gbs) if own is not None else None
+    if positions is not None:
+        chosen = np.asarray(positions, dtype=np.int64)
+    elif rank is not None and world_size is not None:
+        chosen = rank_positions(gbs, rank, world_size)
+    else:
+        chosen = np.arange(gbs)
+    keep = batch.instance_mask
+    if keep is not None and core.run.instance_filter is not None:
+        report.instance_filter = core.run.instance_filter.settings()
+        report.masked_instances = int((~keep[chosen]).sum())
+    docs = doc_index or DocIndex()
+    decoder = None
+    if decode and tokenizer is not None:
+        decoder = load_tokenizer(tokenizer, "auto" if tokenizer.endswith(".tiktoken") else "hf")
+    for p, loc in zip(chosen.tolist(), core.locate(batch.instances[chosen]), strict=True):
+        ids = batch.tokens[p]
+        report.instances.append(
+            InstanceReport(
+                position=p,
+                instance=loc.index,
+                path=loc.path,
+                token_offset=loc.start,
+                token_ids=ids,
+                label_mask=batch.label_mask[p] if batch.label_mask is not None else None,
+                source=loc.source,
+                documents=docs.lookup(loc.path, loc.start, loc.start + loc.length),
+                text=decoder.decode(ids[: loc.length].tolist()) if decoder is not None else None,
+                masked=bool(not keep[p]) if keep is not None else None,
+                loss=_loss_of(losses.loss[p]) if losses is not None else None,
+                supervised_tokens=int(losses.tokens[p]) if losses is not None else None,
+            )
+        )
+    return report
+
+
 def _add_lineage(report: BatchReport, config: str, cfg: TrainConfig) -> None:
     """The stages the run grew from, when it started from another run's checkpoint: a stage-2 step is inspected
     from the stage-2 config alone, and the report says which earlier runs also shaped the weights."""
@@ -307,10 +405,16 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         f"step {r.step} = global batch {r.global_batch} (epoch {r.epoch}, batch {r.batch_in_epoch} of "
         f"{r.batches_per_epoch} per epoch); global batch size {r.global_batch_size}, sequence length "
         f"{r.sequence_length}, seed {r.seed}, {r.num_instances:,} instances",
-        f"order: {r.order_path}",
+        f"order: {r.order_path}" if r.order_note is None else f"order: {r.order_note}",
         f"data fingerprint: {r.data_fingerprint}",
         f"batch fingerprint: {r.batch_fingerprint}",
     ]
+    if r.trainer == "olmo-core":
+        lines.insert(
+            1,
+            f"an OLMo-core run: epochs counted from 1 as OLMo-core counts them; global batch "
+            f"{r.global_batch_tokens:,} tokens ({r.global_batch_size} instances)",
+        )
     if r.assumed_dtype is not None:
         lines.append(dtype_note(r.assumed_dtype))
     if r.run_steps is not None and r.step > r.run_steps:

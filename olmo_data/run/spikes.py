@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.config import TrainConfig, olmo_core_form, read_run_config
 from olmo_data.dataset import DocumentSpan, Sources, open_from_config
 from olmo_data.errors import DataError
+from olmo_data.olmo_core import olmo_core_of
 from olmo_data.run.batches import inspect_batch
 from olmo_data.run.instance_loss import step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, METRICS, run_files
@@ -98,6 +99,12 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         raise DataError(f"--top {top}: expected 0 or more instances per spike")
     if not math.isfinite(z):  # a NaN threshold compares false: "0 spikes" said nothing
         raise DataError(f"--z {z}: expected a positive, finite number of standard deviations (e.g. 3)")
+    if olmo_core_form(run) is not None:
+        raise DataError(
+            f"{run}: an OLMo-core run's config.json; spikes reads the loss and per-instance loss records this "
+            f"project's trainer writes ({METRICS}, {INSTANCE_LOSS}), which OLMo-core does not: it applies to a run "
+            "of ours trained on OLMo-core's batches (data.olmo_core); use inspect-batch for a step of this run"
+        )
     config_path, folder = run_files(run)
     losses = read_losses(os.path.join(folder, METRICS))
     record = os.path.join(folder, INSTANCE_LOSS)
@@ -119,15 +126,17 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
             report.spikes.append(Spike(step, loss, mean, std, score))
     if report.loss_record is not None and top and report.spikes:
         cfg = read_run_config(config_path)
-        source = open_from_config(cfg)
-        sources = Sources(source, cfg.data.paths)
+        source, sources = None, None  # on OLMo-core's batches (data.olmo_core): its instances name their source
+        if olmo_core_of(cfg) is None:
+            source = open_from_config(cfg)
+            sources = Sources(source, cfg.data.paths)
         for spike in report.spikes:
             spike.contributors = _contributors(config_path, cfg, folder, source, sources, spike, top)
     return report
 
 
 def _contributors(
-    config_path: str, cfg: TrainConfig, folder: str, source: Any, sources: Sources, spike: Spike, top: int
+    config_path: str, cfg: TrainConfig, folder: str, source: Any, sources: Sources | None, spike: Spike, top: int
 ) -> list[Contributor]:
     rows = step_losses(os.path.join(folder, INSTANCE_LOSS), spike.step)
     if rows is None or rows.tokens.sum() == 0:
@@ -141,12 +150,15 @@ def _contributors(
     if not order:
         return []
     batch = inspect_batch(cfg, step=spike.step, source=source, save_folder=folder, positions=order)
-    labels = sources.of([i.instance for i in batch.instances])
+    if sources is None:
+        labels = [i.source or i.path for i in batch.instances]
+    else:
+        labels = [sources.labels[int(k)] for k in sources.of([i.instance for i in batch.instances])]
     return [
         Contributor(
             position=i.position,
             instance=i.instance,
-            source=sources.labels[int(label)],
+            source=label,
             loss=i.loss,
             supervised_tokens=int(rows.tokens[i.position]),
             contribution=float(shares[i.position]),

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.config import olmo_core_form
 from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.display import marked
 from olmo_data.errors import DataError
@@ -159,6 +160,10 @@ def trace_spans(
         raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
     if max_places < 0:
         raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
+    if olmo_core_form(config) is not None:
+        raise DataError(
+            f"{config}: --spans of an OLMo-core run is not covered; trace a passage of it with --text or --tokens"
+        )
     cfg, source = open_run(config)
     tok = data_tokenizer(tokenizer, source, "--spans")
     query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))

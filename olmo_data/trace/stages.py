@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from olmo_data.config import read_run_config
+from olmo_data.config import olmo_core_form, read_run_config
 from olmo_data.dataset import open_from_config, run_steps
 from olmo_data.errors import DataError
+from olmo_data.olmo_core import olmo_core_of
 from olmo_data.run import Stage, format_lineage, read_lineage, read_stage_config, run_stage, stage_line
+from olmo_data.trace.core_run import olmo_core_stage, trace_olmo_core
 from olmo_data.trace.find import (
     TraceReport,
     check_target_options,
@@ -89,6 +91,24 @@ def trace_chain(
     (`use_index`; `index_dir` is the run's own, ancestors' are found beside their token files)."""
     ids = read_ids(document_ids, document_list)
     check_target_options(ids, source_glob, text, tokens)
+    core = olmo_core_of(config, work_dir=order)
+    if core is not None:  # an OLMo-core run (or a run of ours on its batches): its steps, as OLMo-core counts them
+        wanted = parse_steps(steps)
+        if wanted is None and olmo_core_form(config) is None:  # a run of ours: its own max_duration
+            wanted = (1, run_steps(read_run_config(config), len(core.dataset)))
+        own = trace_olmo_core(
+            core,
+            ids,
+            source_glob=source_glob,
+            text=text,
+            tokens=tokens,
+            tokenizer=tokenizer,
+            steps=wanted,
+            world_size=world_size,
+            processes=processes,
+            progress=progress,
+        )
+        return ChainTrace([StageTrace(olmo_core_stage(core, config, own.first_step, own.last_step), own)])
     cfg = read_run_config(config)
     source = open_from_config(cfg)
     first_last = parse_steps(steps)

@@ -32,6 +32,7 @@ from olmo_data.dataset import (
     MANIFEST_NAME,
     InstanceSource,
     Manifests,
+    RepetitionFilter,
     Sources,
     batch_fingerprint,
     batches_per_epoch,
@@ -47,9 +48,11 @@ from olmo_data.dataset import (
 )
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
+from olmo_data.olmo_core import data_fingerprint
 from olmo_train.checkpoint import space
 from olmo_train.distributed import Dist, raise_together
 from olmo_train.train.documents import DocumentStarts, boundary_token
+from olmo_train.train.olmo_core_data import CoreReader, CoreSources, open_olmo_core_data
 
 log = logging.getLogger("olmo_train")
 
@@ -99,6 +102,10 @@ def check_vocabulary(source: InstanceSource, cfg: TrainConfig) -> None:
 class TrainData:
     def __init__(self, cfg: TrainConfig, d: Dist) -> None:
         self.cfg, self.d = cfg, d
+        # data.olmo_core: OLMo-core's batches (olmo_core_data), its batch size written into the config first
+        self.core = (
+            CoreReader(open_olmo_core_data(cfg, d.world_size), d.rank, d.world_size) if cfg.data.olmo_core else None
+        )
         self.gbs = cfg.global_train_batch_size
         if self.gbs % d.world_size:
             raise ConfigError(
@@ -109,6 +116,20 @@ class TrainData:
             from olmo_data.remote import configure
 
             configure(concurrency=cfg.data.remote_concurrency)
+        self.prefetch = cfg.data.prefetch_batches
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="olmo-train-data")
+        self._pending: deque[tuple[int, Future[Batch]]] = deque()  # steps after the current one, in order
+        self._epochs_ready: set[int] = set()
+        self.sources: Sources | CoreSources
+        self.documents: DocumentStarts | None = None
+        self.instance_filter: RepetitionFilter | None = None
+        if self.core is not None:
+            self.num_instances = len(self.core.core.dataset)
+            self.batches_per_epoch = batches_per_epoch(self.num_instances, self.gbs)
+            self.fingerprint = data_fingerprint(self.core.core)
+            self.sources = self.core.sources
+            self.remote = any(is_remote(p) for p in self.core.core.dataset.paths)
+            return
         self.source = open_train_source(cfg)
         check_vocabulary(self.source, cfg)
         self.num_instances = len(self.source)
@@ -124,10 +145,6 @@ class TrainData:
         self.documents = document_starts(self.source, cfg)
         self.instance_filter = instance_filter_of(cfg)
         self.order_location = cfg.data.order_path or default_order_location(cfg.save_folder)
-        self._epochs_ready: set[int] = set()
-        self.prefetch = cfg.data.prefetch_batches
-        self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="olmo-train-data")
-        self._pending: deque[tuple[int, Future[Batch]]] = deque()  # steps after the current one, in order
         self.remote = any(is_remote(p) for f in self.source.files for p in (f.path, f.label_mask_path) if p)
 
     def total_steps(self) -> int:
@@ -136,11 +153,14 @@ class TrainData:
         return run_steps(self.cfg, self.num_instances)
 
     def epoch_of(self, step: int) -> int:
+        if self.core is not None:
+            return self.core.epoch_of(step)
         return (step - 1) // self.batches_per_epoch
 
     def ensure_epoch(self, epoch: int) -> None:
         """Build the epoch's order on rank 0 (if absent) before any rank reads it. Collective."""
-        if epoch in self._epochs_ready:
+        if epoch in self._epochs_ready or self.core is not None:  # OLMo-core's orders: read or rebuilt in memory
+            self._epochs_ready.add(epoch)
             return
 
         def build() -> None:
@@ -184,6 +204,18 @@ class TrainData:
             self._pending.popleft()[1].cancel()
 
     def _read(self, step: int) -> Batch:
+        if self.core is not None:
+            rows = self.core.read(step)
+            mask = rows.label_mask
+            return Batch(
+                step=step,
+                epoch=rows.epoch,
+                input_ids=torch.from_numpy(np.ascontiguousarray(rows.tokens)),
+                label_mask=torch.from_numpy(np.ascontiguousarray(mask)) if mask is not None else None,
+                fingerprint=rows.fingerprint,
+                instance_mask=torch.from_numpy(rows.instance_mask) if rows.instance_mask is not None else None,
+                sources=rows.sources,
+            )
         indices = global_batch_indices(
             self.order_location, step, self.gbs, num_instances=self.num_instances, seed=self.cfg.seed
         ).astype(np.int64)

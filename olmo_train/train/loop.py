@@ -452,7 +452,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
                 "train/instances_seen": state.instances_seen,
                 "train/epoch": state.epoch,
                 "train/supervised_tokens": result.supervised_tokens,
-                **({"train/masked_instances": result.masked_instances} if cfg.data.instance_filter.enabled else {}),
+                **({"train/masked_instances": result.masked_instances} if batch.instance_mask is not None else {}),
                 "train/batch_fingerprint": batch.fingerprint,
                 "optim/lr": lr,
                 "optim/grad_norm": result.grad_norm,

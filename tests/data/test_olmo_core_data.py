@@ -28,6 +28,7 @@ from olmo_data.olmo_core import (
     read_olmo_core_config,
     write_olmo_core_order,
 )
+from tests.olmo_core_commands import check_commands
 
 L = 64  # tokens per instance
 SEED = 6198
@@ -144,6 +145,8 @@ def run_and_compare(
     for instance in np.linspace(0, len(data.dataset) - 1, 40).astype(int).tolist():
         got = [(t.step, t.rank) for t in data.steps_of(instance, last_step, world_size=WORLD)]
         assert got == sorted(trained.get(instance, [])), instance
+    # the commands on the config.json alone: inspect-batch --json and trace, against OLMo-core's loader
+    check_commands(config_json, config, reference)
     return data, reference, work_dir
 
 
@@ -156,6 +159,7 @@ def test_plain_fsl_every_step_on_two_ranks(
     for p in small[:5]:
         files.append(str(tmp_path / "globbed" / os.path.basename(p)))
         os.symlink(p, files[-1])
+        os.symlink(p[: -len(".npy")] + ".csv.gz", files[-1][: -len(".npy")] + ".csv.gz")  # its documents
     from olmo_core.data.numpy_dataset import InstanceFilterConfig
 
     dataset = fsl(
