@@ -112,6 +112,35 @@ def test_readme_is_a_guide() -> None:
             assert any(f"`{tool} {name}`" in h for h in headings), f"no heading for {tool} {name}"
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")
+
+
+def test_links_between_pages_resolve() -> None:
+    """Every link from a page to a page of PAGES (and to a heading of it) finds its target."""
+    targets: dict[str, set[str]] = {}
+    for page in PAGES:
+        lines, fenced = [], False
+        for line in (ROOT / page).read_text().splitlines():
+            fenced ^= line.startswith("```")
+            if not fenced and line.startswith("#"):
+                lines.append(anchor(line))
+        targets[page] = set(lines)
+    for page in PAGES:
+        here = Path(page).parent
+        for link in re.findall(r"\]\(([^)\s]+)\)", (ROOT / page).read_text()):
+            if link.startswith(("http", "mailto:")) or link.endswith((".png", ".py", ".sh")):
+                continue
+            path, _, frag = link.partition("#")
+            target = os.path.normpath(here / path) if path else page
+            if not target.endswith(".md"):
+                continue
+            assert (ROOT / target).exists(), (page, link)
+            if frag and target in targets:
+                assert frag in targets[target], (page, link)
+
+
 # An output that shows nothing, and says so only by a count of zero; such a line must be followed by one saying why
 EMPTY = re.compile(r"nothing to train|\b0 found\b|\b0 places in 0 steps\b|\b0 span\(s\)|\b0 targets traced\b")
 EXPLAINED = re.compile(r"^\s*\(no |nothing marked|\bbecause\b")
