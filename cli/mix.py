@@ -16,8 +16,8 @@ def mix(spec: str, destination: str) -> None:
     Point a training config's data.mix at DESTINATION. Prints the requested vs realized shares.
 
     The SPEC format (seed, sequence_length, total_tokens, dtype, sources with name, paths and share or
-    tokens) is documented in the README section "Data orders, mixtures and inspecting a batch" and in the
-    example configs/mix_example.yaml.
+    tokens) is documented in docs/data.md (its section on mix) and in the example
+    configs/mix_example.yaml.
 
     \b
     Examples:

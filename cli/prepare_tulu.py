@@ -56,7 +56,7 @@ def prepare_tulu(
 ) -> None:
     """Tokenize Tulu-format chat data into DESTINATION/input_ids.npy and label_mask.npy for fine-tuning.
 
-    Only the assistant replies are trained (the README gives each template's exact mask). Point a
+    Only the assistant replies are trained (docs/data.md gives each template's exact mask). Point a
     training config's data.paths at DESTINATION (its manifest names the label mask), or at input_ids.npy with
     data.label_mask_paths at label_mask.npy.
 

@@ -29,6 +29,9 @@ QUIET_WARNINGS = (  # (category, message regex): Python warnings third-party cod
     (FutureWarning, r".*"),
     (DeprecationWarning, r".*"),
 )
+# Modules whose every Python warning is theirs to fix, not the user's: ai2-olmo-eval's metrics build tensors in a way
+# torch warns about ("To copy construct from a tensor ...") on every evaluation, twice
+QUIET_WARNING_MODULES = (r"olmo_eval(\..*)?", r"datasets(\..*)?")
 
 
 VERBOSE_ENV = "OLMO_VERBOSE"  # set (to 1) by `--verbose`, so that processes a command launches show them too
@@ -46,6 +49,8 @@ def quiet(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     for category, message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+    for module in QUIET_WARNING_MODULES:
+        warnings.filterwarnings("ignore", module=module)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _no_progress_bars()

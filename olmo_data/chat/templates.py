@@ -1,6 +1,6 @@
 """Chat templates: a conversation as the token ids and label mask a model is fine-tuned on.
 
-Templates (the README shows the token layouts):
+Templates (docs/data.md shows the token layouts):
   olmo  OLMo's `scripts/prepare_tulu_data.py`: EOS, then per message `<|{role}|>\n` (encoded alone) and the
         stripped content; a non-assistant's content is encoded together with its trailing `\n`; an
         assistant's content is followed by the EOS id and `\n` (encoded alone). Trained: the assistant's

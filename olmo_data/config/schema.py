@@ -205,7 +205,7 @@ class TrainConfig:
     seed: int = 6198
     save_folder: str = "runs/olmo-run"
     load_path: str | None = None  # used when save_folder holds no checkpoint yet
-    # restarting from load_path (OLMo's keys and meanings; olmo_train/train/restart.py, the README's table)
+    # restarting from load_path (OLMo's keys and meanings; olmo_train/train/restart.py, the table in docs/training.md)
     reset_trainer_state: bool = False  # step, tokens, data, RNG afresh (step 1); alone: weights only (fine-tuning)
     reset_optimizer_state: bool | None = None  # a fresh optimizer; None: true with reset_trainer_state, else false
     restore_dataloader: bool = True  # false: optimizer kept, steps/tokens/data from the start (a new stage, new data)

@@ -3,9 +3,9 @@
 The trainer logs it each step (`train/batch_fingerprint` in metrics.jsonl) and `olmo-data inspect-batch` prints it,
 so a user can check that the batch they reconstruct is the batch that was trained, bit for bit.
 
-Definition (stable, documented in the README): the first 16 hex digits of SHA-256 over the batch's token ids, as a
-C-contiguous array of shape (global_batch_size, sequence_length) in batch-position order, cast to little-endian
-uint32. The cast makes the digest independent of the dtype the token files happen to use.
+Definition (stable, documented in docs/inspect-and-trace.md): the first 16 hex digits of SHA-256 over the batch's
+token ids, as a C-contiguous array of shape (global_batch_size, sequence_length) in batch-position order, cast to
+little-endian uint32. The cast makes the digest independent of the dtype the token files happen to use.
 """
 
 from __future__ import annotations

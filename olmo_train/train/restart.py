@@ -49,7 +49,7 @@ class RestartPlan:
 
 
 def plan(cfg: TrainConfig) -> RestartPlan:
-    """The restart keys of `cfg`, resolved into what is restored (the README's table)."""
+    """The restart keys of `cfg`, resolved into what is restored (the table in docs/training.md)."""
     reset_optim = cfg.reset_optimizer_state if cfg.reset_optimizer_state is not None else cfg.reset_trainer_state
     counters = not cfg.reset_trainer_state and cfg.restore_dataloader
     return RestartPlan(

@@ -308,7 +308,7 @@ def test_mix_cli_flags_and_help() -> None:
     res = CliRunner().invoke(main, ["mix", "--help"])
     assert res.exit_code == 0
     text = " ".join(res.output.split())  # click wraps the help
-    assert "configs/mix_example.yaml" in text and 'README section "Data orders, mixtures' in text
+    assert "configs/mix_example.yaml" in text and "docs/data.md (its section on mix)" in text
     assert "-d," not in res.output
     res = CliRunner().invoke(main, ["mix", "spec.yaml", "-d", "out"])
     assert res.exit_code == 2 and "No such option '-d'" in res.output
