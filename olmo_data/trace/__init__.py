@@ -1,15 +1,23 @@
 """Provenance in reverse: which training steps saw a document, a source's documents or a passage (`find`), across
 the stages a run grew from (`stages`), and the maximal spans of a text found in the training data (`spans`); the
-token files are scanned by one driver (`scan`) where no suffix index answers.
+token files are scanned by one driver (`scan`) where no suffix index answers. Which instances of downstream
+evaluations the training data holds, and the steps that trained on them (`contamination`).
 """
 
+from olmo_data.trace.contamination import MIN_TOKENS as CONTAMINATION_MIN_TOKENS
+from olmo_data.trace.contamination import ContaminationReport, EvalInstance, contamination, format_contamination
 from olmo_data.trace.find import open_run
 from olmo_data.trace.spans import SpansReport, format_spans, marked_text, trace_spans
 from olmo_data.trace.stages import format_chain, trace_chain
 
 __all__ = [
+    "CONTAMINATION_MIN_TOKENS",
+    "ContaminationReport",
+    "EvalInstance",
     "SpansReport",
+    "contamination",
     "format_chain",
+    "format_contamination",
     "format_spans",
     "marked_text",
     "open_run",

