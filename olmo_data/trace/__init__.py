@@ -5,7 +5,7 @@ evaluations the training data holds, and the steps that trained on them (`contam
 """
 
 from olmo_data.trace.contamination import MIN_TOKENS as CONTAMINATION_MIN_TOKENS
-from olmo_data.trace.contamination import ContaminationReport, EvalInstance, contamination, format_contamination
+from olmo_data.trace.contamination import ContaminationReport, EvalInstance, find_contamination, format_contamination
 from olmo_data.trace.find import open_run
 from olmo_data.trace.spans import SpansReport, format_spans, marked_text, trace_spans
 from olmo_data.trace.stages import format_chain, trace_chain
@@ -15,7 +15,7 @@ __all__ = [
     "ContaminationReport",
     "EvalInstance",
     "SpansReport",
-    "contamination",
+    "find_contamination",
     "format_chain",
     "format_contamination",
     "format_spans",

@@ -30,13 +30,16 @@ from olmo_data.run import read_lineage, read_stage_config
 from olmo_data.suffix_index import QUERY_END, compare_suffixes, open_index, token_array
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.trace.find import Target, trace
-from olmo_data.trace.scan import scan, scanned_files
+from olmo_data.trace.scan import SCAN_CHUNK, scan, scanned_files
 from olmo_data.trace.spans import find_spans, maximal_spans
 
 MIN_TOKENS = 13
 _WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
 _BLOCK = 1 << 20  # candidate positions hashed at a time
 _ROW_CELLS = 1 << 22  # query tokens compared at a time (rows x width) when matches are extended
+SEARCHES = ("auto", "index", "scan")
+PROBE_TEXTS = 32  # texts the index answers before "auto" estimates its time for all
+PROBE_TOKENS = 1 << 20  # tokens scanned to estimate a scan's time
 
 SpanPlaces = tuple[int, int, dict[str, np.ndarray]]  # tokens [i, j) of a text, and per token file where it occurs
 
@@ -140,60 +143,120 @@ class ContaminationReport:
 # -- the search ------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Texts:
+    """The texts of at least k tokens, joined (each followed by QUERY_END, which no token equals), and their
+    k-grams' hashes sorted, with the start of each in `joined`."""
+
+    ids: list[int]  # which queries
+    offsets: np.ndarray  # text m is joined[offsets[m] : offsets[m + 1] - 1]
+    joined: np.ndarray
+    hashes: np.ndarray
+    starts: np.ndarray
+    width: int  # the longest text and its end mark: no match goes further
+
+    @classmethod
+    def of(cls, queries: Sequence[Sequence[int]], ids: list[int], k: int) -> _Texts:
+        texts = [np.asarray(queries[n], dtype=np.int64) for n in ids]
+        offsets = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])]).astype(np.int64)
+        joined = np.concatenate([np.append(t, QUERY_END) for t in texts])
+        starts = np.concatenate([np.arange(a, b - k) for a, b in zip(offsets[:-1], offsets[1:], strict=True)])
+        wanted = _hashes(joined, starts, k)
+        by_hash = np.argsort(wanted, kind="stable")
+        return cls(ids, offsets, joined, wanted[by_hash], starts[by_hash], int(np.diff(offsets).max()))
+
+    def args(self, k: int) -> tuple[Any, ...]:
+        return (self.joined, self.hashes, self.starts, k, self.width)
+
+
 def search_texts(
     source: InstanceSource,
     queries: Sequence[Sequence[int]],
     min_tokens: int,
     *,
     index: Any = None,
+    search: str = "auto",
     processes: int = 1,
     progress: bool | None = None,
-) -> list[list[SpanPlaces]]:
+) -> tuple[list[list[SpanPlaces]], dict[str, Any]]:
     """For each query (token ids), its maximal spans of at least `min_tokens` found in the token files, each with
-    its positions per file: `find_spans`' answer for every query, by the index (query by query) or by one scan."""
+    its positions per file (`find_spans`' answer for every query), and how they were found.
+
+    The index answers query by query, the scan all queries in one pass over the data; `search` "auto" times the
+    index on the first `PROBE_TEXTS` queries and the scan on `PROBE_TOKENS` tokens, and takes the one whose
+    estimate for the whole search is lower (both give the same answers)."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
-    if index is not None:
-        return [find_spans(source, list(q), min_tokens, index=index)[0] for q in queries]
+    t0 = time.perf_counter()
     out: list[list[SpanPlaces]] = [[] for _ in queries]
-    long_enough = [n for n, q in enumerate(queries) if len(q) >= min_tokens]
-    if not long_enough:
-        return out
-    texts = [np.asarray(queries[n], dtype=np.int64) for n in long_enough]
-    offsets = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])])
-    joined = np.concatenate([np.append(t, QUERY_END) for t in texts])  # each text ends with a mark no token equals
-    matches = _scan_all(source, joined, offsets, min_tokens, processes=processes, progress=progress)
-    for m, n in enumerate(long_enough):
-        lo, length = int(offsets[m]), len(texts[m])
-        longest = np.zeros(length - min_tokens + 1, dtype=np.int64)
-        rows = {}
-        for path, (pos, start, lcp) in matches.items():
-            inside = (start >= lo) & (start < lo + length)
-            rows[path] = (pos[inside], start[inside] - lo, lcp[inside])
-            np.maximum.at(longest, rows[path][1], rows[path][2])
-        for i, j in maximal_spans(longest, min_tokens):
-            at = {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()}
-            out[n].append((i, j, at))
+    ids = [n for n, q in enumerate(queries) if len(q) >= min_tokens]
+    how: dict[str, Any] = {"index": False, "texts": len(queries), "searched": len(ids)}
+    done, texts = 0, None
+    if index is not None and ids and search != "scan":
+        done = len(ids) if search == "index" else min(PROBE_TEXTS, len(ids))
+        for n in ids[:done]:
+            out[n] = find_spans(source, list(queries[n]), min_tokens, index=index)[0]
+        if done < len(ids):
+            per_text = (time.perf_counter() - t0) / done
+            texts = _Texts.of(queries, ids, min_tokens)
+            by_scan = _scan_estimate(source, texts, min_tokens, processes)
+            how["estimates"] = {"index_s": round(per_text * len(ids), 3), "scan_s": round(by_scan, 3)}
+            if per_text * (len(ids) - done) <= by_scan:
+                for n in ids[done:]:
+                    out[n] = find_spans(source, list(queries[n]), min_tokens, index=index)[0]
+                done = len(ids)
+        how["index"] = done == len(ids)
+    if ids and done < len(ids):
+        texts = texts or _Texts.of(queries, ids, min_tokens)
+        matches = _scan_all(source, texts, min_tokens, processes=processes, progress=progress)
+        out = [[] for _ in queries]
+        for m, spans in _spans_of(texts, matches, min_tokens).items():
+            out[texts.ids[m]] = spans
+    how["seconds"] = round(time.perf_counter() - t0, 3)
+    return out, how
+
+
+def _spans_of(texts: _Texts, matches: dict[str, tuple[np.ndarray, ...]], k: int) -> dict[int, list[SpanPlaces]]:
+    """{text: its maximal spans and their places} from the scan's matches, for the texts that have any."""
+    by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for path, (pos, start, lcp) in matches.items():
+        order = np.argsort(start, kind="stable")
+        pos, start, lcp = pos[order], start[order], lcp[order]
+        text_of = np.searchsorted(texts.offsets, start, side="right") - 1
+        for m in np.unique(text_of).tolist():
+            a, b = np.searchsorted(text_of, [m, m + 1])
+            by_text.setdefault(m, {})[path] = (pos[a:b], start[a:b] - texts.offsets[m], lcp[a:b])
+    out = {}
+    for m, rows in by_text.items():
+        length = int(texts.offsets[m + 1] - texts.offsets[m]) - 1
+        longest = np.zeros(length - k + 1, dtype=np.int64)
+        for _, s, c in rows.values():
+            np.maximum.at(longest, s, c)
+        out[m] = [
+            (i, j, {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()})
+            for i, j in maximal_spans(longest, k)
+        ]
     return out
 
 
+def _scan_estimate(source: InstanceSource, texts: _Texts, k: int, processes: int) -> float:
+    """Seconds a scan of every token file would take, from one of `PROBE_TOKENS` tokens."""
+    files = scanned_files(source)
+    total = sum(n for _, n in files.values())
+    path, (dtype, n) = max(files.items(), key=lambda item: item[1][1])
+    probe = min(n, PROBE_TOKENS)
+    t0 = time.perf_counter()
+    _scan_chunk((path, dtype, 0, probe, *texts.args(k)))
+    seconds = (time.perf_counter() - t0) * total / max(probe, 1)
+    return seconds / max(1, processes) if total >= 4 * SCAN_CHUNK else seconds
+
+
 def _scan_all(
-    source: InstanceSource,
-    joined: np.ndarray,
-    offsets: np.ndarray,
-    k: int,
-    *,
-    processes: int,
-    progress: bool | None,
+    source: InstanceSource, texts: _Texts, k: int, *, processes: int, progress: bool | None
 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
-    starts = np.concatenate([np.arange(a, b - k) for a, b in zip(offsets[:-1], offsets[1:], strict=True)])
-    wanted = _hashes(joined, starts, k)
-    by_hash = np.argsort(wanted, kind="stable")
-    width = int(np.diff(offsets).max())  # the longest text and its end mark: no match goes further
-    args = (joined, wanted[by_hash], starts[by_hash], k, width)
     parts: dict[str, list[np.ndarray]] = {p: [] for p in scanned_files(source)}
-    for path, found in scan(source, _scan_chunk, args, processes=processes, progress=progress):
+    for path, found in scan(source, _scan_chunk, texts.args(k), processes=processes, progress=progress):
         parts[path].append(found)
     out = {}
     for path, pieces in parts.items():
@@ -259,7 +322,7 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, np.ndarray, np.ndarr
 # -- through the run and its stages ------------------------------------------------------------------------------
 
 
-def contamination(
+def find_contamination(
     config: str,
     tasks: dict[str, list[EvalInstance]],
     *,
@@ -267,15 +330,19 @@ def contamination(
     tokenizer: str | None = None,
     lineage: bool = True,
     index_dir: str | None = None,
-    use_index: bool = True,
+    search: str = "auto",
     processes: int = 1,
     progress: bool | None = None,
 ) -> ContaminationReport:
     """For each task's instances: the longest span of its texts that the training data of `config`'s run (and,
     with `lineage`, of every stage its weights grew from) holds; where an instance's reaches `min_tokens`, the
-    documents holding its spans and the steps that trained on them."""
+    documents holding its spans and the steps that trained on them. `search`: "index" (the suffix index, which
+    each searched stage must have), "scan", or "auto" (the index where a stage has one and it is estimated faster
+    than a scan; see `search_texts`)."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if search not in SEARCHES:
+        raise DataError(f"--search {search!r}: expected one of {', '.join(SEARCHES)}")
     cfg = read_run_config(config)
     source = open_from_config(cfg)
     last = run_steps(cfg, len(source))
@@ -308,10 +375,15 @@ def contamination(
         if s == 0:
             for (n, _), q in zip(owner, queries, strict=True):
                 results[n].tokens = max(results[n].tokens, len(q))
-        index = open_index(stage_source, folder) if use_index else None
-        t0 = time.perf_counter()
-        found = search_texts(stage_source, queries, min_tokens, index=index, processes=processes, progress=progress)
-        seconds = time.perf_counter() - t0
+        index = open_index(stage_source, folder) if search != "scan" else None
+        if search == "index" and index is None:
+            raise DataError(
+                f"--search index: the token files of {where} have no suffix index; run `olmo-data index {where}`, "
+                "or search with --search auto or scan"
+            )
+        found, how = search_texts(
+            stage_source, queries, min_tokens, index=index, search=search, processes=processes, progress=progress
+        )
         _trace_found(stage_cfg, stage_source, tok, s, steps, queries, found, owner, results)
         stage_rows.append(
             {
@@ -319,8 +391,9 @@ def contamination(
                 "config": where,
                 "searched": True,
                 "steps": list(steps),
-                "index": index is not None,
-                "search_seconds": round(seconds, 3),
+                "index": how["index"],
+                "search_seconds": how["seconds"],
+                "estimates": how.get("estimates"),
                 "tokens": sum({f.path: f.num_tokens for f in stage_source.files}.values()),
             }
         )

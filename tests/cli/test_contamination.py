@@ -84,17 +84,22 @@ def flagged(report: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["index"]: r for r in task["contaminated_instances"]}
 
 
-def test_planted_instances_are_flagged_with_their_documents_and_steps(runs: dict[str, str]) -> None:
+def test_planted_instances_are_flagged_with_their_documents_and_steps(
+    runs: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = runs["dirty"]
-    by_scan = contamination(config, "--json")
+    by_scan = contamination(config, "--json")  # no index yet: a scan, whatever --search auto would prefer
     res = CliRunner().invoke(main, ["index", config])
     assert res.exit_code == 0, res.output
-    by_index = contamination(config, "--json")
+    by_index = contamination(config, "--json", "--search", "index")
+    monkeypatch.setattr("olmo_data.trace.contamination.PROBE_TEXTS", 2)  # auto: probe both, then choose
+    by_auto = contamination(config, "--json")
     assert [s["index"] for s in by_scan["stages"]] == [False] and [s["index"] for s in by_index["stages"]] == [True]
-    for report in (by_scan, by_index):
+    assert by_auto["stages"][0]["estimates"]  # both timed, one chosen
+    for report in (by_scan, by_index, by_auto):
         for s in report["stages"]:
-            s.pop("index"), s.pop("search_seconds")
-    assert by_scan == by_index
+            s.pop("index"), s.pop("search_seconds"), s.pop("estimates")
+    assert by_scan == by_index == by_auto
 
     found = flagged(by_scan)
     assert sorted(found) == [0, 1]  # the whole ones; not the ones cut to K-1 tokens, nor those never planted
@@ -130,6 +135,7 @@ def test_a_clean_run_flags_nothing(runs: dict[str, str]) -> None:
         (["--tasks", " , "], "--tasks: give one or more task labels"),
         (["--tasks", "piqa", "--min-tokens", "0"], "--min-tokens 0: expected a positive number of tokens"),
         (["--tasks", "piqa", "--limit", "0"], "--limit 0: expected a positive number of instances per task"),
+        (["--tasks", "piqa", "--search", "index"], "have no suffix index; run `olmo-data index"),
     ],
 )
 def test_bad_input_is_one_line(runs: dict[str, str], args: list[str], message: str) -> None:
