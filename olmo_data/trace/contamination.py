@@ -216,7 +216,9 @@ def search_texts(
     return out, how
 
 
-def _spans_of(texts: _Texts, matches: dict[str, tuple[np.ndarray, ...]], k: int) -> dict[int, list[SpanPlaces]]:
+def _spans_of(
+    texts: _Texts, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int
+) -> dict[int, list[SpanPlaces]]:
     """{text: its maximal spans and their places} from the scan's matches, for the texts that have any."""
     by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for path, (pos, start, lcp) in matches.items():
