@@ -16,6 +16,7 @@ to the end of that text. Both give the same spans and places.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,7 +29,7 @@ from olmo_data.dataset import DocIndex, InstanceSource, open_from_config, run_st
 from olmo_data.errors import DataError
 from olmo_data.run import read_lineage, read_stage_config
 from olmo_data.suffix_index import QUERY_END, compare_suffixes, open_index, token_array
-from olmo_data.tokenizer import data_tokenizer
+from olmo_data.tokenizer import Tokenizer, data_tokenizer, load_tokenizer
 from olmo_data.trace.find import Target, trace
 from olmo_data.trace.scan import SCAN_CHUNK, scan, scanned_files
 from olmo_data.trace.spans import find_spans, maximal_spans
@@ -373,7 +374,7 @@ def find_contamination(
             steps = (stage.first_step, int(stage.last_step or 0))
         s = len(stage_rows)
         tok = data_tokenizer(tokenizer if s == 0 else None, stage_source, "contamination")
-        queries = tok.encode_batch(texts)
+        queries = _fast(tok).encode_batch(texts)
         if s == 0:
             for (n, _), q in zip(owner, queries, strict=True):
                 results[n].tokens = max(results[n].tokens, len(q))
@@ -406,6 +407,16 @@ def find_contamination(
         out.append(TaskResult(label, mine, short))
         at += len(items)
     return ContaminationReport(min_tokens, out, stage_rows)
+
+
+def _fast(tok: Tokenizer) -> Tokenizer:
+    """The same tokenizer on its fastest exact backend (tiktoken, where `load_tokenizer` proves it equal; what
+    `tokenize` itself uses): a task suite is tens of millions of characters."""
+    path = getattr(tok, "path", None)
+    if not path or not os.path.isfile(path) or path.endswith(".tiktoken"):
+        return tok
+    fast = load_tokenizer(path, "auto")
+    return fast if fast.sha256 == tok.sha256 else tok
 
 
 def _trace_found(
@@ -487,14 +498,19 @@ def format_contamination(report: ContaminationReport, *, max_instances: int = 20
         )
         for r in bad[:max_instances]:
             longest = max((o for o in r.occurrences), key=lambda o: o.end - o.start)
-            steps = "; ".join(
-                f"{report.stages[s]['run_name']} steps "
-                + (", ".join(map(str, v[:20])) + (" ..." if len(v) > 20 else "") if v else "none")
-                for s, v in r.steps().items()
-            )
+            trained = []
+            for at, v in r.steps().items():
+                stage = report.stages[at]
+                first, last = stage["steps"]
+                shown = ", ".join(map(str, v[:20])) + (" ..." if len(v) > 20 else "")
+                where = f"of {stage['run_name']!r}"
+                trained.append(
+                    f"trained at steps {shown} {where}" if v else f"not trained in steps {first}..{last} {where}"
+                )
+            docs = ", ".join(r.documents[:10]) + (" ..." if len(r.documents) > 10 else "")
             lines.append(
-                f"  #{r.index} (id {r.doc_id}): longest span {r.longest} of {r.tokens} tokens "
-                f"{longest.span[:80]!r}; documents {', '.join(r.documents[:10]) or '(no metadata)'}; {steps}"
+                f"  #{r.index} (id {r.doc_id}): longest span {r.longest} of {r.tokens} tokens {longest.span[:80]!r}, "
+                f"in {docs or '(documents unknown: no metadata)'}; {'; '.join(trained)}"
             )
         if len(bad) > max_instances:
             lines.append(f"  ... and {len(bad) - max_instances} more (--json lists them all)")
