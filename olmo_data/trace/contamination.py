@@ -87,6 +87,11 @@ class InstanceResult:
     def documents(self) -> list[str]:
         return sorted({d["id"] for o in self.occurrences for d in o.documents})
 
+    @property
+    def trained(self) -> bool:
+        """Whether some step (of any stage) trained a token of one of its spans."""
+        return any(o.steps for o in self.occurrences)
+
     def steps(self) -> dict[int, list[int]]:
         """{stage: the steps that trained on any of its spans}."""
         out: dict[int, set[int]] = {}
@@ -122,6 +127,7 @@ class ContaminationReport:
                     "instances": len(t.instances),
                     "contaminated": len(t.contaminated(k)),
                     "share": len(t.contaminated(k)) / len(t.instances) if t.instances else 0.0,
+                    "trained": sum(r.trained for r in t.contaminated(k)),
                     "shorter_than_min_tokens": t.short,
                     "contaminated_instances": [
                         {
@@ -394,6 +400,7 @@ def find_contamination(
                 "config": where,
                 "searched": True,
                 "steps": list(steps),
+                "texts": how["texts"],
                 "index": how["index"],
                 "search_seconds": how["seconds"],
                 "estimates": how.get("estimates"),
@@ -492,9 +499,10 @@ def format_contamination(report: ContaminationReport, *, max_instances: int = 20
         bad = t.contaminated(k)
         share = 100 * len(bad) / len(t.instances) if t.instances else 0.0
         short = f"; {t.short} shorter than {k} tokens" if t.short else ""
+        some = f", {sum(r.trained for r in bad)} of them trained" if bad else ""
         lines.append(
             f"{t.label}: {len(bad)} of {len(t.instances)} instances contaminated ({share:.2f}%): a span of at "
-            f"least {k} tokens in the training data{short}"
+            f"least {k} tokens in the training data{some}{short}"
         )
         for r in bad[:max_instances]:
             longest = max((o for o in r.occurrences), key=lambda o: o.end - o.start)

@@ -15,7 +15,9 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
+from olmo_data.dataset.instances import open_from_config
 from olmo_data.dataset.order import build_config_orders
+from olmo_data.run import CONFIG, TRAINER_STATE
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer
 from olmo_data.trace import CONTAMINATION_MIN_TOKENS as K
@@ -119,6 +121,37 @@ def test_planted_instances_are_flagged_with_their_documents_and_steps(
     assert res.exit_code == 0, res.output
     assert f"piqa: 2 of {LIMIT} instances contaminated (33.33%)" in res.output
     assert "planted-whole-0" in res.output and "planted-whole-1" in res.output and "planted-cut" not in res.output
+
+
+def test_a_stage_2_run_is_contaminated_through_the_stage_it_grew_from(runs: dict[str, str], tmp_path: Path) -> None:
+    """A stage 2 on clean data that loaded a checkpoint of the dirty run carries what that run trained up to the
+    checkpoint: the planted instances are flagged with the dirty run's steps up to it, none of stage 2's."""
+    dirty = yaml.safe_load(Path(runs["dirty"]).read_text())
+    trained = {n: sorted({h.step for h in trace_chain(runs["dirty"], document_ids=[f"planted-whole-{n}"]).own.hits})
+               for n in (0, 1)}  # fmt: skip
+    parent_step = trained[0][0]  # the checkpoint after the first step that trained instance 0
+    ckpt = Path(dirty["save_folder"]) / f"step{parent_step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / CONFIG).write_text(yaml.safe_dump(dirty))
+    state = {"step": parent_step, "run_name": "dirty", "seed": dirty["seed"], "tokens_seen": parent_step * 16 * 128,
+             "data_fingerprint": open_from_config(dirty).fingerprint(), "global_train_batch_size": 16,
+             "sequence_length": 128}  # fmt: skip
+    (ckpt / TRAINER_STATE).write_text(json.dumps(state))
+    stage2 = yaml.safe_load(Path(runs["clean"]).read_text()) | {
+        "run_name": "stage2", "load_path": str(ckpt), "restore_dataloader": False, "save_folder": str(tmp_path / "run"),
+    }  # fmt: skip
+    (tmp_path / "stage2.yaml").write_text(yaml.safe_dump(stage2))
+
+    report = contamination(str(tmp_path / "stage2.yaml"), "--json")
+    assert [s["config"] for s in report["stages"]] == [str(tmp_path / "stage2.yaml"), str(ckpt / CONFIG)]
+    found = flagged(report)
+    assert sorted(found) == [0, 1]
+    for n, r in found.items():
+        assert r["documents"] == [f"planted-whole-{n}"]
+        assert r["steps"] == {"1": [s for s in trained[n] if s <= parent_step]}  # the dirty run's, to the checkpoint
+    assert report["tasks"][0]["trained"] == sum(1 for n in (0, 1) if trained[n][0] <= parent_step)
+    alone = flagged(contamination(str(tmp_path / "stage2.yaml"), "--json", "--no-lineage"))
+    assert alone == {}
 
 
 def test_a_clean_run_flags_nothing(runs: dict[str, str]) -> None:
