@@ -16,6 +16,7 @@ to the end of that text. Both give the same spans and places.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -38,8 +39,10 @@ MIN_TOKENS = 13
 _WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
 _BLOCK = 1 << 20  # candidate positions hashed at a time
 _ROW_CELLS = 1 << 22  # query tokens compared at a time (rows x width) when matches are extended
+_FIRST = 64  # tokens a match is first extended by; only those that match all of them go on
 SEARCHES = ("auto", "index", "scan")
-PROBE_TEXTS = 32  # texts the index answers before "auto" estimates its time for all
+PROBE_TEXTS = 32  # texts the index answers at most before "auto" estimates its time for all ...
+PROBE_SHARE = 0.1  # ... or fewer: the probe takes at most this share of the scan's estimated time
 PROBE_TOKENS = 1 << 20  # tokens scanned to estimate a scan's time
 
 SpanPlaces = tuple[int, int, dict[str, np.ndarray]]  # tokens [i, j) of a text, and per token file where it occurs
@@ -190,8 +193,9 @@ def search_texts(
     its positions per file (`find_spans`' answer for every query), and how they were found.
 
     The index answers query by query, the scan all queries in one pass over the data; `search` "auto" times the
-    index on the first `PROBE_TEXTS` queries and the scan on `PROBE_TOKENS` tokens, and takes the one whose
-    estimate for the whole search is lower (both give the same answers)."""
+    scan on `PROBE_TOKENS` tokens and the index on the first `PROBE_TEXTS` queries (fewer where they take more than
+    `PROBE_SHARE` of the scan's estimate), and takes the one whose estimate for the whole search is lower (both
+    give the same answers); up to `PROBE_TEXTS` queries, the index answers all."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
     t0 = time.perf_counter()
@@ -200,13 +204,17 @@ def search_texts(
     how: dict[str, Any] = {"index": False, "texts": len(queries), "searched": len(ids)}
     done, texts = 0, None
     if index is not None and ids and search != "scan":
-        done = len(ids) if search == "index" else min(PROBE_TEXTS, len(ids))
-        for n in ids[:done]:
-            out[n] = find_spans(source, list(queries[n]), min_tokens, index=index)[0]
-        if done < len(ids):
-            per_text = (time.perf_counter() - t0) / done
+        stop, budget, by_scan = len(ids), math.inf, math.inf
+        if search == "auto" and len(ids) > PROBE_TEXTS:
             texts = _Texts.of(queries, ids, min_tokens)
             by_scan = _scan_estimate(source, texts, min_tokens, processes)
+            stop, budget = PROBE_TEXTS, PROBE_SHARE * by_scan
+        t1 = time.perf_counter()
+        while done < stop and (done == 0 or time.perf_counter() - t1 < budget):
+            out[ids[done]] = find_spans(source, list(queries[ids[done]]), min_tokens, index=index)[0]
+            done += 1
+        if done < len(ids):
+            per_text = (time.perf_counter() - t1) / done
             how["estimates"] = {"index_s": round(per_text * len(ids), 3), "scan_s": round(by_scan, 3)}
             if per_text * (len(ids) - done) <= by_scan:
                 for n in ids[done:]:
@@ -288,21 +296,41 @@ def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
 
 
 def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, np.ndarray, np.ndarray, int, int]) -> Any:
-    """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text.
-
-    Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running sum);
-    their k-grams are hashed and matched against the texts', then confirmed and extended token by token."""
+    """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text,
+    `_BLOCK` positions at a time (bounded memory whatever the chunk)."""
     path, dtype, lo, hi, joined, hashes, starts, k, width = task
     tokens = token_array(path, dtype)
-    window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
-    count = min(hi - lo, len(window) - k + 1)
-    empty = (path, hi - lo, np.zeros((0, 3), dtype=np.int64))
-    if count <= 0:
-        return empty
     present = joined[joined >= 0]
     top = int(present.max()) + 1
     table = np.zeros(top + 1, dtype=bool)
     table[present] = True
+    padded = np.concatenate([joined, np.full(width, QUERY_END, dtype=np.int64)])
+    found = [np.zeros((0, 3), dtype=np.int64)]
+    for a in range(lo, hi, _BLOCK):
+        found.append(_scan_block(tokens, a, min(a + _BLOCK, hi), table, padded, hashes, starts, k, width))
+    return path, hi - lo, np.concatenate(found)
+
+
+def _scan_block(
+    tokens: np.ndarray,
+    lo: int,
+    hi: int,
+    table: np.ndarray,
+    padded: np.ndarray,
+    hashes: np.ndarray,
+    starts: np.ndarray,
+    k: int,
+    width: int,
+) -> np.ndarray:
+    """Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running
+    sum); their k-grams are hashed and matched against the texts', then confirmed and extended token by token:
+    first over `_FIRST` tokens, then, for the matches that reach that far, to the end of their text."""
+    window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
+    count = min(hi - lo, len(window) - k + 1)
+    empty = np.zeros((0, 3), dtype=np.int64)
+    if count <= 0:
+        return empty
+    top = len(table) - 1
     inside = table[np.minimum(window.astype(np.int64), top)]
     running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
     candidates = np.flatnonzero(running[k : k + count] - running[:count] == k)
@@ -318,14 +346,23 @@ def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, np.ndarray, np.ndarr
     pos = np.repeat(candidates + lo, counts)  # a k-gram may begin several places of the texts
     within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     start = starts[np.repeat(first, counts) + within].astype(np.int64)
-    padded = np.concatenate([joined, np.full(width, QUERY_END, dtype=np.int64)])
+    length = _extend(tokens, padded, pos, start, min(width, _FIRST))
+    longer = np.flatnonzero(length == min(width, _FIRST))
+    if len(longer) and width > _FIRST:
+        length[longer] = _extend(tokens, padded, pos[longer], start[longer], width)
+    ok = length >= k  # the hash matched and so did the tokens
+    return np.stack([pos[ok], start[ok], length[ok]], axis=1)
+
+
+def _extend(tokens: np.ndarray, padded: np.ndarray, pos: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
+    """How many tokens from each `pos` of the file equal the text from `start` on (at most `width`), a bounded
+    number of rows at a time (a k-gram may be very common)."""
     length = np.zeros(len(pos), dtype=np.int64)
-    step = max(1, _ROW_CELLS // width)  # bounded memory where a k-gram is very common
+    step = max(1, _ROW_CELLS // width)
     for a in range(0, len(pos), step):
         rows = padded[start[a : a + step, None] + np.arange(width)]
         length[a : a + step], _ = compare_suffixes(tokens, pos[a : a + step], rows, len(tokens))
-    ok = length >= k  # the hash matched and so did the tokens
-    return path, hi - lo, np.stack([pos[ok], start[ok], length[ok]], axis=1)
+    return length
 
 
 # -- through the run and its stages ------------------------------------------------------------------------------
@@ -379,7 +416,13 @@ def find_contamination(
                 continue
             steps = (stage.first_step, int(stage.last_step or 0))
         s = len(stage_rows)
-        tok = data_tokenizer(tokenizer if s == 0 else None, stage_source, "contamination")
+        try:
+            tok = data_tokenizer(tokenizer if s == 0 else None, stage_source, "contamination")
+        except DataError as e:
+            if s == 0:
+                raise
+            stage_rows.append({"run_name": stage_cfg.run_name, "config": where, "searched": False, "why": str(e)})
+            continue
         queries = _fast(tok).encode_batch(texts)
         if s == 0:
             for (n, _), q in zip(owner, queries, strict=True):

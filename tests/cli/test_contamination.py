@@ -106,6 +106,7 @@ def test_planted_instances_are_flagged_with_their_documents_and_steps(
     found = flagged(by_scan)
     assert sorted(found) == [0, 1]  # the whole ones; not the ones cut to K-1 tokens, nor those never planted
     assert by_scan["tasks"][0]["share"] == pytest.approx(2 / LIMIT)
+    assert max(r["longest"] for r in found.values()) > 64  # matches extended past the scan's first 64 tokens
     for n, r in found.items():
         assert r["documents"] == [f"planted-whole-{n}"]
         assert r["longest"] >= r["tokens"] - 2  # the whole text, but perhaps a token at its joins
