@@ -16,11 +16,14 @@ to the end of that text. Both give the same spans and places.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,8 +178,52 @@ class _Texts:
         by_hash = np.argsort(wanted, kind="stable")
         return cls(ids, offsets, joined, wanted[by_hash], starts[by_hash], int(np.diff(offsets).max()))
 
-    def args(self, k: int) -> tuple[Any, ...]:
-        return (self.joined, self.hashes, self.starts, k, self.width)
+    def prepared(self) -> _Prepared:
+        """What every scan task reads: the arrays, the table of tokens the texts hold, the texts padded for
+        extension; made once per process."""
+        present = self.joined[self.joined >= 0]
+        table = np.zeros(int(present.max()) + 2, dtype=bool)  # the last entry: every id above the texts' largest
+        table[present] = True
+        padded = np.concatenate([self.joined, np.full(self.width, QUERY_END, dtype=np.int64)])
+        return _Prepared(self.hashes, self.starts, table, padded, self.width)
+
+
+@dataclass
+class _Prepared:
+    hashes: np.ndarray
+    starts: np.ndarray
+    table: np.ndarray
+    padded: np.ndarray
+    width: int
+
+
+_PREPARED: dict[str, _Prepared] = {}  # per process: the texts a scan's tasks name by key
+
+
+@contextlib.contextmanager
+def _shared(texts: _Texts, pooled: bool) -> Iterator[str]:
+    """A key the scan's tasks find the texts by: in this process's cache and, where a pool of processes will
+    scan (started by fork or spawn), in a temporary folder its workers map, so that no task carries them."""
+    with tempfile.TemporaryDirectory(prefix="olmo-contamination-") as folder:
+        _PREPARED[folder] = texts.prepared()
+        try:
+            if pooled:
+                for name in ("joined", "hashes", "starts"):
+                    np.save(Path(folder) / f"{name}.npy", getattr(texts, name))
+                (Path(folder) / "width").write_text(str(texts.width))
+            yield folder
+        finally:
+            _PREPARED.pop(folder, None)
+
+
+def _prepared(key: str) -> _Prepared:
+    if key not in _PREPARED:  # a worker: map the arrays the driver saved
+        arrays = {n: np.load(Path(key) / f"{n}.npy", mmap_mode="r") for n in ("joined", "hashes", "starts")}
+        width = int((Path(key) / "width").read_text())
+        texts = _Texts([], np.zeros(0, dtype=np.int64), np.asarray(arrays["joined"]), arrays["hashes"],
+                       arrays["starts"], width)  # fmt: skip
+        _PREPARED[key] = texts.prepared()
+    return _PREPARED[key]
 
 
 def search_texts(
@@ -262,9 +309,10 @@ def _scan_estimate(source: InstanceSource, texts: _Texts, k: int, processes: int
     total = sum(n for _, n in files.values())
     path, (dtype, n) = max(files.items(), key=lambda item: item[1][1])
     probe = min(n, PROBE_TOKENS)
-    t0 = time.perf_counter()
-    _scan_chunk((path, dtype, 0, probe, *texts.args(k)))
-    seconds = (time.perf_counter() - t0) * total / max(probe, 1)
+    with _shared(texts, pooled=False) as key:
+        t0 = time.perf_counter()
+        _scan_chunk((path, dtype, 0, probe, key, k))
+        seconds = (time.perf_counter() - t0) * total / max(probe, 1)
     return seconds / max(1, processes) if total >= 4 * SCAN_CHUNK else seconds
 
 
@@ -273,8 +321,10 @@ def _scan_all(
 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
     parts: dict[str, list[np.ndarray]] = {p: [] for p in scanned_files(source)}
-    for path, found in scan(source, _scan_chunk, texts.args(k), processes=processes, progress=progress):
-        parts[path].append(found)
+    total = sum(n for _, n in scanned_files(source).values())
+    with _shared(texts, pooled=processes > 1 and total >= 4 * SCAN_CHUNK) as key:
+        for path, found in scan(source, _scan_chunk, (key, k), processes=processes, progress=progress):
+            parts[path].append(found)
     out = {}
     for path, pieces in parts.items():
         rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
@@ -295,33 +345,19 @@ def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, np.ndarray, np.ndarray, int, int]) -> Any:
+def _scan_chunk(task: tuple[str, str, int, int, str, int]) -> Any:
     """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text,
     `_BLOCK` positions at a time (bounded memory whatever the chunk)."""
-    path, dtype, lo, hi, joined, hashes, starts, k, width = task
+    path, dtype, lo, hi, key, k = task
     tokens = token_array(path, dtype)
-    present = joined[joined >= 0]
-    top = int(present.max()) + 1
-    table = np.zeros(top + 1, dtype=bool)
-    table[present] = True
-    padded = np.concatenate([joined, np.full(width, QUERY_END, dtype=np.int64)])
+    texts = _prepared(key)
     found = [np.zeros((0, 3), dtype=np.int64)]
     for a in range(lo, hi, _BLOCK):
-        found.append(_scan_block(tokens, a, min(a + _BLOCK, hi), table, padded, hashes, starts, k, width))
+        found.append(_scan_block(tokens, a, min(a + _BLOCK, hi), texts, k))
     return path, hi - lo, np.concatenate(found)
 
 
-def _scan_block(
-    tokens: np.ndarray,
-    lo: int,
-    hi: int,
-    table: np.ndarray,
-    padded: np.ndarray,
-    hashes: np.ndarray,
-    starts: np.ndarray,
-    k: int,
-    width: int,
-) -> np.ndarray:
+def _scan_block(tokens: np.ndarray, lo: int, hi: int, texts: _Prepared, k: int) -> np.ndarray:
     """Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running
     sum); their k-grams are hashed and matched against the texts', then confirmed and extended token by token:
     first over `_FIRST` tokens, then, for the matches that reach that far, to the end of their text."""
@@ -330,6 +366,7 @@ def _scan_block(
     empty = np.zeros((0, 3), dtype=np.int64)
     if count <= 0:
         return empty
+    table, hashes, starts, padded, width = texts.table, texts.hashes, texts.starts, texts.padded, texts.width
     top = len(table) - 1
     inside = table[np.minimum(window.astype(np.int64), top)]
     running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])

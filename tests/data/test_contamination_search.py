@@ -4,6 +4,8 @@ k-grams, matches longer than the first extension, texts shorter than k and texts
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -68,3 +70,22 @@ def test_one_scan_for_all_texts_is_each_texts_own_search(source: InstanceSource)
 def test_bad_min_tokens_is_refused(source: InstanceSource) -> None:
     with pytest.raises(DataError, match="--min-tokens 0: expected a positive number of tokens"):
         search_texts(source, [[1, 2, 3]], 0)
+
+
+def test_a_scan_by_a_pool_of_processes_gives_the_same(source: InstanceSource, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunks, so that two processes share the scan: the workers read the texts from the folder the driver
+    saved them in (no task carries them), and answer as one process does."""
+    qs = queries(source)
+    one, _ = search_texts(source, qs, K, search="scan")
+    monkeypatch.setattr("olmo_data.trace.scan.SCAN_CHUNK", 1 << 14)
+    monkeypatch.setattr(sys.modules["olmo_data.trace.contamination"], "SCAN_CHUNK", 1 << 14)
+    pooled: list[str] = []
+    save = np.save
+
+    def saved(path: str, array: np.ndarray) -> None:
+        pooled.append(str(path))
+        save(path, array)
+
+    monkeypatch.setattr(np, "save", saved)
+    two, _ = search_texts(source, qs, K, search="scan", processes=2)
+    assert pooled and [as_lists(f) for f in two] == [as_lists(f) for f in one]
