@@ -1,7 +1,8 @@
 """Provenance in reverse: which training steps saw a document, a source's documents or a passage (`find`), across
 the stages a run grew from (`stages`), and the maximal spans of a text found in the training data (`spans`); the
 token files are scanned by one driver (`scan`) where no suffix index answers. Which instances of downstream
-evaluations the training data holds, and the steps that trained on them (`contamination`).
+evaluations the training data holds, and the steps that trained on them (`contamination`, searching many texts
+in one scan with `text_scan`).
 """
 
 from olmo_data.trace.contamination import MIN_TOKENS as CONTAMINATION_MIN_TOKENS

@@ -78,7 +78,7 @@ def test_a_scan_by_a_pool_of_processes_gives_the_same(source: InstanceSource, mo
     qs = queries(source)
     one, _ = search_texts(source, qs, K, search="scan")
     monkeypatch.setattr("olmo_data.trace.scan.SCAN_CHUNK", 1 << 14)
-    monkeypatch.setattr(sys.modules["olmo_data.trace.contamination"], "SCAN_CHUNK", 1 << 14)
+    monkeypatch.setattr(sys.modules["olmo_data.trace.text_scan"], "SCAN_CHUNK", 1 << 14)
     pooled: list[str] = []
     save = np.save
 
