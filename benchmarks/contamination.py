@@ -3,7 +3,8 @@
 The data: the demo corpus (`olmo-data demo-data`: the standard library's sources, its 8192-token BPE tokenizer),
 plus `--plant` PIQA validation instances as documents of their own (so that the report has contaminated instances
 to trace to documents and steps), tokenized; `--copies N` repeats the token directory N times as N data paths (a
-larger run with the same text). Config: configs/tiny.yaml on that data (100 steps of 16 x 128 tokens).
+larger run with the same text; the copies link the token files). Config: configs/tiny.yaml on that data (100
+steps of 16 x 128 tokens).
 
 For each `--tasks` list and each search (`scan`, `index`, `auto`), the command runs as a user runs it, a fresh
 process (`/usr/bin/time` for wall time and peak memory); the search time is the one the report states.
@@ -55,8 +56,13 @@ def prepare(work: Path, copies: int, plant: int) -> Path:
     paths = [str(tokens)]
     for k in range(1, copies):
         copy = work / f"tokens-plant{plant}-copy{k}"
-        if not copy.exists():
-            shutil.copytree(tokens, copy, ignore=shutil.ignore_patterns(".progress", "*.sa"))
+        if not copy.exists():  # the token files linked (the same bytes), their manifest and metadata copied
+            copy.mkdir()
+            for f in tokens.iterdir():
+                if f.suffix == ".npy":
+                    (copy / f.name).symlink_to(f.resolve())
+                elif f.is_file():
+                    shutil.copy2(f, copy / f.name)
         paths.append(str(copy))
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["save_folder"] = str(work / "run")
@@ -82,13 +88,15 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--plant", type=int, default=50)
     ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--no-index", action="store_true", help="Do not build the suffix index (scan only).")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="olmo-contam-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     config = prepare(work, args.copies, args.plant)
     t0 = time.perf_counter()
-    olmo_data("index", str(config))
+    if not args.no_index:
+        olmo_data("index", str(config))
     print(f"data: {config}; index built (or found) in {time.perf_counter() - t0:.1f} s", flush=True)
     print("| tasks | instances | texts | tokens searched | search | chosen | search s | wall s | peak MiB | flagged |")
     print("|---|---:|---:|---:|---|---|---:|---:|---:|---:|")
