@@ -3,8 +3,8 @@
 The data: the demo corpus (`olmo-data demo-data`: the standard library's sources, its 8192-token BPE tokenizer),
 plus `--plant` PIQA validation instances as documents of their own (so that the report has contaminated instances
 to trace to documents and steps), tokenized; `--copies N` repeats the token directory N times as N data paths (a
-larger run with the same text; the copies link the token files). Config: configs/tiny.yaml on that data (100
-steps of 16 x 128 tokens).
+larger run with the same text; the copies link the token files, or with `--real-copies` copy them). Config:
+configs/tiny.yaml on that data (100 steps of 16 x 128 tokens).
 
 For each `--tasks` list and each search (`scan`, `index`, `auto`), the command runs as a user runs it, a fresh
 process (`/usr/bin/time` for wall time and peak memory); the search time is the one the report states.
@@ -35,7 +35,7 @@ def olmo_data(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "olmo-data"), *args], check=True, capture_output=True, text=True)
 
 
-def prepare(work: Path, copies: int, plant: int) -> Path:
+def prepare(work: Path, copies: int, plant: int, real: bool = False) -> Path:
     """The demo data (once per work directory), the planted shard, `copies` token directories and the config."""
     if not (work / "demo" / "tokenizer.json").exists():
         olmo_data("demo-data", "--destination", str(work / "demo"))
@@ -55,11 +55,11 @@ def prepare(work: Path, copies: int, plant: int) -> Path:
                   "--destination", str(tokens), "--processes", "2")  # fmt: skip
     paths = [str(tokens)]
     for k in range(1, copies):
-        copy = work / f"tokens-plant{plant}-copy{k}"
-        if not copy.exists():  # the token files linked (the same bytes), their manifest and metadata copied
+        copy = work / f"tokens-plant{plant}-{'real' if real else 'link'}{k}"
+        if not copy.exists():  # the token files linked (the same bytes) or copied, their manifest and metadata copied
             copy.mkdir()
             for f in tokens.iterdir():
-                if f.suffix == ".npy":
+                if f.suffix == ".npy" and not real:
                     (copy / f.name).symlink_to(f.resolve())
                 elif f.is_file():
                     shutil.copy2(f, copy / f.name)
@@ -67,7 +67,7 @@ def prepare(work: Path, copies: int, plant: int) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     cfg["save_folder"] = str(work / "run")
     cfg["data"]["paths"] = paths
-    config = work / f"config-{copies}x-plant{plant}.yaml"
+    config = work / f"config-{copies}x{'-real' if real else ''}-plant{plant}.yaml"
     config.write_text(yaml.safe_dump(cfg))
     return config
 
@@ -89,11 +89,12 @@ def main() -> None:
     ap.add_argument("--plant", type=int, default=50)
     ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--no-index", action="store_true", help="Do not build the suffix index (scan only).")
+    ap.add_argument("--real-copies", action="store_true", help="Copy the token files (distinct pages), not link them.")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="olmo-contam-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    config = prepare(work, args.copies, args.plant)
+    config = prepare(work, args.copies, args.plant, args.real_copies)
     t0 = time.perf_counter()
     if not args.no_index:
         olmo_data("index", str(config))
