@@ -1,11 +1,20 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   install into .venv, then run the whole pipeline on built-in data (scripts/demo.sh)
 #   make test   install into .venv, then lint, type-check and run the test suite
-# PyTorch is pinned to 2.13.0 here for the CPU set-up; pyproject.toml states the supported range.
+# PyTorch is pinned to 2.13.0 here; pyproject.toml states the supported range.
+#
+# Which build of torch: `make install` takes torch==2.13.0 from pip's configured index. On this project's CI and
+# dev machines that index holds the CPU wheel. On a machine that reaches only the public index (PyPI), the same
+# pin resolves to the CUDA build plus about 20 nvidia-* packages: several GB that a CPU machine does not need.
+# For the CPU build there, take torch (and only torch) from PyTorch's CPU wheel index:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (an existing .venv is kept: `rm -rf .venv` first to switch builds). Everything else still comes from pip's
+# configured index, and the project's own install then finds torch satisfied and leaves it.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
 .PHONY: install demo test test-quick lint
@@ -15,7 +24,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 

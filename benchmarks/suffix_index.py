@@ -105,9 +105,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 found, _ = find_spans(source, query, 8, index=index if mode == "index" else None, processes=2)
                 timings[mode].append(time.perf_counter() - t0)
-            answers[mode] = [(i, j, {p: v.tolist() for p, v in m.items()}) for i, j, m in found]
+            answers[mode] = [(i, j, {p: v.tolist() for p, v in m.items()}, c) for i, j, m, c in found]
         assert answers["index"] == answers["scan"] and len(answers["index"]) >= 2, answers
-        results["spans"] = [(i, j) for i, j, _ in answers["index"]]
+        results["spans"] = [(i, j) for i, j, _, _ in answers["index"]]
         results["query_index_s"] = timings["index"]
         results["query_scan_s"] = timings["scan"]
         from olmo_data.trace.find import find_tokens

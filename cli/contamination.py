@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command, progress_option
+from olmo_cli.options import Command, echo_json, progress_option
 from olmo_data.errors import DataError
 from olmo_data.trace import CONTAMINATION_MIN_TOKENS
 
@@ -88,4 +86,7 @@ def contamination(
         processes=processes,
         progress=progress,
     )
-    click.echo(json.dumps(report.to_json()) if as_json else format_contamination(report))
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_contamination(report))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from olmo_cli.options import Command
-from olmo_data.demo import make_demo_chat, make_demo_corpus, train_demo_tokenizer
+from olmo_cli.options import Command, progress_option
+from olmo_data.demo import make_demo_data
 
 
 @click.command("demo-data", cls=Command)
@@ -15,7 +15,8 @@ from olmo_data.demo import make_demo_chat, make_demo_corpus, train_demo_tokenize
 @click.option("--shards", type=int, default=4, show_default=True, help="Number of .jsonl.gz shards.")
 @click.option("--max-files", type=int, help="Use only the first N standard-library modules.")
 @click.option("--vocab-size", type=int, default=8192, show_default=True, help="Vocabulary of the demo tokenizer.")
-def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: int) -> None:
+@progress_option
+def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: int, progress: bool | None) -> None:
     """Write a real-text corpus (the standard library's sources, dolma format) and a BPE tokenizer trained on it.
 
     Creates DESTINATION/documents/*.jsonl.gz, DESTINATION/tokenizer.json and DESTINATION/chat/tulu.jsonl (a
@@ -27,7 +28,8 @@ def demo_data(destination: str, shards: int, max_files: int | None, vocab_size: 
       olmo-data demo-data --destination runs/demo
     """
     dest = Path(destination)
-    files = make_demo_corpus(dest / "documents", num_shards=shards, max_files=max_files)
-    tokenizer = train_demo_tokenizer(files, dest / "tokenizer.json", vocab_size=vocab_size)
-    chat = make_demo_chat(dest / "chat" / "tulu.jsonl", max_files=max_files)
-    click.echo(f"wrote {len(files)} document shards to {dest / 'documents'}, the tokenizer {tokenizer} and {chat}")
+    made = make_demo_data(dest, num_shards=shards, max_files=max_files, vocab_size=vocab_size, progress=progress)
+    click.echo(
+        f"wrote {len(made.documents)} document shards to {dest / 'documents'}, the tokenizer {made.tokenizer} "
+        f"and {made.chat}"
+    )

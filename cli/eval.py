@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json, progress_option
 
 
 @click.command("eval", cls=Command)
@@ -18,6 +16,7 @@ from olmo_cli.options import Command
 @click.option("--device", default=None, help="cpu, cuda, cuda:1, ... [default: the GPU of this rank, else cpu]")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 @click.option("--list-tasks", is_flag=True, help="Print every task label ai2-olmo-eval knows and exit.")
+@progress_option
 def eval_(
     model: str | None,
     tasks: str,
@@ -27,6 +26,7 @@ def eval_(
     device: str | None,
     as_json: bool,
     list_tasks: bool,
+    progress: bool | None,
 ) -> None:
     """Score MODEL on OLMo's downstream tasks with the metrics OLMo reports (accuracy, length-normalised accuracy,
     cross-entropy, bits per byte: every one ai2-olmo-eval computes), as the training loop logs them.
@@ -40,23 +40,39 @@ def eval_(
       olmo-train eval runs/tiny/step100 --tasks piqa,arc_easy --max-batches 10
       torchrun --nproc-per-node 8 -m olmo_cli.train_main eval runs/7b/step1000 --tasks mmlu_stem_mc_5shot --json
     """
-    from olmo_train.train import evaluate_model, task_labels
+    from olmo_data.display import Stages
 
-    if list_tasks:
-        click.echo("\n".join(task_labels()))
-        return
     labels = [t.strip() for t in tasks.split(",") if t.strip()]
-    if model is None or not labels:
+    if not list_tasks and (model is None or not labels):
         raise click.UsageError("give MODEL and --tasks (or --list-tasks)")
     if batch_size < 1 or (max_batches is not None and max_batches < 1):
         raise click.BadParameter("must be positive", param_hint="--batch-size/--max-batches")
+    # the bar opens before torch and ai2-olmo-eval load (seconds): feedback from the first second on
+    loading = Stages("loading", ["torch", "model", "tokenizer", *labels], progress=False if list_tasks else progress)
+    loading.start("torch")
+    try:
+        from olmo_train.train import evaluate_model, task_labels
+    except BaseException:
+        loading.close(finished=False)
+        raise
+    if list_tasks:
+        click.echo("\n".join(task_labels()))
+        return
+    assert model is not None  # checked above
     report = evaluate_model(
-        model, labels, batch_size=batch_size, max_batches=max_batches, tokenizer=tokenizer, device=device
+        model,
+        labels,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        tokenizer=tokenizer,
+        device=device,
+        progress=progress,
+        loading=loading,
     )
     if not report.is_main:
         return
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        echo_json(report.as_json())
         return
     click.echo(report.table())
     requests = sum(report.requests.values())

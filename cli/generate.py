@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from olmo_cli.options import Command
@@ -91,8 +89,9 @@ def generate(
             from olmo_train.generate import trace_continuation
 
             found = trace_continuation(checkpoint, text, config=trace_config, min_tokens=min_tokens)
-            style = "ansi" if sys.stdout.isatty() else "brackets"
-            click.echo(f"{head}{prompt}{marked_text(found, style)}")
+            click.echo(f"{head}{prompt}{marked_text(found)}")
+            if not found.spans:
+                click.echo(f"  no span of {min_tokens} tokens or more of it is in the training data (nothing marked)")
             for span in found.spans:
                 docs = sorted({f"{d['id']} ({d['src']}:{d['loc']})" for p in span.places for d in p.documents})
                 steps = ", ".join(map(str, span.steps[:10])) + (" ..." if len(span.steps) > 10 else "")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("inspect-batch", cls=Command)
@@ -61,7 +59,7 @@ def inspect_batch(
 
     Prints the batch fingerprint, to compare with train/batch_fingerprint in the run's metrics, and, once the run
     trained the step, the loss it had on each instance (in --json: `loss`, per supervised token, and
-    `supervised_tokens`).
+    `supervised_tokens`; an infinite or NaN loss is null there, as every non-finite number in --json output).
 
     \b
     Examples:
@@ -86,6 +84,6 @@ def inspect_batch(
     )
     sort_instances(report, sort)
     if as_json:
-        click.echo(json.dumps(report.to_json(), ensure_ascii=False))
+        echo_json(report.to_json())
     else:
         click.echo(format_report(report, max_tokens=max_tokens))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("lineage", cls=Command)
@@ -28,6 +26,6 @@ def lineage(config: str, as_json: bool) -> None:
     stages = lineage_of_config(config)
     if as_json:
         total = sum(s.tokens_trained or 0 for s in stages)
-        click.echo(json.dumps({"stages": [s.to_json() for s in stages], "tokens_total": total}))
+        echo_json({"stages": [s.to_json() for s in stages], "tokens_total": total})
     else:
         click.echo(format_lineage(stages))

@@ -6,12 +6,12 @@ To add a command, add its name and "module:function" to COMMANDS.
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from typing import Any
 
 import click
 
+from olmo_cli.options import StagedGroup, setup_logging
 from olmo_data import DataError, __version__
 from olmo_data.interrupts import Interrupted, stop_on_signals
 from olmo_data.io import remove_live_temporaries
@@ -30,10 +30,12 @@ COMMANDS: dict[str, str] = {
     "stats": "olmo_cli.stats:stats",
     "spikes": "olmo_cli.spikes:spikes",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",
+    "show-document": "olmo_cli.show_document:show_document",
+    "view": "olmo_cli.view:view",
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(StagedGroup):
     """Imports a command's module only when that command runs; bad input (DataError), SIGTERM and Ctrl-C end in
     one red line (exit status 2, 143 and 130)."""
 
@@ -65,14 +67,14 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="olmo-data")
-@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages, and show third-party warnings.")
 def main(verbose: bool) -> None:
     """Prepare, inspect and mix data for OLMo-style language models.
 
     The stages: sample documents, tokenize them into token files, (build a data order, mix sources, inspect any
-    training batch), and train with `torchrun -m olmo_train`.
+    training batch), and train with `olmo-train train CONFIG` (`--nproc N` for N processes).
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
 
 
 if __name__ == "__main__":

@@ -108,3 +108,111 @@ backend_option = click.option(
     "self-check, else HF tokenizers.",
 )
 progress_option = click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
+
+
+def echo_json(value: Any) -> None:
+    """`--json` output, the same in every command: indented on a terminal (a person reads it), one compact line
+    when piped (a program reads it, and a 19 KB indented document is no help to jq)."""
+    import sys
+
+    from olmo_cli import strict_json  # inf/NaN as null: bare `Infinity` is not JSON
+
+    pretty = sys.stdout.isatty()
+    click.echo(strict_json.dumps(value, ensure_ascii=False, indent=2 if pretty else None))
+
+
+def setup_logging(verbose: bool) -> None:
+    """One voice: our messages as plain lines (no `INFO module:` prefix) at INFO; with --verbose, DEBUG with the
+    logger's name, and third-party warnings shown as their libraries print them. Without it, those warnings (torch's
+    `_pytree` FutureWarnings, torchao's missing kernels, olmo_eval's notes) are hidden: `olmo_train.quiet`."""
+    import logging
+    import os
+
+    from olmo_train.optional import VERBOSE_ENV, quiet
+
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # and in the processes it launches (torchrun's ranks)
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet()
+
+
+# The pipeline's stages, in order, with each command's line in `--help` (whole: click would cut a docstring's
+# first sentence at ~45 characters, mid-phrase). A command in no stage is listed under "Other", with its first
+# sentence.
+STAGES: dict[str, dict[str, str]] = {
+    "Prepare data": {
+        "demo-data": "Write the built-in demo corpus, tokenizer and chat data (offline)",
+        "sample": "Sample documents deterministically (by hash of id, or every Kth line)",
+        "tokenize": "Tokenize documents into token files, as `dolma tokens` writes them",
+        "prepare-tulu": "Tokenize Tulu-format chat data, with label masks, for fine-tuning",
+        "stats": "Tokens, documents, instances and epochs of token files, a mix or a config's data",
+    },
+    "Order and mix": {
+        "build-order": "Write a run's data order (OLMo's global_indices.npy)",
+        "mix": "Mix sources (a YAML spec) into one dataset, DESTINATION/mix.json",
+    },
+    "Inspect and trace": {
+        "inspect-batch": "The instances, tokens and documents a training step trained on",
+        "show-document": "A document of a run's data by id, as text, with the steps that trained on it",
+        "trace": "The steps that trained on given documents or a passage",
+        "contamination": "Which instances of downstream tasks the training data holds, and the steps on them",
+        "lineage": "The runs a run grew from (load_path, anneals, soups, imports) and their tokens",
+        "spikes": "Loss spikes of a run and the instances behind them",
+        "view": "A local web view of a run: losses, spikes, batches, spans and stages",
+    },
+    "Index": {
+        "index": "Build a suffix-array index of a run's token files (fast trace --spans)",
+    },
+    "Train": {
+        "train": "Train a config on one process or N (torchrun), resuming where it stopped",
+    },
+    "Checkpoints": {
+        "verify": "Check a checkpoint's files and safety without loading a model",
+        "unshard": "Turn a sharded checkpoint into model.pt and optim.pt",
+        "soup": "Average several checkpoints' weights into one",
+    },
+    "Models in and out": {
+        "export-hf": "Write a checkpoint as a Hugging Face transformers model directory",
+        "import-hf": "Make a checkpoint of a Hugging Face transformers model",
+        "import-olmo": "Make a checkpoint of one of OLMo's own checkpoints",
+        "import-olmo-core": "Make a checkpoint of one of OLMo-core's checkpoints (model and optimizer state)",
+    },
+    "Use a model": {
+        "generate": "Generate text from a checkpoint (greedy, sampling, beam search)",
+        "eval": "Score a model on OLMo's downstream tasks (ai2-olmo-eval)",
+    },
+}
+
+
+class StagedGroup(click.Group):
+    """A command group whose `--help` lists its commands by pipeline stage, each with the first sentence of its
+    help whole (click cuts it at ~45 characters, mid-phrase), and which answers a mistyped command with the
+    closest names ("did you mean 'tokenize'?") instead of click's bare "No such command"."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        listed = {name for lines in STAGES.values() for name in lines}
+        for stage, lines in [*STAGES.items(), ("Other", {n: "" for n in names if n not in listed})]:
+            rows = []
+            for name, line in lines.items():
+                if name in names:
+                    command = self.get_command(ctx, name)
+                    if command is not None and not command.hidden:
+                        rows.append((name, line or command.get_short_help_str(limit=10_000).split(". ")[0]))
+            if rows:
+                with formatter.section(stage):
+                    formatter.write_dl(rows)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        import difflib
+
+        name = click.utils.make_str(args[0])
+        if self.get_command(ctx, name) is None and not name.startswith("-"):
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"no command {name!r}{hint} (`{ctx.command_path} --help` lists them)")
+        return super().resolve_command(ctx, args)

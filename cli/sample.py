@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from olmo_cli.options import Command, document_options
+from olmo_cli.options import Command, document_options, progress_option
 from olmo_data.sample import sample as run_sample
 
 
@@ -14,6 +14,7 @@ from olmo_data.sample import sample as run_sample
 @click.option("--fraction", type=float, help="Keep each document with this probability (hash of seed and id).")
 @click.option("--every", type=int, help="Keep lines 1, K+1, 2K+1, ... of each file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --fraction hash.")
+@progress_option
 def sample(
     documents: tuple[str, ...],
     text_field: str,
@@ -23,6 +24,7 @@ def sample(
     fraction: float | None,
     every: int | None,
     seed: int,
+    progress: bool | None,
 ) -> None:
     """Sample documents deterministically into dolma-format shards (one per input file, same names).
 
@@ -42,5 +44,6 @@ def sample(
         text_field=text_field,
         id_field=id_field,
         skip_bad_documents=skip_bad_documents,
+        progress=progress,
     )
     click.echo(summary.line())

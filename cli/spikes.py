@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json
 
 
 @click.command("spikes", cls=Command)
@@ -15,7 +13,10 @@ from olmo_cli.options import Command
 @click.option("--z", "z", default=3.0, show_default=True, help="Standard deviations above the baseline to count.")
 @click.option("--top", default=5, show_default=True, help="Instances shown per spike (most added to the jump).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def spikes(run: str, window: int, z: float, top: int, as_json: bool) -> None:
+@click.option(
+    "--plot", default=None, metavar="FILE.png", help="Also draw the loss with its spikes to FILE (matplotlib)."
+)
+def spikes(run: str, window: int, z: float, top: int, as_json: bool, plot: str | None) -> None:
     """List the steps of RUN (a save folder, or its training config) whose train/loss jumps above the rolling
     baseline, each with the instances that added most to the jump, their sources and documents.
 
@@ -25,8 +26,17 @@ def spikes(run: str, window: int, z: float, top: int, as_json: bool) -> None:
     Examples:
       olmo-data spikes runs/tiny
       olmo-data spikes runs/tiny/config.yaml --window 50 --z 4 --json
+      olmo-data spikes runs/tiny --plot spikes.png
     """
     from olmo_data.run import find_spikes, format_spikes
 
     report = find_spikes(run, window=window, z=z, top=top)
-    click.echo(json.dumps(report.to_json()) if as_json else format_spikes(report))
+    if plot is not None:
+        from olmo_view import RunAnswers
+        from olmo_view.plot import plot_spikes
+
+        plot_spikes(RunAnswers(run, window=window, z=z), plot, report)
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_spikes(report))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command
+from olmo_cli.options import Command, echo_json, progress_option
 
 
 @click.command("stats", cls=Command)
@@ -20,6 +18,7 @@ from olmo_cli.options import Command
 @click.option("--dtype", default=None, help="Token dtype for files without a manifest.")
 @click.option("--no-lengths", is_flag=True, help="Skip document lengths (they need the metadata index).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@progress_option
 def stats(
     paths: tuple[str, ...],
     mix: str | None,
@@ -29,6 +28,7 @@ def stats(
     dtype: str | None,
     no_lengths: bool,
     as_json: bool,
+    progress: bool | None,
 ) -> None:
     """Statistics of token files/directories PATHS, a --mix, or a training CONFIG's data, as training will see it.
 
@@ -49,5 +49,9 @@ def stats(
         duration=duration,
         dtype=dtype,
         document_lengths=not no_lengths,
+        progress=progress,
     )
-    click.echo(json.dumps(result.to_json()) if as_json else format_stats(result))
+    if as_json:
+        echo_json(result.to_json())
+        return
+    click.echo(format_stats(result))

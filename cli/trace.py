@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from olmo_cli.options import Command, progress_option
+from olmo_cli.options import Command, echo_json, progress_option
 from olmo_data.errors import DataError
 
 
@@ -21,6 +19,13 @@ from olmo_data.errors import DataError
 @click.option("--tokens", default=None, metavar="ID,ID,...", help="A token id sequence to search for.")
 @click.option("--spans", default=None, metavar="TEXT", help="A text: its maximal spans found in the training data.")
 @click.option("--min-tokens", type=int, default=8, show_default=True, help="The shortest span --spans reports.")
+@click.option(
+    "--max-places",
+    type=int,
+    default=1000,
+    show_default=True,
+    help="Places of a span --spans lists and traces to steps; the rest are counted.",
+)
 @click.option("--tokenizer", "-t", default=None, help="Tokenizer for --text (default: the one the manifest records).")
 @click.option("--steps", default=None, metavar="A..B", help="Steps to look at (1-based) [default: the whole run].")
 @click.option("--world-size", type=int, default=None, help="Also say which rank trained each place.")
@@ -44,6 +49,7 @@ def trace(
     tokens: str | None,
     spans: str | None,
     min_tokens: int,
+    max_places: int,
     tokenizer: str | None,
     steps: str | None,
     world_size: int | None,
@@ -60,7 +66,8 @@ def trace(
     the global batch, the rank, the instance, and which tokens of the document and of the instance.
 
     --spans TEXT lists the maximal spans of the text (at least --min-tokens tokens) that the training data holds
-    verbatim, each with its documents and the steps that trained on it. --text, --tokens and --spans use the
+    verbatim, each with its documents and the steps that trained on it: of its first --max-places places (by file,
+    then position), the others counted (--json: "count", "unlisted"). --text, --tokens and --spans use the
     suffix index `olmo-data index` builds when there is one (same answers as the scan, in a fraction of a second).
 
     Works for any run config, this project's or OLMo's (with data.order_path at its published order); through
@@ -87,6 +94,7 @@ def trace(
             config,
             spans,
             min_tokens=min_tokens,
+            max_places=max_places,
             tokenizer=tokenizer,
             steps=steps,
             world_size=world_size,
@@ -96,7 +104,10 @@ def trace(
             index_dir=index_dir,
             use_index=not no_index,
         )
-        click.echo(json.dumps(found.to_json()) if as_json else format_spans(found))
+        if as_json:
+            echo_json(found.to_json())
+        else:
+            click.echo(format_spans(found))
         return
     from olmo_data.trace import format_chain, trace_chain
 
@@ -117,4 +128,7 @@ def trace(
         index_dir=index_dir,
         use_index=not no_index,
     )
-    click.echo(json.dumps(report.to_json()) if as_json else format_chain(report))
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        click.echo(format_chain(report))

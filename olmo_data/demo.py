@@ -10,8 +10,11 @@ import gzip
 import json
 import os
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from olmo_data.display import progress_bar
 from olmo_data.documents import read_documents
 from olmo_data.io import atomic_path
 
@@ -26,8 +29,36 @@ def stdlib_sources(max_files: int | None = None) -> list[Path]:
     return files[:max_files] if max_files else files
 
 
+@dataclass
+class DemoData:
+    """What `make_demo_data` wrote."""
+
+    documents: list[str]
+    tokenizer: str
+    chat: str
+
+
+def make_demo_data(
+    destination: str | os.PathLike[str],
+    *,
+    num_shards: int = 4,
+    max_files: int | None = None,
+    vocab_size: int = 8192,
+    progress: bool | None = None,
+) -> DemoData:
+    """`olmo-data demo-data`: the corpus in `destination/documents`, the tokenizer trained on it and the chat
+    data, with one bar over the three passes over the standard library's modules (write, train, chat)."""
+    dest = Path(destination)
+    with progress_bar(desc="demo-data", unit=" modules", progress=progress) as bar:
+        bar.total = 3 * len(stdlib_sources(max_files))
+        files = make_demo_corpus(dest / "documents", num_shards=num_shards, max_files=max_files, bar=bar)
+        tokenizer = train_demo_tokenizer(files, dest / "tokenizer.json", vocab_size=vocab_size, bar=bar)
+        chat = make_demo_chat(dest / "chat" / "tulu.jsonl", max_files=max_files, bar=bar)
+    return DemoData(files, tokenizer, chat)
+
+
 def make_demo_corpus(
-    destination: str | os.PathLike[str], *, num_shards: int = 4, max_files: int | None = None
+    destination: str | os.PathLike[str], *, num_shards: int = 4, max_files: int | None = None, bar: Any = None
 ) -> list[str]:
     """Write the stdlib corpus as dolma-format `.jsonl.gz` shards (one document per module); return their paths.
 
@@ -39,6 +70,8 @@ def make_demo_corpus(
     root = Path(sysconfig.get_paths()["stdlib"])
     shards: list[list[str]] = [[] for _ in range(num_shards)]
     for i, path in enumerate(stdlib_sources(max_files)):
+        if bar is not None:
+            bar.update()
         try:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
@@ -56,7 +89,7 @@ def make_demo_corpus(
     return out
 
 
-def make_demo_chat(destination: str | os.PathLike[str], *, max_files: int | None = None) -> str:
+def make_demo_chat(destination: str | os.PathLike[str], *, max_files: int | None = None, bar: Any = None) -> str:
     """Write Tulu-format chat data made from the standard library (one conversation per module with a docstring:
     the user asks what the module is for, the assistant answers with the docstring's first paragraph) to
     `destination` (JSON lines); return its path. Enough to run `prepare-tulu` and a fine-tune offline."""
@@ -65,6 +98,8 @@ def make_demo_chat(destination: str | os.PathLike[str], *, max_files: int | None
     root = Path(sysconfig.get_paths()["stdlib"])
     rows = []
     for path in stdlib_sources(max_files):
+        if bar is not None:
+            bar.update()
         try:
             doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
@@ -84,7 +119,9 @@ def make_demo_chat(destination: str | os.PathLike[str], *, max_files: int | None
     return str(final)
 
 
-def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], *, vocab_size: int = 8192) -> str:
+def train_demo_tokenizer(
+    files: list[str], destination: str | os.PathLike[str], *, vocab_size: int = 8192, bar: Any = None
+) -> str:
     """Train a byte-level BPE tokenizer (GPT-2 style) on the given dolma files; write and return `tokenizer.json`.
 
     `<|endoftext|>` is id 0 and `<|padding|>` id 1, as in GPT-NeoX-20B, so the demo exercises the same special-id
@@ -105,6 +142,8 @@ def train_demo_tokenizer(files: list[str], destination: str | os.PathLike[str], 
     def texts():  # type: ignore[no-untyped-def]
         for f in files:
             for doc in read_documents(f):
+                if bar is not None:
+                    bar.update()
                 yield doc.text
 
     tok.train_from_iterator(texts(), trainer=trainer)

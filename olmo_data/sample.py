@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from olmo_data.documents import BadDocuments, file_format, read_documents
+from olmo_data.display import progress_bar
+from olmo_data.documents import BadDocuments, ReadPosition, file_format, read_documents
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, expand_patterns, gzip_writer, open_file
+from olmo_data.io import atomic_path, expand_patterns, file_size, gzip_writer, open_file
 
 _HASH_SPACE = 2**64
 
@@ -64,8 +65,10 @@ def sample(
     text_field: str = "text",
     id_field: str = "id",
     skip_bad_documents: bool = False,
+    progress: bool | None = None,
 ) -> SampleSummary:
-    """Write the sampled documents of each input to `destination/<input file name>` (same format)."""
+    """Write the sampled documents of each input to `destination/<input file name>` (same format), with a bar
+    over the inputs' bytes (`olmo_data.display`)."""
     if (fraction is None) == (every is None):
         raise DataError("give exactly one of --fraction and --every")
     if fraction is not None and not 0.0 < fraction <= 1.0:
@@ -91,8 +94,14 @@ def sample(
     written: list[Path] = []
     created = not dest.exists()
     try:
-        for path in paths:
-            _sample_file(path, dest, keep, text_field, id_field, skip_bad_documents, summary, written)
+        with progress_bar(desc="sample", unit="B", progress=progress) as bar:
+            sizes = [file_size(p) for p in paths] if not bar.disable else [0] * len(paths)
+            bar.total = sum(sizes) or None
+            done = 0
+            for path, size in zip(paths, sizes, strict=True):
+                _sample_file(path, dest, keep, text_field, id_field, skip_bad_documents, summary, written, bar, done)
+                done += size
+                bar.update(done - bar.n)
     except BaseException:  # bad input or interruption: remove what this call wrote, so no partial output stays
         for out in written:
             out.unlink(missing_ok=True)
@@ -111,8 +120,11 @@ def _sample_file(
     skip_bad_documents: bool,
     summary: SampleSummary,
     written: list[Path],
+    bar: Any = None,
+    start: int = 0,
 ) -> None:
-    """Sample one input into `dest/<its name>`, adding to `summary` and recording the output in `written`."""
+    """Sample one input into `dest/<its name>`, adding to `summary` and recording the output in `written`; the
+    bar follows the bytes read (from `start`, the inputs before it), where the reader knows them."""
     bad = BadDocuments() if skip_bad_documents else None
     final = dest / path.rstrip("/").rsplit("/", 1)[-1]
     with atomic_path(final) as tmp:
@@ -120,9 +132,14 @@ def _sample_file(
             read, kept = _sample_parquet(path, tmp, keep, text_field, id_field, bad)
         else:
             read = kept = 0
+            position = ReadPosition()
             with _open_writer(tmp, final.name) as out:
-                for doc in read_documents(path, text_field=text_field, id_field=id_field, bad=bad, keep_raw=True):
+                for doc in read_documents(
+                    path, text_field=text_field, id_field=id_field, bad=bad, keep_raw=True, position=position
+                ):
                     read += 1
+                    if bar is not None and read % 4096 == 0 and (at := position.bytes()) is not None:
+                        bar.update(start + at - bar.n)
                     if keep(doc.id, doc.line):
                         assert doc.raw is not None
                         out.write(doc.raw if doc.raw.endswith(b"\n") else doc.raw + b"\n")

@@ -7,4 +7,6 @@ them: `config` (dataclasses and overrides), `config_keys` (`--keys`), `distribut
 FSDP/DDP), `generate` (text from a model). `python -m olmo_train` enters through `__main__`.
 """
 
-__all__: list[str] = []
+from olmo_train.optional import quiet
+
+__all__ = ["quiet"]

@@ -32,6 +32,27 @@ class Dist:
         return self.rank == 0
 
 
+def device_named(text: str, flag: str = "--device") -> torch.device:
+    """The device `text` names (cpu, cuda, cuda:N, mps), refused in one line when it names none or one this
+    machine lacks: torch's own errors ("Expected one of cpu, cuda, ... device type at start of device string",
+    "Torch not compiled with CUDA enabled") come from deep inside the first tensor move, as a traceback."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as e:
+        raise DataError(f"{flag} {text}: not a device; give cpu, cuda or cuda:N") from e
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DataError(f"{flag} {text}: this machine has no CUDA GPU (or torch was built without CUDA): use cpu")
+        if device.index is not None and device.index >= count:
+            raise DataError(f"{flag} {text}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise DataError(f"{flag} {text}: MPS is not available on this machine: use cpu")
+    elif device.type not in ("cpu", "mps"):
+        raise DataError(f"{flag} {text}: this command runs on cpu or cuda, not {device.type}")
+    return device
+
+
 def init_distributed() -> Dist:
     """Join (or create) the process group: NCCL on GPUs, gloo on CPU; one GPU per local rank."""
     use_cuda = torch.cuda.is_available()

@@ -28,6 +28,7 @@ from olmo_data.errors import DataError
 from olmo_data.trace import SpansReport, trace_spans
 from olmo_train.checkpoint import config_path
 from olmo_train.convert import load_model
+from olmo_train.distributed import device_named
 from olmo_train.nn import Transformer
 
 log = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ def complete_text(
     """Text in, text out (`olmo-train generate`): the model of any checkpoint `load_model` reads, with the
     tokenizer its data was made with; greedy, sampled (any of temperature, top_k, top_p) or by beam search. The
     stop ids default to the tokenizer's EOS."""
-    model, tokenizer = load_model(checkpoint, device=device)
+    model, tokenizer = load_model(checkpoint, device=device_named(device))
     if tokenizer is None:
         raise DataError(f"{checkpoint}: no tokenizer found for this model, so text prompts cannot be encoded")
     sampler = None

@@ -11,13 +11,44 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["quietly"]
+__all__ = ["VERBOSE_ENV", "quiet", "quietly"]
 
 CHATTY_LOGGERS = ("torchao", "torch.utils._pytree")  # (transformers sets its own logger's level when imported)
+# Everywhere once `quiet()` ran: ai2-olmo-eval and the `datasets` it loads its tasks with log a line per task
+# (on every rank), torch.distributed's launcher a banner per launch.
+QUIET_LOGGERS = (*CHATTY_LOGGERS, "olmo_eval", "datasets", "torch.distributed.elastic", "torch.distributed.run")
+QUIET_WARNINGS = (  # (category, message regex): Python warnings third-party code gives on every import or load
+    (UserWarning, r".*(Failed to load|_C_mxfp8|cpp extensions).*"),  # torchao without its CUDA kernels
+    # torch's `_pytree` deprecations (transformers and torchao call it), olmo_eval's and datasets' notes on their
+    # own future: warnings about code that is not the user's
+    (FutureWarning, r".*"),
+    (DeprecationWarning, r".*"),
+)
+
+
+VERBOSE_ENV = "OLMO_VERBOSE"  # set (to 1) by `--verbose`, so that processes a command launches show them too
+
+
+def quiet(verbose: bool = False) -> None:
+    """Hide third-party chatter for the rest of the process: their loggers show errors only, their import-time
+    deprecation and missing-kernel warnings are not shown, transformers draws no progress bars. Every command calls
+    it unless --verbose (as does the trainer, unless OLMO_VERBOSE=1); a Python user calls `olmo_train.quiet()`
+    once, before importing transformers or torchao, to see only what they asked for. `verbose=True` (or DEBUG
+    logging on) leaves everything as the libraries print it."""
+    if verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0") or logging.getLogger().isEnabledFor(logging.DEBUG):
+        return
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for category, message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _no_progress_bars()
 
 
 @contextlib.contextmanager

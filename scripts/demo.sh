@@ -27,10 +27,10 @@ olmo-data stats "$OUT/tokens" --sequence-length 128 --global-batch-size 16
 
 TRAIN=(configs/tiny.yaml "--save_folder=$OUT/run" "--data.paths=[$OUT/tokens]")
 step "5. train the tiny model on $NPROC processes (FSDP, gloo), stopping at step 30"
-torchrun --standalone --nproc-per-node "$NPROC" -m olmo_train "${TRAIN[@]}" --stop_at=30
+olmo-train train --nproc "$NPROC" "${TRAIN[@]}" --stop_at=30
 
 step "6. run again: it resumes from the step-30 checkpoint, same data order and token count"
-torchrun --standalone --nproc-per-node "$NPROC" -m olmo_train "${TRAIN[@]}"
+olmo-train train --nproc "$NPROC" "${TRAIN[@]}"
 
 step "7. rebuild the batch of step $STEP and compare with the fingerprint the trainer logged"
 olmo-data inspect-batch "$OUT/run/config.yaml" --step "$STEP" --decode --tokenizer "$OUT/data/tokenizer.json" \
@@ -71,7 +71,7 @@ step "11. import it back and fine-tune it on chat data (prepare-tulu: only the a
 olmo-train import-hf "$OUT/hf" --destination "$OUT/imported"
 olmo-data prepare-tulu --documents "$OUT/data/chat/tulu.jsonl" --tokenizer "$OUT/imported/tokenizer.json" \
   --sequence-length 128 --destination "$OUT/sft-data"
-torchrun --standalone --nproc-per-node "$NPROC" -m olmo_train "$OUT/imported/config.yaml" \
+olmo-train train --nproc "$NPROC" "$OUT/imported/config.yaml" \
   "--data.paths=[$OUT/sft-data]" "--save_folder=$OUT/sft" --max_duration=20 --global_train_batch_size=16 \
   --device_train_microbatch_size=8 --save_interval=20 --console_log_interval=5 --optimizer.learning_rate=1e-3
 olmo-train generate "$OUT/sft/latest" --prompt "What is the Python module \`json\` for?" --max-steps 24

@@ -53,26 +53,26 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def _quick_remote_retries() -> Iterator[None]:
     """Remote reads retry after a few milliseconds instead of seconds (also in the commands and trainers the tests
     start), so that a server that stays down fails a test at once; what is retried stays the same."""
-    import olmo_data.remote
+    import olmo_data.remote.reader
 
     quick = {"BACKOFF_S": "0.002", "MAX_BACKOFF_S": "0.02", "DEADLINE_S": "20"}
     previous = {k: os.environ.get(f"OLMO_DATA_REMOTE_{k}") for k in quick}
     os.environ.update({f"OLMO_DATA_REMOTE_{k}": v for k, v in quick.items()})
-    olmo_data.remote._READER = None
+    olmo_data.remote.reader._READER = None
     yield
     for k, v in previous.items():
         if v is None:
             os.environ.pop(f"OLMO_DATA_REMOTE_{k}", None)
         else:
             os.environ[f"OLMO_DATA_REMOTE_{k}"] = v
-    olmo_data.remote._READER = None
+    olmo_data.remote.reader._READER = None
 
 
 @pytest.fixture
 def fresh_reader(monkeypatch: pytest.MonkeyPatch) -> RemoteReader:
     """A process-wide remote reader of its own (empty cache, counters at zero) for one test."""
     reader = RemoteReader(RemoteOptions.from_env())
-    monkeypatch.setattr("olmo_data.remote._READER", reader)
+    monkeypatch.setattr("olmo_data.remote.reader._READER", reader)
     return reader
 
 

@@ -58,6 +58,7 @@ class Faults:
     stall_s: float = 60.0
     redirect_loop: str | None = None  # requests of paths ending so are redirected to themselves, forever
     redirect_hops: int = 0  # every request is redirected this many times (?hop=1, ?hop=2, ...) before served
+    endless: str | None = None  # paths ending so are announced at 10**12 bytes, and a GET sends zeros until closed
 
 
 class FlakyServer:
@@ -68,6 +69,7 @@ class FlakyServer:
         self.root = Path(root)
         self.faults = faults or Faults()
         self.requests = 0  # every request, faults included
+        self.bytes_sent = 0  # body bytes written, over all requests
         self.range_requests = 0  # ranged GETs answered in full
         self.ranges_by_file: Counter[str] = Counter()  # the same, by path
         self.injected: Counter[str] = Counter()  # faults sent, by kind
@@ -153,6 +155,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not path.resolve().is_relative_to(server.root.resolve()) or not path.is_file():
             self._empty(404)
             return
+        if faults.endless is not None and name.endswith(faults.endless):
+            self._endless(body)
+            return
         size = path.stat().st_size
         status, start, end = 200, 0, size - 1
         if header and not faults.ignore_range:
@@ -222,7 +227,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _endless(self, body: bool) -> None:
+        """Announce 10**12 bytes and send zeros until the client hangs up (or a minute passes)."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(10**12))
+        self.end_headers()
+        began = time.monotonic()
+        while body and time.monotonic() - began < 60 and not self.flaky.closing.is_set():
+            try:
+                self._send(bytes(1 << 16), None)
+            except OSError:
+                return
+
     def _send(self, data: bytes, bandwidth: float | None) -> None:
+        with self.flaky._lock:
+            self.flaky.bytes_sent += len(data)
         if bandwidth is None:
             self.wfile.write(data)
             return

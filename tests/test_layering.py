@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"olmo_data": "olmo_data", "olmo_train": "olmo_train", "olmo_cli": "cli"}  # import name: folder
+PACKAGES = {
+    "olmo_data": "olmo_data",
+    "olmo_train": "olmo_train",
+    "olmo_view": "olmo_view",
+    "olmo_cli": "cli",
+}  # name: folder
 MAX_LINES = 600
 CHECKPOINT_NAMES = {
     "trainer_state.json",
@@ -163,6 +168,34 @@ def test_olmo_data_imports_without_torch_and_click() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ok")
     assert len(names) >= 10
+
+
+def test_the_view_stands_above_the_data_library_alone() -> None:
+    """The web view asks the data library, through its one module `olmo_view.answers` (so a move inside olmo_data
+    is fixed in one place), and never the trainer, torch or click; nothing below imports the view."""
+    bad = [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}"
+        for m in MODULES
+        if m.startswith("olmo_view")
+        for target, _, line in imports(m)
+        if target.split(".")[0] in ("torch", "click", "wandb", "olmo_train", "olmo_cli")
+        or (target.startswith("olmo_data") and m != "olmo_view.answers")
+    ]
+    bad += [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: imports {target}"
+        for m in MODULES
+        if m.startswith(("olmo_data", "olmo_train"))
+        for target, _, line in imports(m)
+        if target.startswith("olmo_view")
+    ]
+    assert not bad, bad
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import olmo_view.server, olmo_view.plot"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
 
 
 def test_the_checkpoint_package_knows_nothing_of_adapters_or_the_loop() -> None:

@@ -35,9 +35,10 @@ from olmo_data.chat.packing import (
     OUTPUT_FILES,
     InstanceWriter,
 )
-from olmo_data.chat.rows import RowChunk, is_hub_dataset, parse_rows, row_chunks
+from olmo_data.chat.rows import RowChunk, count_rows, is_hub_dataset, parse_rows, row_chunks
 from olmo_data.chat.templates import TEMPLATES, encode_conversations
 from olmo_data.dataset import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
+from olmo_data.display import progress_bar
 from olmo_data.documents import file_format
 from olmo_data.errors import DataError, is_disk_full
 from olmo_data.interrupts import quiet_worker
@@ -207,12 +208,19 @@ class _Counts:
 
 
 def _place_all(
-    chunks: Iterator[_Chunk], writer: InstanceWriter, counts: _Counts, seq_len: int, progress: bool | None
+    chunks: Iterator[_Chunk],
+    writer: InstanceWriter,
+    counts: _Counts,
+    seq_len: int,
+    progress: bool | None,
+    paths: Sequence[str] = (),
 ) -> None:
-    """Drop what has nothing to train, record the rest and hand it to the writer, in input order."""
-    from tqdm import tqdm
-
-    with tqdm(desc="prepare-tulu", unit=" conv", disable=None if progress is None else not progress) as bar:
+    """Drop what has nothing to train, record the rest and hand it to the writer, in input order. The bar counts
+    rows against the inputs' row count (counted only when the bar shows), so it has a total and an ETA."""
+    with progress_bar(desc="prepare-tulu", unit=" rows", progress=progress) as bar:
+        if not bar.disable:
+            bar.total = count_rows(paths)
+            bar.refresh()
         for chunk in chunks:
             counts.bad_rows += len(chunk.bad)
             counts.bad_examples += chunk.bad[: 5 - len(counts.bad_examples)]
@@ -230,6 +238,8 @@ def _place_all(
                 record.update(tokens=len(ids), trained_tokens=trained, full_tokens=full, truncated=full > seq_len)
                 writer.add(ids, mask, record)
             bar.update(len(chunk.records) + len(chunk.bad))
+        if bar.total is not None:  # blank lines counted as rows: the bar ends full all the same
+            bar.total = bar.n
 
 
 def _resolve_ids(options: ChatOptions, tok: Tokenizer) -> tuple[int, int, str]:
@@ -331,7 +341,7 @@ def prepare_chat(
             tmp = {name: stack.enter_context(atomic_path(dest / name)) for name in OUTPUT_FILES}
             writer = InstanceWriter(tmp, options.seq_len, options.pack, options.pack_window, dtype, pad)
             try:
-                _place_all(chunks, writer, counts, options.seq_len, progress)
+                _place_all(chunks, writer, counts, options.seq_len, progress, paths)
                 writer.close()
             except BaseException:
                 writer.abort()

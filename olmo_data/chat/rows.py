@@ -168,3 +168,24 @@ def _hub_rows(name: str, split: str) -> Iterator[tuple[int, Any]]:
             f"{name}: could not load split {split!r} from the Hugging Face hub ({type(e).__name__}: {e})"
         ) from e
     yield from enumerate(rows, start=1)
+
+
+def count_rows(paths: Sequence[str]) -> int | None:
+    """About how many rows the inputs hold, for a progress bar's total and ETA: parquet's from its metadata, JSON
+    lines' by counting newlines (one read of a local file, as fast as the disk); None where any input is remote
+    or a hub dataset (its size is not worth a download)."""
+    total = 0
+    for path in paths:
+        if is_hub_dataset(path) or is_remote(path):
+            return None
+        if file_format(path) == "parquet":
+            with parquet_file(path) as pf:
+                total += pf.metadata.num_rows
+            continue
+        with open_file(path, "rb") as f:
+            last = b"\n"
+            while block := f.read(1 << 22):
+                total += block.count(b"\n")
+                last = block[-1:]
+            total += last != b"\n"
+    return total

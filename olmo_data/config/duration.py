@@ -26,6 +26,8 @@ def parse_duration(value: int | str) -> tuple[float, str]:
         raise DataError(f"duration {shown(value)}: expected steps (1000), tokens (2e9T) or epochs (3ep)") from e
     if not amount > 0:
         raise DataError(f"duration {shown(value)}: must be positive")
+    if not math.isfinite(amount) or amount >= 2**63:  # 1e400 reads as infinity: no run of that many steps ends
+        raise DataError(f"duration {shown(value)}: too large (at most 2**63)")
     return amount, {"T": "tokens", "ep": "epochs", None: "steps"}[m.group(2)]
 
 

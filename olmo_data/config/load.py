@@ -60,6 +60,7 @@ __all__ = [  # the schema's names too: the rest of the package imports every con
     "TrainConfig",
     "WandbConfig",
     "check_cycles_divide",
+    "check_schedule_fits",
     "config_to_dict",
     "config_from_dict",
     "load_config",
@@ -514,6 +515,22 @@ def check_cycles_divide(cfg: TrainConfig, total_steps: int) -> None:
         )
 
 
+def check_schedule_fits(cfg: TrainConfig, total_steps: int) -> None:
+    """wsd's warm-up and decay must fit in the schedule: checked when the config is read if the run's length is in
+    the schedule's units (`_check_wsd`), and at start once max_duration in tokens or epochs is a number of steps,
+    else the rate would never reach its peak, or never finish decaying."""
+    s = cfg.scheduler
+    if s.name != "wsd" or s.t_max is not None:
+        return
+    t_max = total_steps * (cfg.global_train_batch_size * cfg.model.max_sequence_length if s.units == "tokens" else 1)
+    if s.t_warmup + s.decay_length(t_max) > t_max:
+        raise ConfigError(
+            f"config key 'scheduler.t_warmup': the warm-up ({s.t_warmup}) and the decay ({s.decay_length(t_max)}) "
+            f"are longer than the schedule ({t_max} {s.units}: max_duration={cfg.max_duration!r} is {total_steps} "
+            "steps); shorten one of them, or lengthen the run"
+        )
+
+
 def parse_duration(value: int | str) -> tuple[float, str]:
     """`1000` -> (1000, "steps"); `"2e9T"` -> (2e9, "tokens"); `"1ep"` -> (1, "epochs").
 
@@ -526,7 +543,7 @@ def parse_duration(value: int | str) -> tuple[float, str]:
     except DataError as e:
         raise ConfigError(
             f"config key 'max_duration': got {shown(value)}, expected steps (1000), tokens ('2e9T') or epochs ('1ep'), "
-            "more than 0"
+            f"more than 0 ({e})"
         ) from e
 
 

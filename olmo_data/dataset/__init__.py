@@ -11,8 +11,15 @@ epoch, batch and rank arithmetic; `run_steps`, the steps a run trains), `fingerp
 
 from olmo_data.dataset.doc_index import DocIndex, DocumentSpan
 from olmo_data.dataset.fingerprint import batch_fingerprint
-from olmo_data.dataset.instance_filter import Repetition, instance_filter_of
-from olmo_data.dataset.instances import InstanceSource, dtype_note, open_dataset, open_from_config, read_arrays
+from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_of
+from olmo_data.dataset.instances import (
+    LABEL_MASK_DTYPE,
+    InstanceSource,
+    dtype_note,
+    open_dataset,
+    open_from_config,
+    read_arrays,
+)
 from olmo_data.dataset.manifest import (
     DTYPES,
     MANIFEST_NAME,
@@ -54,10 +61,12 @@ __all__ = [
     "DocIndex",
     "DocumentSpan",
     "InstanceSource",
+    "LABEL_MASK_DTYPE",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "Manifests",
     "Repetition",
+    "RepetitionFilter",
     "Sources",
     "TokenFile",
     "batch_fingerprint",

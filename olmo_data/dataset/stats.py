@@ -21,6 +21,7 @@ from olmo_data.dataset.doc_index import DocIndex
 from olmo_data.dataset.instances import InstanceSource, dtype_note, open_dataset, open_from_config
 from olmo_data.dataset.mixture import read_mix_manifest
 from olmo_data.dataset.order import batches_per_epoch
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
@@ -82,13 +83,16 @@ def dataset_stats(
     duration: int | str | None = None,
     document_lengths: bool = True,
     cache_dir: str | None = None,
+    progress: bool | None = None,
 ) -> DatasetStats:
     """Tokens, documents and instances per file and source; document lengths; epochs for a batch size and
-    a duration (OLMo's max_duration: steps, tokens or epochs)."""
+    a duration (OLMo's max_duration: steps, tokens or epochs). The bar follows the files' tokens: reading each
+    file's document metadata is what takes time on large data."""
     L = source.sequence_length
     docs = DocIndex(cache_dir) if document_lengths else None
     files: list[FileStats] = []
     lengths: list[np.ndarray] = []
+    bar = progress_bar(desc="stats", total=sum(f.num_tokens for f in source.files), unit=" tokens", progress=progress)
     for k, f in enumerate(source.files):
         n = f.num_tokens // L
         index = docs.index_for(f.path, f.metadata_path, f.num_tokens) if docs is not None else None
@@ -104,6 +108,8 @@ def dataset_stats(
                 len(index.starts) if index is not None else None,
             )
         )
+        bar.update(f.num_tokens)
+    bar.close()
     names = list(dict.fromkeys(fs.source for fs in files))
     total = len(source)
     sources = []
@@ -160,6 +166,7 @@ def stats_for(
     duration: int | str | None = None,
     dtype: str | None = None,
     document_lengths: bool = True,
+    progress: bool | None = None,
 ) -> DatasetStats:
     """`dataset_stats` of token files/directories `paths`, of a `mix`, or of the data of a training config (a
     `.yaml` path, alone in `paths`), as `olmo-data stats` takes them.
@@ -187,7 +194,11 @@ def stats_for(
             raise DataError("give token files/directories as PATHS, or --mix DIR, or a training CONFIG")
         source = open_dataset(list(paths) or None, sequence_length=sequence_length, mix=mix, dtype=dtype)
     return dataset_stats(
-        source, global_batch_size=global_batch_size, duration=duration, document_lengths=document_lengths
+        source,
+        global_batch_size=global_batch_size,
+        duration=duration,
+        document_lengths=document_lengths,
+        progress=progress,
     )
 
 

@@ -4,7 +4,7 @@
 its loss spikes with the instances behind them (`spikes`).
 """
 
-from olmo_data.run.batches import format_report, inspect_batch, sort_instances
+from olmo_data.run.batches import BatchReport, InstanceReport, format_report, inspect_batch, sort_instances
 from olmo_data.run.instance_loss import ROW
 from olmo_data.run.layout import (
     CHECKSUMS,
@@ -30,10 +30,12 @@ from olmo_data.run.layout import (
     list_checkpoints,
     metrics_aside,
     rng_file,
+    run_files,
     step_dir,
 )
 from olmo_data.run.lineage import (
     COUNTERS,
+    MAX_DEPTH,
     SOURCES,
     Stage,
     checkpoint_identity,
@@ -45,17 +47,20 @@ from olmo_data.run.lineage import (
     run_stage,
     stage_line,
 )
-from olmo_data.run.spikes import find_spikes, format_spikes
+from olmo_data.run.spikes import Spike, SpikeReport, find_spikes, format_spikes
 
 __all__ = [
+    "BatchReport",
     "CHECKSUMS",
     "CONFIG",
     "COUNTERS",
     "DCP_METADATA",
     "EXACT_FILE",
     "INSTANCE_LOSS",
+    "InstanceReport",
     "LATEST",
     "LATEST_UNSHARDED",
+    "MAX_DEPTH",
     "METRICS",
     "MODEL_FILE",
     "OPTIM_FILE",
@@ -64,6 +69,8 @@ __all__ = [
     "ROW",
     "SAVING_SUFFIX",
     "SOURCES",
+    "Spike",
+    "SpikeReport",
     "Stage",
     "TMP_PREFIX",
     "TOKENIZER_FILE",
@@ -85,6 +92,7 @@ __all__ = [
     "read_lineage",
     "read_stage_config",
     "rng_file",
+    "run_files",
     "run_stage",
     "sort_instances",
     "stage_line",

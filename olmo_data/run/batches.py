@@ -19,7 +19,6 @@ batch, the trainer trains none of its tokens) and which repetition caught it: th
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -45,6 +44,7 @@ from olmo_data.dataset import (
     run_steps,
     step_position,
 )
+from olmo_data.display import marked
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_data.run.instance_loss import logged_batch_fingerprint, step_losses
@@ -66,6 +66,7 @@ class InstanceReport:
     source: str | None = None  # mixture source
     documents: list[DocumentSpan] | None = None  # None: the token file has no metadata
     text: str | None = None
+    untrained_text: list[tuple[str, bool]] | None = None  # the text in runs of (piece, not a target): label masks
     masked: bool | None = None  # caught by data.instance_filter (no target trains); None: the filter is off
     repetition: Repetition | None = None  # of a masked instance, the repetition with the most copies
     loss: float | None = None  # the run's loss on it at this step, per supervised token; None: no record
@@ -101,7 +102,7 @@ class BatchReport:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "instances"}
         out["instances"] = [
-            {f.name: getattr(i, f.name) for f in fields(i) if f.name not in _ARRAYS_AND_RECORDS}
+            {f.name: getattr(i, f.name) for f in fields(i) if f.name not in (*_ARRAYS_AND_RECORDS, "untrained_text")}
             | {
                 "token_ids": i.token_ids.tolist(),
                 "label_mask": None if i.label_mask is None else i.label_mask.tolist(),
@@ -248,6 +249,7 @@ def inspect_batch(
                     source.files[loc.file_index].num_tokens,
                 ),
                 text=decoder.decode(ids.tolist()) if decoder is not None else None,
+                untrained_text=_runs(decoder, ids, masks[p]) if decoder is not None and masks is not None else None,
                 masked=bool(masked[row]) if masked is not None else None,
                 repetition=max(caught, key=lambda r: r.times) if caught else None,
                 loss=_loss_of(losses.loss[p]) if losses is not None else None,
@@ -255,6 +257,14 @@ def inspect_batch(
             )
         )
     return report
+
+
+def _runs(decoder: Any, ids: np.ndarray, mask: np.ndarray) -> list[tuple[str, bool]]:
+    """The decoded text in runs of tokens that are (False) or are not (True) training targets."""
+    untrained = ~np.asarray(mask, dtype=bool)
+    cuts = [0, *(np.flatnonzero(untrained[1:] != untrained[:-1]) + 1).tolist(), len(ids)]
+    runs = zip(cuts, cuts[1:], strict=False)
+    return [(decoder.decode(ids[a:b].tolist()), bool(untrained[a])) for a, b in runs if b > a]
 
 
 def _add_lineage(report: BatchReport, config: str, cfg: TrainConfig) -> None:
@@ -350,5 +360,8 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
                 f"{d.document_start + d.instance_end - d.instance_start}) of {d.end - d.start}"
             )
         if inst.text is not None:
-            lines.append("    text: " + json.dumps(inst.text, ensure_ascii=False))
+            shown_text = inst.text if inst.untrained_text is None else marked(inst.untrained_text)
+            legend = " ([[ ]]: not trained, the label mask's)" if inst.untrained_text is not None else ""
+            lines.append(f"    text{legend}:")
+            lines += ["      " + line for line in shown_text.splitlines() or [""]]
     return "\n".join(lines)

@@ -11,7 +11,8 @@ A save folder holds:
   instance_loss.bin       each step's per-instance loss sums and supervised tokens (olmo_data.run.instance_loss),
                           kept across resume as metrics.jsonl is; instance_loss.N.bin: earlier ones set aside
   writer.lock             the run writing to the folder (host, pid, Slurm job, heartbeat): one writer at a time
-A checkpoint made by `import-hf` or `import-olmo` is an unsharded one at step 0 with tokenizer.json beside it.
+A checkpoint made by `import-hf`, `import-olmo` or `import-olmo-core` is an unsharded one at step 0 with
+tokenizer.json beside it (and optim.pt when import-olmo-core brought OLMo-core's optimizer state).
 
 The trainer writes these files (olmo_train/checkpoint imports the names from here) and the data tools read them
 back (`inspect-batch`, `spikes`, `lineage`, `trace`), so both sides find a run's files the same way: which save

@@ -35,7 +35,7 @@ from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote, read_bytes
 from olmo_data.run.layout import CONFIG, STEP_DIR, TRAINER_STATE, join, latest_checkpoint
 
-SOURCES = ("checkpoint", "import-hf", "import-olmo", "soup")
+SOURCES = ("checkpoint", "import-hf", "import-olmo", "import-olmo-core", "soup")
 TRAINED = ("checkpoint", "soup")  # records of a trained run's checkpoint (loaded, or averaged into a soup)
 COUNTERS = (None, "continued", "restarted")  # a record's optional `counters` key (absent in older records)
 MAX_DEPTH = 64  # a chain longer than this is a loop in the records
@@ -361,6 +361,8 @@ def _json(path: str) -> dict[str, Any]:
         obj = json.loads(read_bytes(path))
     except ValueError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError as e:  # a lineage nested thousands deep
+        raise DataError(f"{path}: nested too deeply to read (a damaged or crafted lineage?)") from e
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e})") from e
     if not isinstance(obj, dict):

@@ -96,6 +96,8 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         raise DataError(f"--window {window}: the baseline needs at least 2 earlier steps")
     if top < 0:
         raise DataError(f"--top {top}: expected 0 or more instances per spike")
+    if not (math.isfinite(z) and z > 0):  # a NaN threshold compares false: "0 spikes" said nothing
+        raise DataError(f"--z {z}: expected a positive, finite number of standard deviations (e.g. 3)")
     config_path, folder = run_files(run)
     losses = read_losses(os.path.join(folder, METRICS))
     record = os.path.join(folder, INSTANCE_LOSS)

@@ -1,14 +1,15 @@
-"""`olmo-data index`: suffix arrays over a run's token files, built in resumable shards (`index`), sorted by
-divsufsort or a numpy fallback (`sort`); exact counts and positions of token sequences without a scan.
+"""`olmo-data index`: suffix arrays over a run's token files, built in resumable shards and queried (`index`),
+sorted by divsufsort or a numpy fallback (`sort`), searched by bounded binary search (`search`): exact counts and
+positions of token sequences, and the longest match at each start of a text, without a scan.
 """
 
-from olmo_data.suffix_index.index import QUERY_END, RunIndex, build_index, compare_suffixes, open_index, token_array
+from olmo_data.suffix_index.index import RunIndex, build_index, open_index, token_array
+from olmo_data.suffix_index.search import common_prefix
 
 __all__ = [
-    "QUERY_END",
     "RunIndex",
     "build_index",
-    "compare_suffixes",
+    "common_prefix",
     "open_index",
     "token_array",
 ]

@@ -35,17 +35,32 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES, InstanceSource
-from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, is_remote, remove_stale_temporaries, write_json_atomic
+from olmo_data.display import bar_disabled
+from olmo_data.errors import DataError, is_disk_full, shown
+from olmo_data.io import (
+    atomic_path,
+    is_remote,
+    remove_live_temporaries,
+    remove_stale_temporaries,
+    write_json_atomic,
+)
 from olmo_data.processes import pool_context
+from olmo_data.suffix_index.search import (
+    QUERY_ABOVE,
+    Samples,
+    bound_one,
+    common_prefix,
+    longest_one,
+    lower_bound,
+    smallest,
+)
 from olmo_data.suffix_index.sort import engine_name, suffix_array
 
 INDEX_VERSION = 1
 SHARD_TOKENS = 1 << 24  # positions per shard: ~1.1 GB peak per numpy worker
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
-PAST_END = -1  # a suffix's token past its window: sorts before every token
-QUERY_END = -2  # a query's token past its end, for a lower bound: the query sorts before its extensions
-QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
+ROWS = 1 << 16  # pieces searched at once: their bookkeeping stays a few MB
+FEW_ROWS = 16  # up to this many pieces, one at a time in plain Python costs less than the vectorised search
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
 
 
@@ -122,8 +137,11 @@ def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
     data_path = Path(task.folder) / f"shard-{task.shard:05d}.u32"
     if not meta_path.exists() or not data_path.exists():
         return False
-    meta = json.loads(meta_path.read_text())
-    if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+    try:  # a damaged record (cut short, edited) is a shard to build again
+        meta = json.loads(meta_path.read_text())
+        if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+            return False
+    except (ValueError, TypeError, KeyError):
         return False
     if data_path.stat().st_size != 4 * (task.end - task.start):
         return False
@@ -157,7 +175,27 @@ def build_index(
     engine: str = "auto",
     progress: bool | None = None,
 ) -> IndexSummary:
-    """Index every distinct token file of `source`; shards already done (and still matching their file) are kept."""
+    """Index every distinct token file of `source`; shards already done (and still matching their file) are kept.
+    A full disk is one line naming where the index goes; the shards done so far are kept for the rerun."""
+    try:
+        return _build_index(source, index_dir, shard_tokens, context, processes, engine, progress)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        remove_live_temporaries()
+        where = index_dir or "the suffix-index folders beside the token files"
+        raise DataError(f"{where}: the disk is full ({e}); free space there and rerun (done shards are kept)") from e
+
+
+def _build_index(
+    source: InstanceSource,
+    index_dir: str | None,
+    shard_tokens: int,
+    context: int,
+    processes: int,
+    engine: str,
+    progress: bool | None,
+) -> IndexSummary:
     if shard_tokens < 1 or context < 1 or shard_tokens + context >= 1 << 32:
         raise DataError(f"shard_tokens {shard_tokens} and context {context}: expected positive, summing below 2**32")
     engine = engine_name(engine)
@@ -173,7 +211,12 @@ def build_index(
             continue
         folder = index_folder(path, index_dir)
         stamp = file_stamp(path)
-        old = _read_manifest(folder)
+        try:
+            old = _read_manifest(folder)
+        except DataError as e:  # unreadable: rebuilt, as a manifest of other settings is
+            messages.append(f"{e.args[0].split(';')[0]}: rebuilding the index")
+            (folder / "manifest.json").unlink()
+            old = None
         settings = {"version": INDEX_VERSION, "dtype": f.dtype, "shard_tokens": shard_tokens, "context": context}
         trust = old is not None and old.get("stamp") == stamp and all(old.get(k) == v for k, v in settings.items())
         if old is not None and not trust:  # shards are about to change: no manifest may vouch for a mix of them
@@ -235,7 +278,7 @@ def build_index(
 
 
 def _quiet(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress
+    return bar_disabled(progress)
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -245,27 +288,14 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
         return None
     except ValueError as e:
         raise DataError(f"{folder / 'manifest.json'}: not valid JSON ({e}); delete the folder and rerun index") from e
+    shards = data.get("shards") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(shards, int) or isinstance(shards, bool) or shards < 0:
+        what = "not a JSON object" if not isinstance(data, dict) else f'"shards" is {shown(shards)}, not a count'
+        raise DataError(f"{folder / 'manifest.json'}: {what}; delete the folder and rerun index")
     return data
 
 
 # -- queries ----------------------------------------------------------------------------------------------------
-
-
-def compare_suffixes(
-    tokens: np.ndarray, pos: np.ndarray, queries: np.ndarray, limit: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: how many leading tokens the suffix of `tokens` at `pos` (read up to `limit`) shares with the query
-    row (padded past its end with QUERY_END or QUERY_ABOVE), and whether the suffix sorts before the row."""
-    width = queries.shape[1]
-    at = pos[:, None] + np.arange(width)[None, :]
-    inside = at < limit
-    text = np.where(inside, np.asarray(tokens[np.minimum(at, len(tokens) - 1)]).astype(np.int64), PAST_END)
-    differ = text != queries
-    first = np.argmax(differ, axis=1)
-    anywhere = differ.any(axis=1)
-    rows = np.arange(len(pos))
-    less = anywhere & (text[rows, first] < queries[rows, first])
-    return np.where(anywhere, first, width), less
 
 
 @dataclass
@@ -274,14 +304,21 @@ class Shard:
     end: int
     window_end: int
     positions: np.ndarray  # uint32 memory map, relative to start
+    sampled: Samples | None = None  # made at the first query
+
+    def samples(self, tokens: np.ndarray) -> Samples:
+        if self.sampled is None:
+            self.sampled = Samples(tokens, self.positions, self.start, self.window_end)
+        return self.sampled
 
 
 class FileSuffixIndex:
-    """The shards of one token file's index, and its tokens (a memory map)."""
+    """The shards of one token file's index, and its tokens (a memory map). Pieces of a query are searched as
+    (start, length) rows of one array (suffix_search), so that no row is ever copied out to the query's length."""
 
     def __init__(self, path: str, dtype: str, folder: Path, manifest: dict[str, Any]) -> None:
         self.path = path
-        self.tokens = token_array(path, dtype)
+        self.tokens = np.asarray(token_array(path, dtype))
         self.shards: list[Shard] = []
         n = len(self.tokens)
         for k in range(int(manifest["shards"])):
@@ -295,26 +332,10 @@ class FileSuffixIndex:
             previous = self.shards[-1].end if self.shards else 0
             if start != previous or not start < end <= window_end <= n or size != 4 * (end - start):
                 raise _not_covering(folder, path, n)
-            self.shards.append(Shard(start, end, window_end, np.memmap(data, dtype="<u4", mode="r")))
+            positions = np.asarray(np.memmap(data, dtype="<u4", mode="r"))  # a plain view: cheaper to index
+            self.shards.append(Shard(start, end, window_end, positions))
         if (self.shards[-1].end if self.shards else 0) != n:
             raise _not_covering(folder, path, n)
-
-    def _compare(self, pos: np.ndarray, queries: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        return compare_suffixes(self.tokens, pos, queries, limit)
-
-    def _bound(self, shard: Shard, queries: np.ndarray) -> np.ndarray:
-        """Per query row: the first suffix (rank in the shard) that does not sort before it."""
-        m = len(queries)
-        lo, hi = np.zeros(m, dtype=np.int64), np.full(m, len(shard.positions), dtype=np.int64)
-        while True:
-            active = np.flatnonzero(lo < hi)
-            if not len(active):
-                return lo
-            mid = (lo[active] + hi[active]) // 2
-            pos = shard.start + np.asarray(shard.positions[mid]).astype(np.int64)
-            _, less = self._compare(pos, queries[active], shard.window_end)
-            lo[active] = np.where(less, mid + 1, lo[active])
-            hi[active] = np.where(less, hi[active], mid)
 
     def _near_end(self, shard: Shard, length: int) -> np.ndarray:
         """Positions of the shard whose window is too short to hold `length` tokens although the file goes on:
@@ -323,44 +344,138 @@ class FileSuffixIndex:
             return np.zeros(0, dtype=np.int64)
         return np.arange(max(shard.start, shard.window_end - length + 1), shard.end, dtype=np.int64)
 
+    def _near_prefixes(
+        self, near: np.ndarray, query: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray:
+        """The common prefix of each piece (row) with the file at each position of `near` (column), read to the
+        file's end; in column blocks so that rows x columns stays small."""
+        out = np.zeros((len(starts), len(near)), dtype=np.int64)
+        step = max(1, ROWS // max(len(starts), 1))
+        for a in range(0, len(near), step):
+            pos = near[a : a + step]
+            pairs_pos = np.tile(pos, len(starts))
+            pairs_row = np.repeat(np.arange(len(starts)), len(pos))
+            lcp, _ = common_prefix(
+                self.tokens, pairs_pos, len(self.tokens), query, starts[pairs_row], lengths[pairs_row]
+            )
+            out[:, a : a + step] = lcp.reshape(len(starts), len(pos))
+        return out
+
+    def longest(self, query: np.ndarray, starts: np.ndarray, caps: np.ndarray | None = None) -> np.ndarray:
+        """For each start i: the length of the longest prefix of query[i:] that the file holds, at most `caps`
+        (default: the rest of the query). The longest match sorts right before or after the piece, so one binary
+        search a shard answers it."""
+        starts = np.asarray(starts, dtype=np.int64)
+        caps = len(query) - starts if caps is None else np.asarray(caps, dtype=np.int64)
+        best = np.zeros(len(starts), dtype=np.int64)
+        if not len(starts):
+            return best
+        few = len(starts) <= FEW_ROWS  # the steps of a span walk: a scalar search each
+        for shard in self.shards:
+            for r in range(len(starts)) if few else ():
+                piece = query[int(starts[r]) : int(starts[r] + caps[r])]
+                edges = shard.samples(self.tokens).bracket_one(piece, False, len(shard.positions))
+                args = (self.tokens, shard.positions, shard.start, shard.window_end, piece)
+                best[r] = max(int(best[r]), longest_one(*args, *edges))
+            for a in range(0, 0 if few else len(starts), ROWS):
+                rows = slice(a, a + ROWS)
+                _, before, at = lower_bound(
+                    self.tokens,
+                    shard.positions,
+                    shard.start,
+                    shard.window_end,
+                    query,
+                    starts[rows],
+                    caps[rows],
+                    samples=shard.samples(self.tokens),
+                )
+                best[rows] = np.maximum(best[rows], np.maximum(before, at))
+            near = self._near_end(shard, int(caps.max()))
+            long = np.flatnonzero(caps > shard.window_end - shard.end)  # the pieces some window is too short for
+            if len(near) and len(long):
+                got = self._near_prefixes(near, query, starts[long], caps[long]).max(axis=1)
+                best[long] = np.maximum(best[long], got)
+        return best
+
+    def occurrences(
+        self, query: np.ndarray, starts: np.ndarray, lengths: np.ndarray, keep: np.ndarray
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """For each piece query[start : start + length]: how many positions of the file hold it, and the `keep`
+        smallest of them (sorted). Counted from each shard's interval of the suffix array, which is read only as
+        far as the places to keep."""
+        starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        counts = np.zeros(len(starts), dtype=np.int64)
+        listed: list[list[np.ndarray]] = [[] for _ in range(len(starts))]
+        quota = np.array(keep, dtype=np.int64)
+        if not len(starts):
+            return counts, []
+        for shard in self.shards:
+            args = (self.tokens, shard.positions, shard.start, shard.window_end, query, starts, lengths)
+            lo, _, _ = lower_bound(*args, samples=shard.samples(self.tokens))
+            hi, _, _ = lower_bound(*args, above=True, samples=shard.samples(self.tokens))
+            counts += hi - lo
+            near = self._near_end(shard, int(lengths.max()))
+            long_rows = np.flatnonzero(lengths > shard.window_end - shard.end)
+            held: dict[int, np.ndarray] = {}
+            if len(near) and len(long_rows):  # positions whose window holds the piece only in part
+                prefixes = self._near_prefixes(near, query, starts[long_rows], lengths[long_rows])
+                for k, r in enumerate(long_rows.tolist()):
+                    beyond = near + lengths[r] > shard.window_end  # the others' windows hold it: in the interval
+                    held[r] = near[(prefixes[k] >= lengths[r]) & beyond]
+                    counts[r] += len(held[r])
+            small = (hi > lo) & (hi - lo <= quota)  # listed whole: read together, sorted per row
+            small[list(held)] = False
+            rows = np.flatnonzero(small)
+            sizes = (hi - lo)[rows]
+            at = np.repeat(lo[rows] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+            values = shard.start + shard.positions[at].astype(np.int64)
+            values = values[np.lexsort((values, np.repeat(rows, sizes)))]
+            pieces = np.split(values, np.cumsum(sizes)[:-1]) if len(rows) else []
+            for r, here in zip(rows.tolist(), pieces, strict=True):
+                listed[r].append(here)
+            quota[rows] -= sizes
+            others = set(np.flatnonzero((hi > lo) & ~small).tolist()) | {r for r, h in held.items() if len(h)}
+            for r in sorted(others):
+                here = shard.start + smallest(shard.positions, int(lo[r]), int(hi[r]), int(quota[r]))
+                if r in held:  # never in the interval: a window too short to hold the piece sorts it elsewhere
+                    here = np.sort(np.concatenate([here, held[r]]))[: quota[r]]
+                listed[r].append(here)
+                quota[r] -= len(here)
+        return counts, [np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in listed]
+
+    def intervals(self, sequence: np.ndarray) -> list[tuple[Shard, int, int, np.ndarray]]:
+        """Per shard: the ranks [lo, hi) of the suffixes that start with `sequence`, and the positions near its end
+        that hold it although its window is too short to (checked against the file)."""
+        m = len(sequence)
+        out = []
+        for shard in self.shards:
+            samples = shard.samples(self.tokens)
+            args = (self.tokens, shard.positions, shard.start, shard.window_end, sequence)
+            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions)))
+            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions)), above=True)
+            near = self._near_end(shard, m)
+            if len(near):
+                near = near[near + m > shard.window_end]
+                zero = np.zeros(1, dtype=np.int64)
+                near = near[self._near_prefixes(near, sequence, zero, zero + m)[0] >= m] if len(near) else near
+            out.append((shard, lo, hi, near))
+        return out
+
+    def count(self, sequence: np.ndarray) -> int:
+        """How many positions of the file hold `sequence`."""
+        if not len(sequence):
+            return 0
+        return sum(hi - lo + len(near) for _, lo, hi, near in self.intervals(sequence))
+
     def find(self, sequence: np.ndarray) -> np.ndarray:
         """Every position where the file holds `sequence`, sorted."""
-        m = len(sequence)
-        lower = np.append(sequence, QUERY_END)[None, :]
-        upper = np.append(sequence, QUERY_ABOVE)[None, :]
-        found = []
-        for shard in self.shards:
-            if not len(shard.positions):
-                continue
-            lo, hi = int(self._bound(shard, lower)[0]), int(self._bound(shard, upper)[0])
-            found.append(shard.start + np.asarray(shard.positions[lo:hi]).astype(np.int64))
-            near = self._near_end(shard, m)  # held by the window only in part
-            if len(near):
-                lcp, _ = self._compare(near, np.repeat(sequence[None, :], len(near), 0), len(self.tokens))
-                found.append(near[lcp >= m])
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-
-    def longest(self, query: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """For each start i: the length of the longest prefix of query[i:] that the file holds."""
-        n = len(query)
-        rows = np.full((len(starts), n), QUERY_END, dtype=np.int64)
-        for r, i in enumerate(starts.tolist()):
-            rows[r, : n - i] = query[i:]
-        best = np.zeros(len(starts), dtype=np.int64)
-        for shard in self.shards:
-            count = len(shard.positions)
-            if not count:
-                continue
-            rank = self._bound(shard, rows)
-            for neighbour in (rank - 1, rank):  # the longest match sorts right before or after the query
-                ok = np.flatnonzero((neighbour >= 0) & (neighbour < count))
-                pos = shard.start + np.asarray(shard.positions[neighbour[ok]]).astype(np.int64)
-                lcp, _ = self._compare(pos, rows[ok], shard.window_end)
-                best[ok] = np.maximum(best[ok], lcp)
-            for p in self._near_end(shard, n).tolist():
-                lcp, _ = self._compare(np.full(len(starts), p), rows, len(self.tokens))
-                best = np.maximum(best, lcp)
-        return np.minimum(best, n - starts)
+        if not len(sequence):
+            return np.zeros(0, dtype=np.int64)
+        found = [
+            np.concatenate([shard.start + shard.positions[lo:hi].astype(np.int64), near])
+            for shard, lo, hi, near in self.intervals(sequence)
+        ]
+        return np.sort(np.concatenate(found))
 
 
 def _not_covering(folder: Path, path: str, n: int) -> DataError:
@@ -383,15 +498,42 @@ class RunIndex:
         out = {path: np.zeros(0, dtype=np.int64) for path in self.empty}
         return out | {path: index.find(seq) for path, index in self.files.items()}
 
-    def longest(self, query: Sequence[int], starts: np.ndarray) -> np.ndarray:
+    def count(self, sequence: Sequence[int]) -> int:
+        """How many places of the token files hold `sequence` (infini-gram's count), without listing them."""
+        seq = _never_past_end(sequence)
+        return sum(index.count(seq) for index in self.files.values())
+
+    def longest(
+        self, query: Sequence[int] | np.ndarray, starts: np.ndarray, caps: np.ndarray | None = None
+    ) -> np.ndarray:
+        """For each start i: the longest prefix of query[i:] (at most `caps`) that some token file holds."""
         q = _never_past_end(query)
         best = np.zeros(len(starts), dtype=np.int64)
         for index in self.files.values():
-            best = np.maximum(best, index.longest(q, starts))
+            best = np.maximum(best, index.longest(q, starts, caps))
         return best
 
+    def occurrences(
+        self, query: Sequence[int] | np.ndarray, starts: np.ndarray, lengths: np.ndarray, keep: int
+    ) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+        """For each piece query[start : start + length]: how many places of the token files hold it, and the first
+        `keep` of them (by file, in the run's order, then position), per file."""
+        q = _never_past_end(query)
+        counts = np.zeros(len(starts), dtype=np.int64)
+        quota = np.full(len(starts), keep, dtype=np.int64)
+        listed: list[dict[str, np.ndarray]] = [
+            {path: np.zeros(0, dtype=np.int64) for path in self.empty} for _ in starts
+        ]
+        for path, index in self.files.items():
+            found, places = index.occurrences(q, starts, lengths, quota)
+            counts += found
+            for r, at in enumerate(places):
+                listed[r][path] = at
+                quota[r] -= len(at)
+        return counts, listed
 
-def _never_past_end(query: Sequence[int]) -> np.ndarray:
+
+def _never_past_end(query: Sequence[int] | np.ndarray) -> np.ndarray:
     """The query as int64, a negative id (which no token file holds) made one that sorts after every suffix, so
     that it cannot equal the PAST_END marker and match where a scan would not."""
     q = np.asarray(query, dtype=np.int64)

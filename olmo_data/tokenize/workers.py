@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES
+from olmo_data.display import bar_disabled
 from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
@@ -162,7 +163,7 @@ def run_tasks(
         initial=reused_bytes,
         unit="B",
         unit_scale=True,
-        disable=(None if show_progress is None else not show_progress),
+        disable=bar_disabled(show_progress),
         leave=True,
     )
     docs = tokens = chars = 0

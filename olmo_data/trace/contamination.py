@@ -321,7 +321,7 @@ def _trace_found(
     places: list[tuple[int, int, int, str, int, list[int]]] = []  # text, i, j, path, position, its targets
     for q, spans in enumerate(found):
         n, _ = owner[q]
-        for i, j, at in spans:
+        for i, j, at, _ in spans:
             results[n].longest = max(results[n].longest, j - i)
             for path, positions in at.items():
                 for p in positions.tolist():

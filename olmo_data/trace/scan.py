@@ -10,10 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from olmo_data.dataset import InstanceSource
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_data.processes import pool_context
 
+PROGRESS_DELAY = 2.0  # seconds before a search shows its bar (most searches take less)
 SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
 
 
@@ -51,8 +53,6 @@ def scan(
 ) -> Iterator[tuple[str, Any]]:
     """(path, answer) for every chunk of every token file, in completion order: `fn((path, dtype, lo, hi, *args))`
     answers for tokens [lo, hi) of one file and returns (path, hi - lo, answer)."""
-    from tqdm import tqdm
-
     files = scanned_files(source)
     tasks = [
         (path, dtype, lo, min(lo + SCAN_CHUNK, n), *args)
@@ -60,8 +60,7 @@ def scan(
         for lo in range(0, n, SCAN_CHUNK)
     ]
     total = sum(n for _, n in files.values())
-    disable = None if progress is None else not progress
-    with tqdm(total=total, unit=" tokens", unit_scale=True, desc="search", disable=disable) as bar:
+    with progress_bar(desc="search", total=total, unit=" tokens", progress=progress, delay=PROGRESS_DELAY) as bar:
         for path, n, answer in scan_tasks(fn, tasks, processes, total):
             yield path, answer
             bar.update(n)

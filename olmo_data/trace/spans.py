@@ -24,21 +24,15 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DocIndex, InstanceSource
+from olmo_data.display import marked
 from olmo_data.errors import DataError
-from olmo_data.suffix_index import QUERY_END, RunIndex, compare_suffixes, open_index, token_array
+from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace.find import (
-    Target,
-    TraceReport,
-    check_token_ids,
-    open_run,
-    parse_steps,
-    trace,
-)
-from olmo_data.trace.scan import scan, scanned_files
+from olmo_data.trace.find import Target, TraceReport, check_token_ids, open_run, parse_steps, trace
+from olmo_data.trace.span_search import index_longest, index_places, scan_longest
 
 MIN_TOKENS = 8
-_WEIGHTS = np.random.default_rng(0x5EA4).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
+MAX_PLACES = 1000  # places of a span listed (and traced to steps); the rest are counted
 
 
 @dataclass
@@ -58,7 +52,12 @@ class Span:
     start: int  # tokens [start, end) of the text
     end: int
     text: str
-    places: list[Place]
+    places: list[Place]  # the first `max_places` (by file, in the run's order, then position)
+    count: int = 0  # the places that hold it in all
+
+    @property
+    def unlisted(self) -> int:
+        return self.count - len(self.places)
 
     @property
     def steps(self) -> list[int]:
@@ -73,12 +72,14 @@ class SpansReport:
     trace: TraceReport
     search: dict[str, Any]  # tokens searched, seconds, and whether the index answered
     segments: list[tuple[str, bool]] = field(default_factory=list)  # the text in pieces: (text, inside a span)
+    max_places: int = MAX_PLACES
 
     def to_json(self) -> dict[str, Any]:
         return {
             "tokens": self.tokens,
             "min_tokens": self.min_tokens,
-            "spans": [{**asdict(s), "steps": s.steps} for s in self.spans],
+            "max_places": self.max_places,
+            "spans": [{**asdict(s), "unlisted": s.unlisted, "steps": s.steps} for s in self.spans],
             "search": self.search,
             "trace": self.trace.to_json(),
         }
@@ -88,12 +89,11 @@ class SpansReport:
 
 
 def maximal_spans(longest: np.ndarray, min_tokens: int) -> list[tuple[int, int]]:
-    """The maximal spans [i, i + L(i)) of at least `min_tokens`, from L(i) for every start i."""
-    out = []
-    for i, length in enumerate(longest.tolist()):
-        if length >= min_tokens and (i == 0 or int(longest[i - 1]) != length + 1):
-            out.append((i, i + length))
-    return out
+    """The maximal spans [i, i + L(i)) of at least `min_tokens`, from L(i) for every start i (exact where at least
+    `min_tokens`: a smaller one never equals L(i) + 1 of a span)."""
+    previous = np.concatenate([[-1], longest[:-1]])
+    starts = np.flatnonzero((longest >= min_tokens) & (previous != longest + 1))
+    return [(i, i + int(longest[i])) for i in starts.tolist()]
 
 
 def find_spans(
@@ -104,98 +104,33 @@ def find_spans(
     index: RunIndex | None = None,
     processes: int = 1,
     progress: bool | None = None,
-) -> tuple[list[tuple[int, int, dict[str, np.ndarray]]], dict[str, Any]]:
-    """The maximal spans of `query` and, per span, the positions of each token file that hold it; with the index
-    when given, else by a scan; and what the search cost."""
+    max_places: int = MAX_PLACES,
+) -> tuple[list[tuple[int, int, dict[str, np.ndarray], int]], dict[str, Any]]:
+    """The maximal spans of `query` and, per span, the first `max_places` positions of each token file that hold
+    it (by file, in the run's order, then position) and how many positions hold it in all; with the index when
+    given, else by a scan (span_search); and what the search cost."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     q = np.asarray(query, dtype=np.int64)
     t0 = time.perf_counter()
-    out: list[tuple[int, int, dict[str, np.ndarray]]] = []
+    out: list[tuple[int, int, dict[str, np.ndarray], int]] = []
     if len(q) < min_tokens:
-        spans: list[tuple[int, int]] = []
         total = 0
     elif index is not None:
-        longest = index.longest(q.tolist(), np.arange(len(q) - min_tokens + 1))
-        longest[longest < min_tokens] = 0
+        longest = index_longest(index, q, progress, min_tokens)
         spans = maximal_spans(longest, min_tokens)
-        out = [(i, j, index.find(query[i:j])) for i, j in spans]
+        counts, places = index_places(index, q, spans, max_places)
+        out = [(i, j, at, c) for (i, j), at, c in zip(spans, places, counts, strict=True)]
         total = index.tokens
     else:
-        matches, total = scan_matches(source, q, min_tokens, processes=processes, progress=progress)
-        longest = np.zeros(len(q) - min_tokens + 1, dtype=np.int64)
-        for _, start, length in matches.values():
-            np.maximum.at(longest, start, length)
-        spans = maximal_spans(longest, min_tokens)
-        for i, j in spans:
-            found = {}
-            for path, (pos, start, length) in matches.items():
-                found[path] = np.unique(pos[(start == i) & (length >= j - i)])
-            out.append((i, j, found))
+        longest, count, kept, total = scan_longest(
+            source, q, min_tokens, max_places, processes=processes, progress=progress
+        )
+        out = [(i, j, kept.of(i), int(count[i])) for i, j in maximal_spans(longest, min_tokens)]
     seconds = time.perf_counter() - t0
     return out, {"tokens": total, "seconds": seconds, "index": index is not None}
-
-
-def scan_matches(
-    source: InstanceSource, query: np.ndarray, min_tokens: int, *, processes: int = 1, progress: bool | None = None
-) -> tuple[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
-    """Per token file: every (position, start i, match length) where the file holds query[i : i + min_tokens],
-    the length being how far the match goes on (the longest common prefix of the file there and query[i:])."""
-    files = scanned_files(source)
-    parts: dict[str, list[np.ndarray]] = {p: [] for p in files}
-    for path, found in scan(source, _scan_chunk, (query, min_tokens), processes=processes, progress=progress):
-        parts[path].append(found)
-    total = sum(n for _, n in files.values())
-    out = {}
-    for path, pieces in parts.items():
-        rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
-        out[path] = (rows[:, 0], rows[:, 1], rows[:, 2])
-    return out, total
-
-
-def _scan_chunk(task: tuple[str, str, int, int, np.ndarray, int]) -> tuple[str, int, np.ndarray]:
-    """(position, start, length) rows for the k-grams of the query that begin in tokens [lo, hi) of one file.
-
-    Candidates are positions followed by k tokens that all occur in the query (a table lookup and a running sum);
-    their k-grams are hashed and matched against the query's, and confirmed token by token."""
-    path, dtype, lo, hi, query, k = task
-    tokens = token_array(path, dtype)
-    window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
-    count = min(hi - lo, len(window) - k + 1)
-    empty = (path, hi - lo, np.zeros((0, 3), dtype=np.int64))
-    if count <= 0:
-        return empty
-    top = int(query.max()) + 1
-    table = np.zeros(top + 1, dtype=bool)
-    table[query] = True
-    inside = table[np.minimum(window.astype(np.int64), top)]  # in int64: top may exceed the dtype (65535 + 1)
-    running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
-    candidates = np.flatnonzero(running[k : k + count] - running[:count] == k)
-    if not len(candidates):
-        return empty
-    weights = _WEIGHTS[np.arange(k) % len(_WEIGHTS)]
-    grams = np.lib.stride_tricks.sliding_window_view(query, k)
-    with np.errstate(over="ignore"):
-        wanted = (grams.astype(np.uint64) * weights).sum(axis=1)
-        got = (window[candidates[:, None] + np.arange(k)].astype(np.uint64) * weights).sum(axis=1)
-    keep = np.isin(got, wanted)
-    candidates = candidates[keep]
-    if not len(candidates):
-        return empty
-    by_hash = np.argsort(wanted, kind="stable")  # a k-gram may occur at several starts of the query
-    lo_at = np.searchsorted(wanted[by_hash], got[keep], side="left")
-    hi_at = np.searchsorted(wanted[by_hash], got[keep], side="right")
-    counts = hi_at - lo_at
-    pos = np.repeat(candidates + lo, counts)
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    start = by_hash[np.repeat(lo_at, counts) + within].astype(np.int64)
-    padded = np.concatenate([query, np.full(len(query), QUERY_END, dtype=np.int64)])
-    length = np.zeros(len(pos), dtype=np.int64)
-    for a in range(0, len(pos), 1 << 15):  # bounded memory where a k-gram is very common
-        rows = padded[start[a : a + (1 << 15), None] + np.arange(len(query))]
-        length[a : a + (1 << 15)], _ = compare_suffixes(tokens, pos[a : a + (1 << 15)], rows, len(tokens))
-    ok = length >= k  # the hash matched and so did the tokens
-    return path, hi - lo, np.stack([pos[ok], start[ok], length[ok]], axis=1)
 
 
 # -- through the run ----------------------------------------------------------------------------------------------
@@ -215,21 +150,27 @@ def trace_spans(
     progress: bool | None = None,
     index_dir: str | None = None,
     use_index: bool = True,
+    max_places: int = MAX_PLACES,
 ) -> SpansReport:
     """The maximal spans of `text` (or of token ids `tokens`) found in the training data of `config`'s run, each
-    with its documents and the steps (within `steps`, "A..B") that trained on it."""
+    with its documents and the steps (within `steps`, "A..B") that trained on it: of the first `max_places` places
+    of a span, the rest counted only, so that a span the data holds a million times costs no more than that."""
     if (text is None) == (tokens is None):
         raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     cfg, source = open_run(config)
     tok = data_tokenizer(tokenizer, source, "--spans")
     query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))
     if not query:
         raise DataError("--spans: the text encodes to no tokens")
     index = open_index(source, index_dir) if use_index else None
-    found, search = find_spans(source, query, min_tokens, index=index, processes=processes, progress=progress)
+    found, search = find_spans(
+        source, query, min_tokens, index=index, processes=processes, progress=progress, max_places=max_places
+    )
     targets: list[Target] = []
     target_ranges = []
-    for i, j, at in found:
+    for i, j, at, _ in found:
         name = tok.decode(query[i:j])
         first = len(targets)
         for k, f in enumerate(source.files):
@@ -241,7 +182,7 @@ def trace_spans(
         steps_of.setdefault(h.target, set()).add(h.step)
     docs = DocIndex()
     spans = []
-    for (i, j, _), (first, last) in zip(found, target_ranges, strict=True):
+    for (i, j, _, count), (first, last) in zip(found, target_ranges, strict=True):
         by_place: dict[tuple[str, int], list[int]] = {}
         for t in range(first, last):
             by_place.setdefault((source.files[targets[t].file_index].path, targets[t].start), []).append(t)
@@ -252,23 +193,23 @@ def trace_spans(
             documents = [{"id": d.id, "src": d.src, "loc": d.loc, "start": d.start, "end": d.end} for d in found_docs]
             trained = sorted(set().union(*(steps_of.get(t, set()) for t in ts)))
             places.append(Place(path, start, start + j - i, documents, ts, trained))
-        spans.append(Span(i, j, tok.decode(query[i:j]), places))
-    return SpansReport(query, min_tokens, spans, report, search, _segments(tok, query, found))
+        spans.append(Span(i, j, tok.decode(query[i:j]), places, count))
+    return SpansReport(query, min_tokens, spans, report, search, _segments(tok, query, found), max_places)
 
 
-def _segments(tok: Any, query: list[int], found: list[tuple[int, int, Any]]) -> list[tuple[str, bool]]:
+def _segments(tok: Any, query: list[int], found: list[tuple[int, int, Any, int]]) -> list[tuple[str, bool]]:
     """The text cut where covered tokens (the union of the spans, which may overlap) start and stop."""
     covered = np.zeros(len(query), dtype=bool)
-    for i, j, _ in found:
+    for i, j, _, _ in found:
         covered[i:j] = True
     cuts = [0, *(np.flatnonzero(covered[1:] != covered[:-1]) + 1).tolist(), len(query)]
     return [(tok.decode(query[a:b]), bool(covered[a])) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def marked_text(report: SpansReport, style: str = "brackets") -> str:
-    """The text with the tokens that lie in a span marked: [[ ]] around them, or underlined ("ansi")."""
-    opening, closing = ("\x1b[4m", "\x1b[24m") if style == "ansi" else ("[[", "]]")
-    return "".join(f"{opening}{s}{closing}" if inside else s for s, inside in report.segments)
+def marked_text(report: SpansReport) -> str:
+    """The text with the tokens that lie in a span marked [[ ]] (`olmo_data.display.marked`: one marking for
+    `trace --spans`, `generate --trace` and `inspect-batch --decode`, on a terminal and in a pipe alike)."""
+    return marked(report.segments)
 
 
 def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
@@ -280,9 +221,10 @@ def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
         f"occur in the training data ({s['tokens']:,} tokens, searched with {how} in {s['seconds']:.2f} s)"
     ]
     for n, span in enumerate(report.spans):
+        listed = f" (the {len(span.places)} listed)" if span.unlisted else ""
         lines.append(
-            f"span {n}: tokens [{span.start}, {span.end}) {span.text!r}: {len(span.places)} place(s), "
-            f"trained at {len(span.steps)} step(s)"
+            f"span {n}: tokens [{span.start}, {span.end}) {span.text!r}: {span.count} place(s), "
+            f"trained at {len(span.steps)} step(s){listed}"
         )
         for place in span.places[:max_places]:
             docs = ", ".join(f"{d['id']} ({d['src']}:{d['loc']})" for d in place.documents) or "(no metadata)"
@@ -291,8 +233,10 @@ def format_spans(report: SpansReport, *, max_places: int = 10) -> str:
                 f"  {docs}, tokens [{place.start}, {place.end}) of {place.path}: "
                 + (f"steps {shown}" if place.steps else "not trained in these steps")
             )
-        if len(span.places) > max_places:
-            lines.append(f"  ... and {len(span.places) - max_places} more places (--json lists them all)")
+        listed_here = min(max_places, len(span.places))
+        if span.count > listed_here:
+            more = f"--json lists {len(span.places)}" + ("; the others are counted only" if span.unlisted else "")
+            lines.append(f"  ... and {span.count - listed_here} more places ({more})")
     if report.spans:
-        lines.append("text: " + marked_text(report))
+        lines.append("text ([[ ]]: in the training data): " + marked_text(report))
     return "\n".join(lines)

@@ -3,7 +3,7 @@ each text's k-grams occur, and how far each match goes, as `trace --spans` finds
 
 All the texts' k-grams are hashed into one sorted table. Each data position whose next k tokens all occur in some
 text (a table lookup and a running sum) is hashed, matched against the table, then confirmed and extended token by
-token: first over `_FIRST` tokens, then, for the matches that reach that far, to the end of their text. A pool of
+token to the end of their text (`common_prefix`, the index's own comparison, in growing blocks). A pool of
 processes reads the texts from a temporary folder, so no task carries them.
 """
 
@@ -20,22 +20,22 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import InstanceSource
-from olmo_data.suffix_index import QUERY_END, compare_suffixes, token_array
+from olmo_data.suffix_index import common_prefix, token_array
 from olmo_data.trace.scan import SCAN_CHUNK, scan, scanned_files
-from olmo_data.trace.spans import maximal_spans
+from olmo_data.trace.spans import MAX_PLACES, maximal_spans
 
 _WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
 _BLOCK = 1 << 20  # candidate positions hashed at a time
-_ROW_CELLS = 1 << 22  # query tokens compared at a time (rows x width) when matches are extended
-_FIRST = 64  # tokens a match is first extended by; only those that match all of them go on
+_GAP = -2  # between two texts in `joined`: no token id equals it
 PROBE_TOKENS = 1 << 20  # tokens scanned to estimate a scan's time
 
-SpanPlaces = tuple[int, int, dict[str, np.ndarray]]  # tokens [i, j) of a text, and per token file where it occurs
+# tokens [i, j) of a text; per token file the first `keep` places that hold it; how many places hold it in all
+SpanPlaces = tuple[int, int, dict[str, np.ndarray], int]
 
 
 @dataclass
 class TextSet:
-    """The texts of at least k tokens, joined (each followed by QUERY_END, which no token equals), and their
+    """The texts of at least k tokens, joined (each followed by _GAP, which no token equals), and their
     k-grams' hashes sorted, with the start of each in `joined`."""
 
     ids: list[int]  # which queries
@@ -49,20 +49,21 @@ class TextSet:
     def of(cls, queries: Sequence[Sequence[int]], ids: list[int], k: int) -> TextSet:
         texts = [np.asarray(queries[n], dtype=np.int64) for n in ids]
         offsets = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])]).astype(np.int64)
-        joined = np.concatenate([np.append(t, QUERY_END) for t in texts])
+        joined = np.concatenate([np.append(t, _GAP) for t in texts])
         starts = np.concatenate([np.arange(a, b - k) for a, b in zip(offsets[:-1], offsets[1:], strict=True)])
         wanted = _hashes(joined, starts, k)
         by_hash = np.argsort(wanted, kind="stable")
         return cls(ids, offsets, joined, wanted[by_hash], starts[by_hash], int(np.diff(offsets).max()))
 
     def prepared(self) -> _Prepared:
-        """What every scan task reads: the arrays, the table of tokens the texts hold, the texts padded for
-        extension; made once per process."""
+        """What every scan task reads: the arrays, the table of tokens the texts hold, and where each text ends;
+        made once per process."""
         present = self.joined[self.joined >= 0]
         table = np.zeros(int(present.max()) + 2, dtype=bool)  # the last entry: every id above the texts' largest
         table[present] = True
-        padded = np.concatenate([self.joined, np.full(self.width, QUERY_END, dtype=np.int64)])
-        return _Prepared(self.hashes, self.starts, table, padded, self.width)
+        gaps = np.flatnonzero(self.joined < 0)
+        ends = np.repeat(gaps, np.diff(np.concatenate([[-1], gaps])))  # per place of `joined`: its text's end
+        return _Prepared(self.hashes, self.starts, table, np.asarray(self.joined, dtype=np.int64), ends)
 
 
 @dataclass
@@ -70,8 +71,8 @@ class _Prepared:
     hashes: np.ndarray
     starts: np.ndarray
     table: np.ndarray
-    padded: np.ndarray
-    width: int
+    joined: np.ndarray
+    ends: np.ndarray
 
 
 _PREPARED: dict[str, _Prepared] = {}  # per process: the texts a scan's tasks name by key
@@ -87,7 +88,6 @@ def _shared(texts: TextSet, pooled: bool) -> Iterator[str]:
             if pooled:
                 for name in ("joined", "hashes", "starts"):
                     np.save(Path(folder) / f"{name}.npy", getattr(texts, name))
-                (Path(folder) / "width").write_text(str(texts.width))
             yield folder
         finally:
             _PREPARED.pop(folder, None)
@@ -96,17 +96,17 @@ def _shared(texts: TextSet, pooled: bool) -> Iterator[str]:
 def _prepared(key: str) -> _Prepared:
     if key not in _PREPARED:  # a worker: map the arrays the driver saved
         arrays = {n: np.load(Path(key) / f"{n}.npy", mmap_mode="r") for n in ("joined", "hashes", "starts")}
-        width = int((Path(key) / "width").read_text())
         texts = TextSet([], np.zeros(0, dtype=np.int64), np.asarray(arrays["joined"]), arrays["hashes"],
-                       arrays["starts"], width)  # fmt: skip
+                       arrays["starts"], 0)  # fmt: skip
         _PREPARED[key] = texts.prepared()
     return _PREPARED[key]
 
 
 def _spans_of(
-    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int
+    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int, keep: int
 ) -> dict[int, list[SpanPlaces]]:
-    """{text: its maximal spans and their places} from the scan's matches, for the texts that have any."""
+    """{text: its maximal spans, their first `keep` places per file and their count} from the scan's matches, for
+    the texts that have any (what `find_spans` gives for each)."""
     by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for path, (pos, start, lcp) in matches.items():
         order = np.argsort(start, kind="stable")
@@ -115,16 +115,17 @@ def _spans_of(
         for m in np.unique(text_of).tolist():
             a, b = np.searchsorted(text_of, [m, m + 1])
             by_text.setdefault(m, {})[path] = (pos[a:b], start[a:b] - texts.offsets[m], lcp[a:b])
-    out = {}
+    out: dict[int, list[SpanPlaces]] = {}
     for m, rows in by_text.items():
         length = int(texts.offsets[m + 1] - texts.offsets[m]) - 1
         longest = np.zeros(length - k + 1, dtype=np.int64)
         for _, s, c in rows.values():
             np.maximum.at(longest, s, c)
-        out[m] = [
-            (i, j, {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()})
-            for i, j in maximal_spans(longest, k)
-        ]
+        out[m] = []
+        for i, j in maximal_spans(longest, k):
+            held = {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()}
+            count = sum(len(v) for v in held.values())
+            out[m].append((i, j, {path: v[:keep] for path, v in held.items()}, count))
     return out
 
 
@@ -185,13 +186,13 @@ def _scan_chunk(task: tuple[str, str, int, int, str, int]) -> Any:
 def _scan_block(tokens: np.ndarray, lo: int, hi: int, texts: _Prepared, k: int) -> np.ndarray:
     """Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running
     sum); their k-grams are hashed and matched against the texts', then confirmed and extended token by token:
-    first over `_FIRST` tokens, then, for the matches that reach that far, to the end of their text."""
+    to the end of their text."""
     window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
     count = min(hi - lo, len(window) - k + 1)
     empty = np.zeros((0, 3), dtype=np.int64)
     if count <= 0:
         return empty
-    table, hashes, starts, padded, width = texts.table, texts.hashes, texts.starts, texts.padded, texts.width
+    table, hashes, starts = texts.table, texts.hashes, texts.starts
     top = len(table) - 1
     inside = table[np.minimum(window.astype(np.int64), top)]
     running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
@@ -208,28 +209,21 @@ def _scan_block(tokens: np.ndarray, lo: int, hi: int, texts: _Prepared, k: int) 
     pos = np.repeat(candidates + lo, counts)  # a k-gram may begin several places of the texts
     within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
     start = starts[np.repeat(first, counts) + within].astype(np.int64)
-    length = _extend(tokens, padded, pos, start, min(width, _FIRST))
-    longer = np.flatnonzero(length == min(width, _FIRST))
-    if len(longer) and width > _FIRST:
-        length[longer] = _extend(tokens, padded, pos[longer], start[longer], width)
+    plain = np.asarray(tokens)  # a view of the memory map: what common_prefix indexes fastest
+    length, _ = common_prefix(plain, pos, len(plain), texts.joined, start, texts.ends[start] - start)
     ok = length >= k  # the hash matched and so did the tokens
     return np.stack([pos[ok], start[ok], length[ok]], axis=1)
 
 
-def _extend(tokens: np.ndarray, padded: np.ndarray, pos: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
-    """How many tokens from each `pos` of the file equal the text from `start` on (at most `width`), a bounded
-    number of rows at a time (a k-gram may be very common)."""
-    length = np.zeros(len(pos), dtype=np.int64)
-    step = max(1, _ROW_CELLS // width)
-    for a in range(0, len(pos), step):
-        rows = padded[start[a : a + step, None] + np.arange(width)]
-        length[a : a + step], _ = compare_suffixes(tokens, pos[a : a + step], rows, len(tokens))
-    return length
-
-
 def scan_texts(
-    source: InstanceSource, texts: TextSet, k: int, *, processes: int = 1, progress: bool | None = None
+    source: InstanceSource,
+    texts: TextSet,
+    k: int,
+    *,
+    keep: int = MAX_PLACES,
+    processes: int = 1,
+    progress: bool | None = None,
 ) -> dict[int, list[SpanPlaces]]:
-    """{text m of `texts`: its maximal spans of at least k tokens, each with its positions per token file}, for the
-    texts found anywhere, from one scan of every token file."""
-    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k)
+    """{text m of `texts`: its maximal spans of at least k tokens, each with its first `keep` positions per token
+    file and how many hold it}, for the texts found anywhere, from one scan of every token file."""
+    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k, keep)

@@ -9,6 +9,7 @@ downloaded, under a temporary name; only a complete, checked file gets its own n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -23,6 +24,9 @@ from olmo_train.checkpoint.layout import CHECKSUMS, CONFIG, DCP_METADATA, MODEL_
 from olmo_train.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
+
+# side files are read whole into memory once fetched: a server announcing (or sending) more is refused by URL
+METADATA_MAX_BYTES = {CHECKSUMS: 64 * 2**20, TRAINER_STATE: 64 * 2**20, CONFIG: 64 * 2**20, DCP_METADATA: 2**30}
 
 
 def localize(load_path: str, d: Dist) -> Path:
@@ -65,7 +69,9 @@ def download(url: str) -> Path:
         try:
             # a failed download is the reader's DataError: one line that begins with the file's URL
             source = f"{url}/{name}"
-            integrity.write_checked(partial, expected, source, lambda write: reader.download(source, write))
+            cap = expected["size"] if expected else METADATA_MAX_BYTES.get(name)  # no file larger than recorded
+            fetch = functools.partial(reader.download, source, max_bytes=cap)
+            integrity.write_checked(partial, expected, source, fetch)
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)

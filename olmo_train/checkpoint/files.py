@@ -30,6 +30,7 @@ from olmo_train.checkpoint import safety
 from olmo_train.checkpoint.integrity import Recorder
 from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TMP_PREFIX, TRAINER_STATE, TrainerState
 from olmo_train.checkpoint.load import check_files
+from olmo_train.checkpoint.space import REFUSALS, refusal
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,14 @@ def atomic_directory(dest: Path) -> Iterator[Path]:
         if os.path.lexists(dest):  # made by someone else meanwhile: never replace it
             raise DataError(f"{dest}: the destination appeared while converting; remove it or give another one")
         os.rename(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        code = None if isinstance(e, DataError) else refusal(e, dest.parent)  # a full disk, a read-only mount...
+        if code is not None:
+            meaning, remedy = REFUSALS[code]
+            raise DataError(
+                f"{dest}: {meaning} ({os.strerror(code)}); the partial {tmp.name} was removed: {remedy} and rerun"
+            ) from e
         raise
 
 
@@ -174,13 +181,16 @@ def write_imported(
     state: dict[str, torch.Tensor],
     add_files: Callable[[Path], None] | None = None,
     lineage: list[dict[str, Any]] | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write an imported model as the unsharded checkpoint fine-tuning starts from, and return its path:
     model.pt (fp32, the trainer's master weights), a config.yaml that is a whole training config but for its data
     (load_path set to the checkpoint itself, reset_trainer_state), checksums.json, and trainer_state.json at step 0,
     written last: it marks the checkpoint complete; its `lineage` names the import's source
     (`lineage.import_record`). `add_files` puts anything else (the tokenizer) into the
-    directory being filled. All of it under a `.tmp-` name, renamed at the end."""
+    directory being filled; `overrides` sets other config fields (an import that brings its optimizer state names
+    its optimizer settings and `reset_optimizer_state: false`). All of it under a `.tmp-` name, renamed at the end."""
     state = {k: v.to(torch.float32) for k, v in state.items()}
     if model.weight_tying:
         state["lm_head.weight"] = state["embeddings.weight"]  # one tensor under both names, as state_dict() has it
@@ -190,9 +200,10 @@ def write_imported(
         load_path=str(dest.resolve()),
         reset_trainer_state=True,
         model=model,
+        **(overrides or {}),
     )
     with atomic_directory(dest) as tmp:
-        log.info("writing %s", MODEL_FILE)
+        log.debug("writing %s", MODEL_FILE)
         written = Recorder(tmp)
         written.torch_save(state, MODEL_FILE)
         save_config(cfg, tmp / CONFIG)

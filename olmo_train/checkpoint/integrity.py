@@ -34,6 +34,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, sha256_file, write_json_atomic
 from olmo_train.checkpoint.layout import CHECKSUMS, TRAINER_STATE, TrainerState
@@ -286,11 +287,16 @@ def verify(
         if path.is_file() and path.stat().st_size != files[name]["size"]:
             check_record(path, files[name])
     loads = [0] * world_size
+    mine = []
     for name in sorted(names, key=lambda n: (-files[n]["size"], n)):
         least = loads.index(min(loads))
         loads[least] += files[name]["size"]
         if least == rank:
+            mine.append(name)
+    with progress_bar(desc="checksums", total=loads[rank], unit="B", leave=False, delay=1.0) as bar:
+        for name in mine:
             check_record(directory / name, files[name])
+            bar.update(files[name]["size"])
     return files
 
 

@@ -73,6 +73,8 @@ class TrainerState:
             obj = json.loads(data)
         except ValueError as e:
             raise DataError(f"{where}: not valid JSON ({e}); the checkpoint is damaged") from e
+        except RecursionError as e:  # a lineage nested thousands deep (no real model has that many stages)
+            raise DataError(f"{where}: nested too deeply to read (a damaged or crafted lineage?)") from e
         if not isinstance(obj, dict):
             raise DataError(f"{where}: expected a mapping of trainer state fields, got {shown(obj)}")
         for f in fields(cls):

@@ -3,7 +3,7 @@
 A list of parent records: [] for a run started from nothing, one record for a run started from load_path (a new
 stage, fine-tuning) or an import, N for a soup. A resumed run keeps its lineage. Each record is
 
-    {"source": "checkpoint" | "import-hf" | "import-olmo" | "soup",
+    {"source": "checkpoint" | "import-hf" | "import-olmo" | "import-olmo-core" | "soup",
      "given": the parent as the user wrote it (load_path, a soup's argument, an import's source),
      "resolved": the parent checkpoint's absolute local directory, or its URL,
      "run_name": str, "data_fingerprint": str, "step": int, "tokens_seen": int,
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
-from olmo_data.run import COUNTERS, SOURCES, checkpoint_identity, counters_continued
+from olmo_data.run import COUNTERS, MAX_DEPTH, SOURCES, checkpoint_identity, counters_continued
 
 _FIELDS: dict[str, str] = {
     "source": "str",
@@ -81,7 +81,8 @@ def parent_record(
 
 
 def import_record(source: str, given: str) -> dict[str, Any]:
-    """The record of an imported model (import-hf, import-olmo): its source directory, model name or URL."""
+    """The record of an imported model (import-hf, import-olmo, import-olmo-core): its source directory, model name
+    or URL."""
     location = given if is_remote(given) or not Path(given).expanduser().exists() else resolved_location(given)
     return {
         "source": source,
@@ -97,8 +98,14 @@ def import_record(source: str, given: str) -> dict[str, Any]:
     }
 
 
-def check_lineage(value: Any, where: str, key: str = "lineage") -> None:
-    """Each record's fields by key and type, recursively; a damaged record is named by its position."""
+def check_lineage(value: Any, where: str, key: str = "lineage", depth: int = 0) -> None:
+    """Each record's fields by key and type, recursively; a damaged record is named by its position. A lineage
+    deeper than MAX_DEPTH stages is refused (a loop, or crafted), so that walking it never overflows the stack."""
+    if depth > MAX_DEPTH:
+        raise DataError(
+            f"{where}: the lineage is more than {MAX_DEPTH} stages deep (at {key.split('.lineage')[0]}...); the "
+            "checkpoint is damaged"
+        )
     if not isinstance(value, list):
         raise DataError(
             f"{where}: {key} must be a list of parent records, got {shown(value)}; the checkpoint is damaged"
@@ -133,7 +140,7 @@ def check_lineage(value: Any, where: str, key: str = "lineage") -> None:
                 f"{where}: {at}.source must be one of {list(SOURCES)}, got {shown(record['source'])}; the checkpoint "
                 "is damaged"
             )
-        check_lineage(record["lineage"], where, f"{at}.lineage")
+        check_lineage(record["lineage"], where, f"{at}.lineage", depth + 1)
 
 
 def walk(lineage: list[dict[str, Any]], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:

@@ -27,7 +27,7 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -60,7 +60,7 @@ def _pid_alive(pid: int) -> bool:
     where nothing reaps orphans (a container whose first process is not an init)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # (a pid past what a pid can be: no process has it)
         return False
     except PermissionError:  # it exists, as another user's process
         pass
@@ -81,6 +81,7 @@ class Holder:
     started: str
     heartbeat: str
     token: str
+    written: float | None = field(default=None, compare=False)  # the lock file's mtime, on this host's clock
 
     @classmethod
     def here(cls) -> Holder:
@@ -106,6 +107,8 @@ class Holder:
                 datetime.fromisoformat(stamp)
             if not isinstance(holder.pid, int) or not isinstance(holder.slurm_restart_count, int):
                 raise TypeError("pid and slurm_restart_count must be integers")
+            if isinstance(holder.pid, bool) or holder.pid < 1:  # 0 and -N name process groups to os.kill
+                raise ValueError(f"pid {holder.pid} is no process's")
         except (ValueError, TypeError) as e:
             raise DataError(
                 f"{where}: not a save-folder lock this trainer wrote ({e}; got "
@@ -114,12 +117,23 @@ class Holder:
             ) from e
         return holder
 
+    def silent_s(self) -> float:
+        """Seconds since the holder's last heartbeat. A heartbeat in the future (the holder's clock runs ahead)
+        says nothing: the age of the file itself, which every heartbeat rewrites, is taken instead, on this
+        host's clock, so a dead holder with a fast clock is taken over after the timeout like any other."""
+        age = _age_s(self.heartbeat)
+        if age < 0 and self.written is not None:
+            age = time.time() - self.written
+        return max(0.0, age)
+
     def describe(self) -> str:
         """host, pid, Slurm job, since when, last heartbeat: enough to find the holder and judge whether it lives."""
         job = f", Slurm job {self.slurm_job_id} (restart {self.slurm_restart_count})" if self.slurm_job_id else ""
+        ahead = _age_s(self.heartbeat) < 0
+        future = f" (its stamp {self.heartbeat} is in the future: the file's time is used)" if ahead else ""
         return (
             f"host {self.host}, pid {self.pid}{job}, since {self.started}, "
-            f"last heartbeat {_age_s(self.heartbeat):.0f}s ago"
+            f"last heartbeat {self.silent_s():.0f}s ago{future}"
         )
 
     def gone_because(self, me: Holder, timeout_s: float) -> str | None:
@@ -129,13 +143,13 @@ class Holder:
         if self.slurm_job_id and self.slurm_job_id == me.slurm_job_id:
             if me.slurm_restart_count > self.slurm_restart_count:
                 return f"Slurm requeued the job (restart {me.slurm_restart_count})"
-        age = _age_s(self.heartbeat)
+        age = self.silent_s()
         if age > timeout_s:
             return f"no heartbeat for {age:.0f}s, more than {TIMEOUT_KEY} ({timeout_s:g}s)"
         return None
 
     def to_bytes(self) -> bytes:
-        return json_bytes(asdict(self))
+        return json_bytes({k: v for k, v in asdict(self).items() if k != "written"})
 
 
 class SaveFolderLock:
@@ -228,10 +242,11 @@ class SaveFolderLock:
         for attempt in range(10):
             try:
                 data = self.path.read_bytes()
+                written = self.path.stat().st_mtime
             except FileNotFoundError:
                 return None
             try:
-                return Holder.parse(data, self.path)
+                return replace(Holder.parse(data, self.path), written=written)
             except DataError:
                 if attempt == 9:
                     raise

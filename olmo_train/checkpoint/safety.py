@@ -55,6 +55,8 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
         )
     }
     found[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
+    # OLMo-core's checkpoint writer pickles its own copy of the class (the same three fields): read as torch's
+    found[("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
     found[("torch", "Size")] = torch.Size
     found[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
     found[("collections", "OrderedDict")] = collections.OrderedDict

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from olmo_data.config import TrainConfig, save_config
+from olmo_data.errors import DataError
 from olmo_train.checkpoint import integrity
 from olmo_train.checkpoint.layout import (
     CHECKSUMS,
@@ -64,7 +65,7 @@ from olmo_train.checkpoint.layout import (
     rng_file,
     step_dir,
 )
-from olmo_train.checkpoint.space import SaveGuard, warn_if_short
+from olmo_train.checkpoint.space import SaveGuard, refusal, refused_message, warn_if_short
 from olmo_train.distributed import Dist, all_gather_objects
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,26 @@ class BackgroundSaves:
         final = finish_save(job.folder, job.name, job.tmp, job.state, latest_link(False), job.keep, self.d, records)
         log.info("saved %s (written in the background)", final)
         return final
+
+    def abandon(self, error: BaseException, timeout_s: float = 300.0) -> None:
+        """The run is failing with `error` while a save may be in flight: wait for its writes (at most `timeout_s`;
+        no collective, since other ranks may not get here), remove its `.tmp-stepN` (on a full disk it holds the
+        very space that is missing) and, when the background writes were refused too, raise that refusal: the save
+        filled the disk, the write that met it next (metrics.jsonl...) did not. Else `error` stands."""
+        job, self.in_flight = self.in_flight, None
+        if job is None:
+            return
+        try:
+            job.future.result(timeout=timeout_s)
+            cause: BaseException | None = None
+        except BaseException as e:  # noqa: BLE001 (DCP's CheckpointException is a BaseException)
+            cause = e
+        shutil.rmtree(job.tmp, ignore_errors=True)
+        code = None if cause is None else refusal(cause, job.folder)
+        if code is not None:
+            what = f"the model and optimizer shards of {job.name} (written in the background)"
+            raise DataError(refused_message(job.folder, what, code, True, unsharded=False)) from cause
+        log.warning("%s: the save in flight was abandoned, the run failing (%s)", job.tmp, type(error).__name__)
 
 
 def remove_stale_temporaries(folder: Path) -> None:

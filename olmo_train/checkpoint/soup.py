@@ -18,7 +18,6 @@ checksums.json, and trainer_state.json at step 0 whose lineage names every paren
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
 import struct
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from olmo_data.config import ModelConfig, TrainConfig, save_config
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_train.checkpoint import safety
@@ -40,8 +40,6 @@ from olmo_train.checkpoint.layout import CONFIG, DCP_METADATA, MODEL_FILE, TOKEN
 from olmo_train.checkpoint.lineage import parent_record
 from olmo_train.checkpoint.load import check_files
 from olmo_train.distributed import Dist
-
-log = logging.getLogger(__name__)
 
 # model config keys that say how a model runs, not what it is: parents may differ in them
 _HOW_IT_RUNS = ("flash_attention", "activation_checkpointing", "activation_checkpointing_policy", "loss_chunk_tokens")
@@ -209,16 +207,16 @@ def stream_model_file(
     `make(name)` gives each tensor when its turn comes and it is dropped once written, so memory holds one
     tensor, not the model. With `tied`, lm_head.weight is stored as embeddings.weight, one tensor."""
     offsets = _write_skeleton(path, shapes, tied)
-    with open(path, "r+b") as out:
-        for i, name in enumerate(shapes):
+    bar = progress_bar(desc=path.name, total=len(shapes), unit=" tensors", delay=1.0)
+    with open(path, "r+b") as out, bar:
+        for name in shapes:
             tensor = make(name).to(torch.float32).contiguous()
             if tensor.shape != shapes[name]:
                 raise ValueError(f"{name}: made {list(tensor.shape)}, expected {list(shapes[name])}")
             out.seek(offsets[name])
             out.write(tensor.numpy().data)
             del tensor
-            if (i + 1) % 50 == 0:
-                log.info("wrote %d of %d tensors", i + 1, len(shapes))
+            bar.update()
 
 
 def _write_skeleton(path: Path, shapes: dict[str, torch.Size], tied: bool) -> dict[str, int]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from olmo_data.config import ModelConfig
+from olmo_data.display import Stages
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.convert.hf import expected_hf_names, hf_config, model_type_for, read_hf_dir, to_hf_state
@@ -80,25 +81,29 @@ def export_hf(
             "embedding. Export with the tokenizer the model was trained with"
         )
     t0 = time.perf_counter()
-    log.info("reading the model state of %s", source)
-    state = read_model_state(source)
-    # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
-    reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
-    mapped = to_hf_state(state, model, str(source))
-    del state
-    hf_state = {}
-    for key in list(mapped):  # cast one tensor at a time, dropping its source: memory stays near one model
-        hf_state[key] = mapped.pop(key).to(DTYPES[dtype])
-    with ckpt.atomic_directory(dest) as tmp:
-        config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
-        write_json(tmp / CONFIG_JSON, config)
-        write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
-        write_safetensors(hf_state, tmp, max_shard_bytes)
-        del hf_state  # the reload below must not hold a second copy
-        if tok is not None:
-            write_tokenizer(tok, ids, model, tmp)
-        _verify_export(tmp, model, reference)
-    log.info("exported %s to %s in %.1f s", source, dest, time.perf_counter() - t0)
+    with Stages("export-hf", ["reading", "converting", "writing", "loading back"], delay=1.0) as stages:
+        stages.start("reading")
+        state = read_model_state(source)
+        stages.start("converting")
+        # --check runs ours on the weights as exported (rounded to dtype), so only the mapping is compared
+        reference = {k: v.to(DTYPES[dtype]).float() for k, v in state.items()} if check else None
+        mapped = to_hf_state(state, model, str(source))
+        del state
+        hf_state = {}
+        for key in list(mapped):  # cast one tensor at a time, dropping its source: memory stays near one model
+            hf_state[key] = mapped.pop(key).to(DTYPES[dtype])
+        with ckpt.atomic_directory(dest) as tmp:
+            stages.start("writing")
+            config = hf_config(model, dtype=dtype, **{f"{s}_token_id": ids[s] for s in SPECIAL})
+            write_json(tmp / CONFIG_JSON, config)
+            write_json(tmp / "generation_config.json", {f"{s}_token_id": ids[s] for s in SPECIAL})
+            write_safetensors(hf_state, tmp, max_shard_bytes)
+            del hf_state  # the reload below must not hold a second copy
+            if tok is not None:
+                write_tokenizer(tok, ids, model, tmp)
+            stages.start("loading back")
+            _verify_export(tmp, model, reference)
+    log.debug("exported %s to %s in %.1f s", source, dest, time.perf_counter() - t0)
     return dest
 
 
@@ -117,7 +122,7 @@ def _verify_export(directory: Path, model: ModelConfig, reference: dict[str, tor
         return
     from olmo_train.convert.hf_check import compare_with_transformers, load_transformers_model
 
-    log.info("loading the export back with transformers")
+    log.debug("loading the export back with transformers")
     hf_model, info = load_transformers_model(directory, loading_info=True, float32=reference is not None)
     problems = {k: list(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if any(problems.values()):
@@ -141,20 +146,24 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
         require_transformers("--check")
     source = local_model_dir(model)
     t0 = time.perf_counter()
-    model_cfg, state = read_hf_dir(str(source))
-    if check:
-        from olmo_train.convert.hf_check import compare_with_transformers
+    with Stages("import-hf", ["reading", *(["checking"] if check else []), "writing"], delay=1.0) as stages:
+        stages.start("reading")
+        model_cfg, state = read_hf_dir(str(source))
+        if check:
+            from olmo_train.convert.hf_check import compare_with_transformers
 
-        diff = compare_with_transformers(source, model_cfg, state)
-        log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
-    copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-    if "tokenizer.json" not in copied:
-        log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
+            stages.start("checking")
+            diff = compare_with_transformers(source, model_cfg, state)
+            log.info("check: every block agrees with transformers (max abs logit difference %.3g)", diff)
+        stages.start("writing")
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        if "tokenizer.json" not in copied:
+            log.warning("%s has no tokenizer.json: prepare data for this model with its tokenizer", source)
 
-    def add_tokenizer(tmp: Path) -> None:
-        for name in copied:
-            shutil.copyfile(source / name, tmp / name)
+        def add_tokenizer(tmp: Path) -> None:
+            for name in copied:
+                shutil.copyfile(source / name, tmp / name)
 
-    ckpt.write_imported(dest, model_cfg, state, add_tokenizer, [ckpt.lineage.import_record("import-hf", model)])
-    log.info("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
+        ckpt.write_imported(dest, model_cfg, state, add_tokenizer, [ckpt.lineage.import_record("import-hf", model)])
+    log.debug("imported %s to %s in %.1f s", model, dest, time.perf_counter() - t0)
     return dest

@@ -89,14 +89,14 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
         files = sorted(set(weight_map.values()))
         for n, name in enumerate(files, 1):
-            log.info("reading %s (%d of %d)", name, n, len(files))
+            log.debug("reading %s (%d of %d)", name, n, len(files))
             state.update(read_safetensors(directory / name))
         missing = sorted(set(weight_map) - set(state))
         if missing:
             raise DataError(f"{index}: names tensors its shards do not hold, e.g. {missing[:4]}")
         return state
     if (directory / SAFETENSORS).is_file():
-        log.info("reading %s", directory / SAFETENSORS)
+        log.debug("reading %s", directory / SAFETENSORS)
         return read_safetensors(directory / SAFETENSORS)
     others = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
     hint = f" (found {others[:3]}: load and save_pretrained them with transformers first)" if others else ""
@@ -139,7 +139,7 @@ def write_safetensors(
     else:
         names = [f"model-{k:05d}-of-{len(shards):05d}.safetensors" for k in range(1, len(shards) + 1)]
     for n, (name, shard) in enumerate(zip(names, shards, strict=True), 1):
-        log.info("writing %s (%d of %d, %d tensors)", name, n, len(names), len(shard))
+        log.debug("writing %s (%d of %d, %d tensors)", name, n, len(names), len(shard))
         save_file(shard, str(directory / name), metadata={"format": "pt"})
         usual_mode(directory / name)  # safetensors writes 0600
     if len(shards) > 1:

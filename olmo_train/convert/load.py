@@ -24,7 +24,7 @@ from olmo_train.checkpoint import (
     read_stored_model,
     recorded_tokenizer,
 )
-from olmo_train.convert import olmo_native
+from olmo_train.convert import olmo_core, olmo_native
 from olmo_train.convert.hf import read_hf_dir
 from olmo_train.convert.hf_files import CONFIG_JSON
 from olmo_train.distributed import Dist
@@ -49,8 +49,8 @@ def load_model(
 
     `checkpoint` is a sharded or unsharded checkpoint directory of ours, one made by `olmo-train import-hf` or
     `import-olmo`, a `transformers` model directory (config.json + safetensors), OLMo's own unsharded checkpoint
-    (model.pt + config.yaml; its tokenizer is loaded when the path its config names is here), or the URL of a
-    checkpoint of ours or of OLMo's.
+    (model.pt + config.yaml; its tokenizer is loaded when the path its config names is here), OLMo-core's step
+    folder (model_and_optim/ + config.json), or the URL of a checkpoint of ours or of OLMo's.
     """
     spec = str(checkpoint)
     if not is_remote(spec) and not Path(spec).expanduser().is_dir():
@@ -59,6 +59,10 @@ def load_model(
         model_cfg, state, olmo_config = olmo_native.read_olmo_checkpoint(spec)
         named = (olmo_config.get("tokenizer") or {}).get("identifier")
         tokenizer = _load_tokenizer(Path(str(named)), None) if named else None
+    elif olmo_core.is_olmo_core_checkpoint(spec):
+        model_cfg, state, core_config = olmo_core.read_olmo_core_checkpoint(spec)
+        named = olmo_core.tokenizer_section(core_config).get("identifier")  # a hub id, or a tokenizer.json here
+        tokenizer = _load_tokenizer(Path(named), None) if isinstance(named, str) and named.endswith(".json") else None
     else:
         path = _localize(spec) if is_remote(spec) else Path(spec).expanduser()
         if (path / CONFIG_JSON).is_file() and not (path / TRAINER_STATE).is_file():

@@ -174,7 +174,7 @@ def read_olmo_weights(spec: str, model: ModelConfig, config: dict[str, Any]) -> 
         )
     weights = _fetch(spec, MODEL_FILE)
     where = f"{spec.rstrip('/')}/{MODEL_FILE}"
-    log.info("reading %s", where)
+    log.debug("reading %s", where)
     try:  # weights_only: plain tensors, nothing else unpickled; mmap: read as the tensors are used
         olmo_state = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
@@ -240,5 +240,5 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
             write_tokenizer(tok, ids, model, tmp)
 
     ckpt.write_imported(dest, model, state, add_tokenizer, [ckpt.lineage.import_record("import-olmo", checkpoint)])
-    log.info("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
+    log.debug("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
     return dest

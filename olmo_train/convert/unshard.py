@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 from olmo_train.checkpoint import (
     CONFIG,
@@ -64,12 +66,14 @@ def unshard(checkpoint: Path, destination: Path | None = None, *, model_only: bo
     metadata = read_metadata(source / DCP_METADATA)
     config = _config_or_none(source)
 
-    with atomic_directory(dest) as tmp:
+    parts = ["model"] if model_only else ["model", "optim"]
+    total = 2 * sum(_part_bytes(metadata, key) for key in parts)  # each byte read, then written
+    with atomic_directory(dest) as tmp, progress_bar(desc="unshard", total=total, unit="B", delay=1.0) as bar:
         (tmp / RNG_DIR).mkdir()
         written = Recorder(tmp)
-        _write_part(source, "model", written, MODEL_FILE, metadata, exact=not model_only)
+        _write_part(source, "model", written, MODEL_FILE, metadata, exact=not model_only, bar=bar)
         if not model_only:
-            _write_part(source, "optim", written, OPTIM_FILE, metadata)
+            _write_part(source, "optim", written, OPTIM_FILE, metadata, bar=bar)
         if (source / rng_file(0)).is_file():
             written.copy(source / rng_file(0), rng_file(0))
         if config is not None:
@@ -88,25 +92,31 @@ def _config_or_none(path: Path) -> Path | None:
         return None
 
 
-def _write_part(
-    source: Path, key: str, written: Recorder, name: str, metadata: Metadata, *, exact: bool = False
-) -> None:
-    """Write one part; the model of a ReLoRA run as the trainer writes it: merged weights, and (`exact`) the
-    unmerged adapted linears in relora.pt for a resume."""
-    tensors = [
-        m
+def _part_bytes(metadata: Metadata, key: str) -> int:
+    """The bytes of one part's tensors ("model" or "optim"), as the metadata lists them."""
+    return sum(
+        m.size.numel() * m.properties.dtype.itemsize
         for k, m in metadata.state_dict_metadata.items()
         if k.startswith(f"{key}.") and isinstance(m, TensorStorageMetadata)
-    ]
-    size = sum(m.size.numel() * m.properties.dtype.itemsize for m in tensors)
-    log.info("reading %s state (%d tensors, %.1f MB)...", key, len(tensors), size / 1e6)
+    )
+
+
+def _write_part(
+    source: Path, key: str, written: Recorder, name: str, metadata: Metadata, *, exact: bool = False, bar: Any
+) -> None:
+    """Write one part; the model of a ReLoRA run as the trainer writes it: merged weights, and (`exact`) the
+    unmerged adapted linears in relora.pt for a resume. `bar` (bytes) moves once it is read and once written."""
+    size = _part_bytes(metadata, key)
+    bar.set_postfix_str(f"reading {key}")
     t0 = time.perf_counter()
     state = read_sharded(source, key)
-    log.info("writing %s ...", name)
+    bar.update(size)
+    bar.set_postfix_str(f"writing {name}")
     if key == "model":
         state, adapted = split_state(state)
         if adapted and exact:
             written.torch_save(adapted, EXACT_FILE)
     written.torch_save(state, name)
     del state  # freed before the next part is read
-    log.info("%s done in %.1f s", name, time.perf_counter() - t0)
+    bar.update(size)
+    log.debug("%s done in %.1f s", name, time.perf_counter() - t0)

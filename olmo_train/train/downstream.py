@@ -34,6 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from olmo_data.config import ModelConfig, TrainConfig
+from olmo_data.display import progress_bar
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import load_tokenizer
 from olmo_train.checkpoint import recorded_tokenizer
@@ -268,25 +269,35 @@ def _batches(task: Task, rounds: int) -> Iterator[list[int] | None]:
 
 
 def evaluate_tasks(
-    model: nn.Module, tasks: Sequence[Task], device: torch.device, *, bf16: bool, timing: Timing | None = None
+    model: nn.Module,
+    tasks: Sequence[Task],
+    device: torch.device,
+    *,
+    bf16: bool,
+    timing: Timing | None = None,
+    progress: bool | None = False,
 ) -> dict[str, dict[str, float]]:
     """`{label: {metric: value}}`: every metric `ICLMetric` computes for each task, over the requests of all
     ranks (a collective: every rank calls it with the same tasks, in the same order). Inference mode, except
     for FSDP2 and DDP models: state they keep for training (FSDP's gathered-parameter buffers, DDP's buffer
-    broadcasts) must not become inference tensors."""
+    broadcasts) must not become inference tensors. `progress`: a bar over this rank's batches (off in the loop,
+    which has its own log lines; `olmo-train eval` shows it on a terminal)."""
     wrapped = isinstance(model, (FSDPModule, DistributedDataParallel))
+    total = sum(len(t.batches) for t in tasks)
     with torch.no_grad() if wrapped else torch.inference_mode():
-        return _evaluate(model, tasks, device, bf16, timing)
+        with progress_bar(desc="eval", total=total, unit=" batches", progress=progress) as bar:
+            return _evaluate(model, tasks, device, bf16, timing, bar)
 
 
 def _evaluate(
-    model: nn.Module, tasks: Sequence[Task], device: torch.device, bf16: bool, timing: Timing | None
+    model: nn.Module, tasks: Sequence[Task], device: torch.device, bf16: bool, timing: Timing | None, bar: Any
 ) -> dict[str, dict[str, float]]:
     was_training = model.training
     model.eval()
     out: dict[str, dict[str, float]] = {}
     try:
         for task in tasks:
+            bar.set_postfix_str(task.label)
             t0 = time.perf_counter()
             metric = olmo_eval().ICLMetric(metric_type=task.dataset.metric_type)
             rounds = max(cast(int, n) for n in all_gather_objects(len(task.batches)))
@@ -305,6 +316,7 @@ def _evaluate(
                     dc_logits = _scored_logits(model, dc, batch["dc_len"] - 1, batch["cont_len"], bf16)
                     scored["dc_len"] = torch.ones_like(batch["dc_len"])
                 if picked is not None:
+                    bar.update()
                     metric.update(scored, logits, dc_logits)
                     if timing is not None:
                         timing.forwards += 1

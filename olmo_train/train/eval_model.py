@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
+from olmo_data.display import Stages
 from olmo_data.errors import DataError
 from olmo_train.checkpoint import CONFIG, read_config, recorded_tokenizer
 from olmo_train.convert import load_model
-from olmo_train.distributed import init_distributed, shutdown
+from olmo_train.distributed import device_named, init_distributed, shutdown
 from olmo_train.train.downstream import (
     Timing,
     build_tasks,
@@ -71,17 +72,23 @@ def evaluate_model(
     tokenizer: str | None = None,
     device: str | None = None,
     seq_len: int | None = None,
+    progress: bool | None = None,
+    loading: Stages | None = None,
 ) -> EvalReport:
     """Every metric ai2-olmo-eval computes for `labels` on the model at `model_path`. `max_batches` caps each
     task's batches (all ranks together, so any process count gives the same values); `tokenizer` replaces the one
-    the model or its data records; bf16 autocast on GPUs."""
-    check_labels(labels, "--tasks")
+    the model or its data records; bf16 autocast on GPUs. Bars (`progress`): the loading stages (model,
+    tokenizer, each task; `loading`, when the caller opened it before importing torch), then the batches."""
+    loading = loading or Stages("loading", ["model", "tokenizer", *labels], progress=progress)
     distributed = "RANK" in os.environ
     d = init_distributed() if distributed else None
     try:
-        where = torch.device(device) if device else (d.device if d else _default_device())
+        check_labels(labels, "--tasks")
+        where = device_named(device) if device else (d.device if d else _default_device())
         t0 = time.perf_counter()
+        loading.start("model")
         model, own = load_model(model_path, device=where)
+        loading.start("tokenizer")
         if tokenizer:
             given = load_identified(tokenizer)
             check_vocab(given, model.cfg, f"--tokenizer {tokenizer}")
@@ -91,10 +98,14 @@ def evaluate_model(
             tok = eval_tokenizer(own, eos_token_id=model.cfg.eos_token_id, **_recorded_bos(model_path))
         ctx = seq_len or model.cfg.max_sequence_length
         rank, world = (d.rank, d.world_size) if d else (0, 1)
-        tasks = build_tasks(labels, tok, ctx, batch_size, max_batches, rank, world)
+        tasks = []
+        for label in labels:  # one by one: each is a stage of the loading bar (a large task takes seconds)
+            loading.start(label)
+            tasks += build_tasks([label], tok, ctx, batch_size, max_batches, rank, world)
+        loading.close()
         load_s = time.perf_counter() - t0
         timing = Timing()
-        results = evaluate_tasks(model, tasks, where, bf16=where.type == "cuda", timing=timing)
+        results = evaluate_tasks(model, tasks, where, bf16=where.type == "cuda", timing=timing, progress=progress)
         return EvalReport(
             results,
             {t.label: t.docs for t in tasks},
@@ -104,8 +115,9 @@ def evaluate_model(
             world,
             rank == 0,
         )
-    except RuntimeError as e:
-        if "out of memory" in str(e):
+    except BaseException as e:
+        loading.close(finished=False)
+        if isinstance(e, RuntimeError) and "out of memory" in str(e):
             raise DataError(f"{model_path}: out of memory evaluating; lower --batch-size ({batch_size})") from e
         raise
     finally:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from olmo_data.config import TrainConfig, load_config, save_config
+from olmo_data.config import TrainConfig, check_schedule_fits, load_config, save_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.distributed import (
@@ -38,6 +38,7 @@ from olmo_train.distributed import (
     tell_launcher,
 )
 from olmo_train.nn import Transformer, check_trainable, doc_ids_from_starts, float8, lora
+from olmo_train.optional import quiet
 from olmo_train.train import relora as relora_regime
 from olmo_train.train import restart
 from olmo_train.train.data import Batch, EvalBatch, TrainData, eval_batches, labels_for
@@ -47,6 +48,7 @@ from olmo_train.train.metrics import MetricsLog, console_line, peak_flops
 from olmo_train.train.optim import build_optimizer, learning_rate, set_learning_rate
 from olmo_train.train.relora import RELORA_LOAD
 from olmo_train.train.reproducible import make_reproducible
+from olmo_train.train.summary import summarize
 
 log = logging.getLogger("olmo_train")
 
@@ -352,15 +354,16 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if ev.type == "lm" and ev.label not in eval_sets:
                 eval_sets[ev.label] = eval_batches(replace(ev, max_batches=ev.max_batches or subset), cfg, d)
         last = min(data.total_steps(), cfg.stop_at or data.total_steps())
+        check_schedule_fits(cfg, data.total_steps())  # a length in tokens or epochs is known in steps only now
         tasks = start_downstream(cfg, d, cfg.eval_on_start or bool(cfg.eval_interval and cfg.eval_interval <= last))
+        optim = build_optimizer(model, cfg.optimizer)
+        cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
+        state = resume(cfg, model, optim, data, d)  # e.g. a load_path that is not there
     except DataError:  # e.g. missing data: leave no empty save folder behind to puzzle over
         lock.release()
         if d.is_main and created and save_folder.is_dir() and not any(save_folder.iterdir()):
             save_folder.rmdir()
         raise
-    optim = build_optimizer(model, cfg.optimizer)
-    cfg.optimizer.fused = bool(optim.defaults["fused"])  # as resolved here: config.yaml records the kernel used
-    state = resume(cfg, model, optim, data, d)
     if restart.pre_train_checkpoint_wanted(cfg, state):  # OLMo's: saving works, found out before step 1
         save("sharded", cfg, model, optim, state, d)
         restart.after_pre_train_save(save_folder / ckpt.step_dir(0, False) if d.is_main else None, optim)
@@ -417,7 +420,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         last_saved = {"sharded": state.step, "unsharded": -1}
         background = ckpt.BackgroundSaves(d) if cfg.save_async else None
         model.train()
-        preempted = False
+        preempted, final_loss = False, None
         first_step, t_start = state.step + 1, time.perf_counter()
         while state.step < stop_step:
             step = state.step + 1
@@ -474,6 +477,7 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             if cfg.eval_interval and cfg.evaluators and step % cfg.eval_interval == 0:
                 record.update(evaluate(model, cfg, d, eval_sets, tasks))
             metrics.write(record)
+            final_loss = result.loss
             if d.is_main and (step % cfg.console_log_interval == 0 or step == stop_step):
                 per_step = (time.perf_counter() - t_start) / (step - first_step + 1)  # saves and evals included
                 log.info(console_line(record, total_steps, eta_s=per_step * (stop_step - step)))
@@ -491,13 +495,19 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             save("sharded", cfg, model, optim, state, d, background)
         if background is not None:  # finished, stopped or preempted: the save in flight completed before exit
             background.wait()
+    except Exception as e:  # a save in flight is removed, and named if its writes filled the disk
+        if background is not None:
+            background.abandon(e)
+        raise
     finally:  # also on errors: stop the prefetch thread, flush metrics, end the wandb run
         data.close()
         metrics.close()
         instance_log.close()
-    if d.is_main:
+    if d.is_main:  # one block: what the run did, what it left, what to run next
         done = "preempted" if preempted else ("finished" if state.step >= total_steps else "stopped (stop_at)")
-        log.info("%s at step %d, %d tokens seen", done, state.step, state.tokens_seen)
+        trained = (state.step - first_step + 1) * tokens_per_step
+        ran = (done, cfg.save_folder, first_step, state.step, total_steps, trained, state.tokens_seen)
+        log.info(summarize(*ran, time.perf_counter() - t_start, final_loss).text())
     barrier()
     return 0
 
@@ -527,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s [rank {rank}] %(message)s",
         datefmt="%H:%M:%S",
     )
+    quiet()  # third-party warnings (olmo_eval's, torch's) only with OLMO_VERBOSE=1
     try:
         cfg = load_config(config_path, overrides)
         return train(cfg)

@@ -43,7 +43,7 @@ def server(saved: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", str(TIMEOUT_S))
     monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", str(ATTEMPTS))
-    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    monkeypatch.setattr("olmo_data.remote.reader._READER", None)  # the next reader reads the settings above
     with FlakyServer(tmp_path / "www") as s:
         yield s
 
@@ -116,7 +116,7 @@ def test_a_checkpoint_on_s3_downloads_checked(
     import boto3
 
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("olmo_data.remote._READER", None)  # a reader (and boto3 client) for this endpoint
+    monkeypatch.setattr("olmo_data.remote.reader._READER", None)  # a reader (and boto3 client) for this endpoint
     s3 = boto3.client("s3", endpoint_url=s3_server)
     s3.create_bucket(Bucket="runs")
     for path in saved[0].rglob("*"):
@@ -129,3 +129,36 @@ def test_a_checkpoint_on_s3_downloads_checked(
         assert (entry / name).read_bytes() == (saved[0] / name).read_bytes(), name
     with pytest.raises(DataError, match=r"load_path s3://runs/nothing: no trainer_state.json there"):
         ckpt.localize("s3://runs/nothing", SINGLE)
+
+
+@pytest.mark.parametrize("name", [ckpt.CHECKSUMS, ckpt.TRAINER_STATE])
+def test_a_side_file_announced_at_a_terabyte_is_refused_naming_its_url(
+    server: FlakyServer, saved: tuple[Path, Path], name: str
+) -> None:
+    url = f"{server.url}/{saved[1].name}"
+    server.faults = Faults(endless=name)
+    began = time.monotonic()
+    code, out = verify_cli(url)
+    assert code == 2 and out.count("\n") == 1, out
+    assert out.startswith(f"FAILED {url}/{name}: download refused (the server announces 1,000,000,000,000 bytes")
+    assert time.monotonic() - began < 5 and server.bytes_sent < 64 << 20
+    assert leftovers(cache_entry(url), name) == []
+
+
+@pytest.mark.parametrize("kind", ["sharded", "unsharded"])
+def test_a_checkpoint_from_a_server_that_ignores_range_is_fetched_once_and_checked(
+    server: FlakyServer, saved: tuple[Path, Path], kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 4 KiB: a file of several chunks is streamed from the first answer, not re-read per chunk."""
+    import olmo_data.remote
+
+    real = olmo_data.remote.RemoteReader.download
+    monkeypatch.setattr(
+        olmo_data.remote.RemoteReader, "download", lambda self, u, d, c=0, **k: real(self, u, d, 4096, **k)
+    )
+    checkpoint = saved[0] if kind == "sharded" else saved[1]
+    server.faults = Faults(ignore_range=True)
+    code, out = verify_cli(f"{server.url}/{checkpoint.name}")
+    assert code == 0 and out.startswith("OK "), out
+    size = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+    assert server.bytes_sent < 2 * size, (server.bytes_sent, size)  # once (checksums.json read twice at most)

@@ -83,3 +83,59 @@ def test_an_import_names_its_source(anneals: dict[str, Path]) -> None:  # noqa: 
     (record,) = ckpt.read_trainer_state(imported).lineage
     assert (record["source"], record["given"], record["resolved"]) == ("import-hf", str(hf), str(hf.resolve()))
     assert record["lineage"] == [] and record["weight"] is None
+
+
+def nested_lineage(depth: int) -> str:
+    """The JSON text of a lineage of `depth` records each nested in the one before (built as text: json.dumps
+    itself would overflow the stack)."""
+    head = (
+        '[{"source": "checkpoint", "given": "x", "resolved": "/x", "run_name": "r", "data_fingerprint": "", '
+        '"step": 1, "tokens_seen": 1, "weight": null, "counters": "restarted", "lineage": '
+    )
+    return head * depth + "[]" + "}]" * depth
+
+
+@pytest.mark.parametrize("depth", [2000, 100])
+def test_a_lineage_nested_thousands_deep_is_one_line_everywhere(
+    anneals: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    depth: int,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """2,000 records overflow the JSON parser's stack, 100 the walks': both are refused by file, in every reader."""
+    import shutil
+
+    import yaml
+    from click.testing import CliRunner
+
+    from olmo_cli.main import main as olmo_data
+    from olmo_cli.train_main import main as olmo_train
+    from olmo_train.checkpoint import integrity
+    from olmo_train.train import main as run
+
+    damaged = tmp_path / "step2-unsharded"
+    shutil.copytree(anneals["a"], damaged)
+    state = (damaged / ckpt.TRAINER_STATE).read_text()
+    data = state.replace('"lineage": [', f'"lineage": {nested_lineage(depth)}, "x": [', 1).encode()
+    integrity.Recorder(damaged, integrity.read_checksums(damaged)).finish(ckpt.TRAINER_STATE, data)
+    # 2,000 overflow the JSON parser unless the recursion limit was raised in this process (torch may): then the
+    # depth bound refuses it, as it refuses 100
+    said = ("nested too deeply to read", "the lineage is more than 64 stages deep")
+    for args in (["verify", str(damaged)], ["verify", "--lineage", str(damaged)]):
+        result = CliRunner().invoke(olmo_train, args)
+        assert "Traceback" not in result.output and "RecursionError" not in result.output, result.output
+        assert result.exit_code == 2 and any(x in result.output for x in said), result.output
+    cfg = yaml.safe_load((damaged / ckpt.CONFIG).read_text())
+    cfg.update(load_path=str(damaged), save_folder=str(tmp_path / "next"), max_duration=3)
+    (tmp_path / "next.yaml").write_text(yaml.safe_dump(cfg))
+    result = CliRunner().invoke(olmo_data, ["lineage", str(tmp_path / "next.yaml")])
+    assert "Traceback" not in result.output and "RecursionError" not in result.output, result.output
+    if "nested too deeply" in CliRunner().invoke(olmo_train, ["verify", str(damaged)]).output:
+        # the parent's state cannot be read: a note of the stage, as for a parent gone
+        assert result.exit_code == 0 and f"{damaged}/trainer_state.json: {said[0]}" in result.output, result.output
+    else:  # every record names /x: the walk meets it again (at any depth, a loop is refused first)
+        assert result.exit_code == 2 and "/x: the lineage loops back" in result.output, result.output
+    capfd.readouterr()
+    assert run([str(tmp_path / "next.yaml")]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and any(x in err for x in said), err

@@ -239,3 +239,36 @@ def test_a_full_disk_is_one_line_and_leaves_no_empty_lock(tmp_path: Path, monkey
     with pytest.raises(DataError, match=rf"{WRITER_LOCK}: cannot take the save folder's lock \(.*No space left"):
         SaveFolderLock(tmp_path, timeout_s=600).acquire()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pid", [2**70, 2**40])
+def test_a_pid_no_process_can_have_is_taken_over(tmp_path: Path, pid: int, caplog: pytest.LogCaptureFixture) -> None:
+    write_lock(tmp_path, host=socket.gethostname(), pid=pid, heartbeat=stamp(1))
+    with caplog.at_level(logging.WARNING):
+        SaveFolderLock(tmp_path, timeout_s=600).acquire()
+    assert f"(no such process on this host): host {socket.gethostname()}, pid {pid}," in caplog.text
+
+
+@pytest.mark.parametrize("pid", [0, -1, True])
+def test_a_pid_that_names_no_single_process_is_refused_naming_the_file(tmp_path: Path, pid: int) -> None:
+    """0 and negative pids name process groups to os.kill (0: our own, which is alive): not a holder's pid."""
+    write_lock(tmp_path, host=socket.gethostname(), pid=pid)
+    with pytest.raises(DataError, match=rf"^{tmp_path / WRITER_LOCK}: not a save-folder lock this trainer wrote"):
+        SaveFolderLock(tmp_path, timeout_s=600).acquire()
+
+
+def test_a_heartbeat_in_the_future_is_aged_by_the_files_own_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder whose clock runs ahead: its age is never shown negative, and once the file itself has not been
+    rewritten for the timeout (measured on this clock), it is taken over like any silent holder."""
+    write_lock(tmp_path, heartbeat=stamp(-86400 * 365))
+    with pytest.raises(DataError) as refused:
+        SaveFolderLock(tmp_path, timeout_s=600).acquire()
+    assert "ago" in str(refused.value) and "-" not in str(refused.value).split("last heartbeat ")[1].split("s ")[0]
+    assert "in the future" in str(refused.value)
+    old = time.time() - 700
+    os.utime(tmp_path / WRITER_LOCK, (old, old))
+    with caplog.at_level(logging.WARNING):
+        SaveFolderLock(tmp_path, timeout_s=600).acquire()
+    assert re.search(r"no heartbeat for 70\ds, more than save_folder_lock_timeout_s", caplog.text), caplog.text

@@ -4,6 +4,7 @@ transformers, loads for generation and fine-tunes; mismatches are refused by nam
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.convert import export_hf, load_model, read_model_state
 from olmo_train.train import main
+from tests.helpers import small_disk
 
 SEQ, GBS = 16, 4
 MODEL = {"d_model": 16, "n_heads": 2, "n_layers": 2, "vocab_size": 64, "max_sequence_length": SEQ}
@@ -176,3 +178,24 @@ def test_a_parent_by_url(anneals: dict[str, Path], http_root: tuple[Path, str]) 
     reference = ckpt.read_stored_model(local)
     assert all(torch.equal(t, reference[k]) for k, t in ckpt.read_stored_model(dest).items())
     assert ckpt.read_trainer_state(dest).lineage[0]["resolved"] == f"{url}/a"
+
+
+def test_a_full_disk_under_the_destination_is_one_line(
+    anneals: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from olmo_cli.train_main import main as olmo_train
+
+    size = (anneals["a"] / ckpt.MODEL_FILE).stat().st_size
+    with small_disk(tmp_path / "disk", f"{size // 2048}k") as real:
+        if not real:  # no tmpfs: the model file's writes are refused as a full disk refuses them
+            monkeypatch.setattr(
+                "olmo_train.checkpoint.soup.stream_model_file",
+                lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+            )
+        dest = tmp_path / "disk" / "soup"
+        args = ["soup", str(anneals["a"]), str(anneals["b"]), "--destination", str(dest)]
+        result = CliRunner().invoke(olmo_train, args)
+        assert result.exit_code == 2 and "Traceback" not in result.output and result.output.count("\n") == 1, result
+        assert result.output.startswith(f"error: {dest}: the disk is full (No space left on device); the partial ")
+        assert "free space there and rerun" in result.output
+        assert list((tmp_path / "disk").iterdir()) == []

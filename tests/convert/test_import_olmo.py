@@ -408,7 +408,7 @@ def test_an_olmo_checkpoint_url_that_stalls_or_loops_fails_naming_the_url(
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
     monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
-    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    monkeypatch.setattr("olmo_data.remote.reader._READER", None)  # the next reader reads the settings above
     hf, section = CASES["olmo1-tied"]()
     write_olmo(tmp_path / "www" / "step1000-unsharded", olmo_state_of(hf), section)
     with FlakyServer(tmp_path / "www", Faults(stall="model.pt")) as server:

@@ -48,8 +48,11 @@ def queries(source: InstanceSource) -> list[list[int]]:
     ]
 
 
-def as_lists(found: list[tuple[int, int, dict[str, np.ndarray]]]) -> list[tuple[int, int, dict[str, list[int]]]]:
-    return [(i, j, {p: v.tolist() for p, v in at.items()}) for i, j, at in found]
+def as_lists(
+    found: list[tuple[int, int, dict[str, np.ndarray], int]],
+) -> list[tuple[int, int, dict[str, list[int]], int]]:
+    """Spans comparable across searches: files without a place left out."""
+    return [(i, j, {p: v.tolist() for p, v in at.items() if len(v)}, count) for i, j, at, count in found]
 
 
 def test_one_scan_for_all_texts_is_each_texts_own_search(source: InstanceSource) -> None:

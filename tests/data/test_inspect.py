@@ -515,7 +515,7 @@ def test_a_stalled_order_url_fails_within_the_timeout_naming_it(
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
     monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
-    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    monkeypatch.setattr("olmo_data.remote.reader._READER", None)  # the next reader reads the settings above
     np.arange(4000, dtype=np.uint16).tofile(tmp_path / "tokens.npy")
     ds = open_dataset([str(tmp_path / "tokens.npy")], sequence_length=4)
     (tmp_path / "www").mkdir()

@@ -158,11 +158,11 @@ def test_retries_recover_the_same_bytes(
 
 
 def test_options_from_the_environment_and_configure(monkeypatch: pytest.MonkeyPatch) -> None:
-    import olmo_data.remote
+    import olmo_data.remote.reader
 
     monkeypatch.setenv("OLMO_DATA_REMOTE_CONCURRENCY", "5")
     monkeypatch.setenv("OLMO_DATA_REMOTE_DEADLINE_S", "1.5")
-    monkeypatch.setattr(olmo_data.remote, "_READER", None)
+    monkeypatch.setattr(olmo_data.remote.reader, "_READER", None)
     assert olmo_data.remote.remote_reader().options.concurrency == 5
     reader = olmo_data.remote.configure(attempts=2)
     assert olmo_data.remote.remote_reader() is reader
@@ -406,7 +406,7 @@ def test_a_streamed_document_file_that_stalls_fails_tokenize_after_the_timeout(
         for i in range(20_000):
             f.write(json.dumps({"id": str(i), "text": "hello world " * 20}) + "\n")
     server.faults = Faults(stall="docs.jsonl.gz")
-    monkeypatch.setattr("olmo_data.remote._READER", RemoteReader(RemoteOptions(timeout_s=0.3)))
+    monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader(RemoteOptions(timeout_s=0.3)))
     began = time.monotonic()
     with pytest.raises(DataError, match=rf"{server.url}/docs.jsonl.gz: cannot be read past line \d+ \(ReadTimeout"):
         tokenize([f"{server.url}/docs.jsonl.gz"], tmp_path / "out", TokenizeOptions(tokenizer=demo_tokenizer))

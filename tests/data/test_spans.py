@@ -170,7 +170,7 @@ def test_the_largest_uint16_token_is_scanned(tmp_path: Path) -> None:
     tokens.tofile(path)
     source = open_from_config({"model": {"max_sequence_length": 16}, "data": {"paths": [str(path)], "dtype": "uint16"}})
     found, _ = find_spans(source, tokens[0:20].astype(int).tolist(), 8)
-    assert [(i, j, at[str(path)].tolist()) for i, j, at in found] == [(0, 20, [0])]
+    assert [(i, j, at[str(path)].tolist(), c) for i, j, at, c in found] == [(0, 20, [0], 1)]
 
 
 def test_spans_need_a_text_or_token_ids(run: dict[str, Any]) -> None:

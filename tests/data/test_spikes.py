@@ -18,6 +18,7 @@ from olmo_cli.main import main as olmo_data_cli
 from olmo_data.dataset.order import build_config_orders
 from olmo_data.errors import DataError
 from olmo_data.run.batches import inspect_batch
+from olmo_data.run.instance_loss import ROW
 from olmo_data.run.layout import INSTANCE_LOSS as FILE_NAME
 from olmo_data.run.spikes import find_spikes, format_spikes
 from olmo_train.train.instance_losses import InstanceLossLog
@@ -176,3 +177,34 @@ def test_records_without_a_step_are_skipped(tmp_path: Path) -> None:
     write_metrics(tmp_path, lines)
     report = find_spikes(str(tmp_path), window=5, z=10)
     assert (report.steps, [s.step for s in report.spikes]) == (12, [12])
+
+
+@pytest.mark.parametrize("z", ["nan", "inf", "-1", "0"])
+def test_a_threshold_that_is_no_number_of_deviations_is_refused(run: tuple[Path, int, list[int]], z: str) -> None:
+    folder, _, _ = run
+    out = CliRunner().invoke(olmo_data_cli, ["spikes", str(folder), "--z", z])
+    assert out.exit_code == 2 and out.output.count("\n") == 1, out.output
+    assert f"error: --z {float(z)}: expected a positive, finite number" in out.output
+
+
+def test_inspect_batch_json_never_prints_bare_infinity(run: tuple[Path, int, list[int]], tmp_path: Path) -> None:
+    """A diverged instance's loss is inf: --json writes null (Python's json would write the non-JSON `Infinity`)."""
+    import shutil
+
+    folder, step, noisy = run
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    rows = np.memmap(copy / "instance_loss.bin", dtype=ROW, mode="r+")
+    rows["loss_sum"][(rows["step"] == step) & (rows["position"] == noisy[0])] = np.inf
+    rows.flush()
+    del rows
+    args = ["inspect-batch", str(folder / "config.yaml"), "--step", str(step), "--save-folder", str(copy), "--json"]
+    out = CliRunner().invoke(olmo_data_cli, args)
+    assert out.exit_code == 0, out.output
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+
+    report = json.loads(out.stdout, parse_constant=refuse)
+    losses = {i["position"]: i["loss"] for i in report["instances"]}
+    assert losses[noisy[0]] is None and losses[noisy[1]] == pytest.approx(8.0)

@@ -115,10 +115,10 @@ def test_spans_with_and_without_the_index_equal_a_brute_force(tmp_path: Path) ->
         ]
         scanned, _ = find_spans(source, query, 6)
         indexed, _ = find_spans(source, query, 6, index=index)
-        assert [(i, j) for i, j, _ in scanned] == expected
+        assert [(i, j) for i, j, _, _ in scanned] == expected
         total += len(expected)
-        assert [(i, j, {p: v.tolist() for p, v in m.items()}) for i, j, m in indexed] == [
-            (i, j, {p: v.tolist() for p, v in m.items()}) for i, j, m in scanned
+        assert [(i, j, {p: v.tolist() for p, v in m.items()}, c) for i, j, m, c in indexed] == [
+            (i, j, {p: v.tolist() for p, v in m.items()}, c) for i, j, m, c in scanned
         ]
     assert total >= 20
 
@@ -248,7 +248,7 @@ def test_empty_token_files_are_skipped_by_index_and_queries(tmp_path: Path) -> N
     indexed_spans, _ = find_spans(source, query, 8, index=index)
     scanned_spans, _ = find_spans(source, query, 8)
     as_lists = [
-        [(i, j, {p: v.tolist() for p, v in m.items() if len(v)}) for i, j, m in s]
+        [(i, j, {p: v.tolist() for p, v in m.items() if len(v)}, c) for i, j, m, c in s]
         for s in (indexed_spans, scanned_spans)
     ]
     assert as_lists[0] == as_lists[1] != []

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,57 @@ def test_interpolation() -> None:
 def test_interpolation_refusals(raw: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         resolve_interpolations(raw)
+
+
+def test_nested_references_resolve_inner_first_as_omegaconf_does() -> None:
+    raw = {"seed": 6198, "model": {6198: "m", "x": {"y": 5}}, "k": "x", "run": "run-${model.${seed}}"}
+    raw |= {"whole": "${model.${k}.y}", "mixed": "p${model.${k}.y}q${k}"}
+    out = resolve_interpolations(raw)
+    assert (out["run"], out["whole"], out["mixed"]) == ("run-m", 5, "p5qx")  # OmegaConf 2.3 gives the same
+
+
+def test_doubling_interpolations_are_resolved_once_per_key_and_bounded() -> None:
+    raw: dict[str, Any] = {"x0": "ab"}
+    for i in range(1, 31):
+        raw[f"x{i}"] = f"${{x{i - 1}}}${{x{i - 1}}}"
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match=r"config key 'x19': its value resolves to more than 1,000,000 characters"):
+        resolve_interpolations(raw)
+    assert time.monotonic() - began < 2
+    lists: dict[str, Any] = {"x0": ["a"]}  # a list doubled: its entries, not only its text, are bounded
+    for i in range(1, 31):
+        lists[f"x{i}"] = [f"${{x{i - 1}}}", f"${{x{i - 1}}}"]
+    with pytest.raises(ConfigError, match=r"config key 'x1\d\.0': its value resolves to more than"):
+        resolve_interpolations(lists)
+    assert time.monotonic() - began < 2
+    del raw["x30"], raw["x29"], raw["x28"], raw["x27"], raw["x26"], raw["x25"], raw["x24"], raw["x23"]
+    del raw["x22"], raw["x21"], raw["x20"], raw["x19"]
+    assert len(resolve_interpolations(raw)["x18"]) == 2**19  # under the bound: resolved, once per key
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ({"a": "run-${b", "b": 1}, r"config key 'a': 'run-\$\{b' has a `\$\{` without its `\}`"),
+        ({"a": "x\\${b}", "b": 1}, r"config key 'a': .* leaves `\$\{` unresolved"),
+        ({"a": "${b}", "b": "\\${c}", "c": 1}, r"config key 'b': .* leaves `\$\{` unresolved"),
+        ({"a": "${x.${k}}", "x": {"q": 1}, "k": "z"}, r"config key 'a': \$\{x\.z\} names no key"),
+        ({"a": "${x.${a}}", "x": {}}, r"interpolation cycle a -> a$"),
+        ({"a": "${" * 500 + "}" * 500}, r"config key 'a': references nested more than 100 deep"),
+        ({f"k{i}": f"${{k{i + 1}}}" for i in range(500)} | {"k500": 1}, r"a chain of more than 100 references"),
+    ],
+)
+def test_hostile_interpolations_are_refused_by_key(raw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        resolve_interpolations(raw)
+
+
+def test_doubling_interpolations_in_a_file_are_refused_by_key_fast(tmp_path: Path) -> None:
+    lines = "".join(f'x{i}: "${{x{i - 1}}}${{x{i - 1}}}"\n' for i in range(1, 31))
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match=r"config key 'x19': its value resolves to more than"):
+        load_config(olmo_file(tmp_path, shaped() + 'x0: "ab"\n' + lines))
+    assert time.monotonic() - began < 2
 
 
 def test_a_cycle_in_a_file_is_refused_by_name(tmp_path: Path) -> None:

@@ -195,7 +195,7 @@ def test_load_path_url_that_stalls_mid_body_fails_within_the_timeout(
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OLMO_DATA_REMOTE_TIMEOUT_S", "0.3")
     monkeypatch.setenv("OLMO_DATA_REMOTE_ATTEMPTS", "2")
-    monkeypatch.setattr("olmo_data.remote._READER", None)  # the next reader reads the settings above
+    monkeypatch.setattr("olmo_data.remote.reader._READER", None)  # the next reader reads the settings above
     capsys.readouterr()
     with FlakyServer(tmp_path / "www", Faults(stall="model.pt")) as server:
         url = f"{server.url}/step2-unsharded"

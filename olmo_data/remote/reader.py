@@ -37,11 +37,12 @@ from functools import partial
 from typing import Any, TypeVar
 
 from olmo_data.errors import DataError
+from olmo_data.remote.body import BodyTooLarge, Stream, check_cap, read_capped, read_slice
+from olmo_data.remote.ranges import Range, coalesce, content_range, retry_after
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Range = tuple[str, int, int]  # (url, first byte, number of bytes)
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}  # and every other 5xx
 
@@ -62,6 +63,7 @@ class RemoteOptions:
     max_request_bytes: int = 16 * 2**20  # ...while the merged request stays this small
     cache_entries: int = 4096  # recently read ranges kept in memory (repeated looks at a batch are free)
     cache_bytes: int = 64 * 2**20
+    whole_file_bytes: int = 256 * 2**20  # a whole file read into memory (a manifest, a side file): at most this
 
     @classmethod
     def from_env(cls) -> RemoteOptions:
@@ -183,24 +185,44 @@ class RemoteReader:
         batch = _Batch()
         return self._run([partial(self._with_retries, u, "size", partial(self._size_once, u), batch) for u in urls])
 
-    def read_all(self, url: str) -> bytes:
+    def read_all(self, url: str, max_bytes: int | None = None) -> bytes:
         """A whole (small) remote file: manifests, side files. A body of another length than the server
-        announced is retried like a short range."""
-        return self._with_retries(url, "read", partial(self._read_all_once, url), None)
+        announced is retried like a short range; one announced or growing past `max_bytes` (`whole_file_bytes`
+        unless given) is refused naming the URL, so a lying server cannot fill the memory."""
+        cap = self.options.whole_file_bytes if max_bytes is None else max_bytes
+        return self._with_retries(url, "read", partial(self._read_all_once, url, cap), None)
 
     def download(
-        self, url: str, destination: str | os.PathLike[str] | Callable[[bytes], Any], chunk_bytes: int = 8 * 2**20
+        self,
+        url: str,
+        destination: str | os.PathLike[str] | Callable[[bytes], Any],
+        chunk_bytes: int = 8 * 2**20,
+        max_bytes: int | None = None,
     ) -> None:
         """Copy a remote file to a local path, or give its bytes in order to a `write` function (a stream that hashes
         them), in ranged chunks, `concurrency` at a time, each retried on its own: a reset in the middle of a large
         file costs one chunk, not the whole transfer; a stall fails an attempt after `timeout_s` of silence. Memory
-        stays under `concurrency` chunks."""
+        stays under `concurrency` chunks; a server that ignores `Range` (answering the first chunk with the whole
+        file) is streamed from that answer once, a piece at a time. Over `max_bytes`: refused naming the URL."""
         if isinstance(destination, (str, os.PathLike)):
             with open(destination, "wb") as f:
-                return self.download(url, f.write, chunk_bytes)
+                return self.download(url, f.write, chunk_bytes, max_bytes)
         total = self.size(url)
+        if max_bytes is not None and total > max_bytes:
+            raise DataError(f"{url}: download refused ({BodyTooLarge(total, max_bytes)}); is this the right URL?")
+        begin = 0
+        if total > chunk_bytes and url.startswith(("http://", "https://")):  # the first chunk alone: is Range heard?
+            stream = Stream(destination, total)
+            first = partial(self._http_range, url, 0, chunk_bytes, stream)
+            block = self._with_retries(url, f"ranged read of bytes 0..{chunk_bytes - 1}", first, None)
+            with self._lock:
+                self.requests += 1
+            if stream.done:  # a 200: the whole file came, streamed to `destination`
+                return None
+            destination(block)
+            begin = chunk_bytes
         window = max(1, self.options.concurrency) * chunk_bytes
-        for lo in range(0, total, window):
+        for lo in range(begin, total, window):
             hi = min(total, lo + window)
             spans = [(url, s, min(chunk_bytes, hi - s)) for s in range(lo, hi, chunk_bytes)]
             batch = _Batch()
@@ -354,10 +376,11 @@ class RemoteReader:
             return self._pools[proxy]
 
     def _http_request(
-        self, method: str, url: str, headers: dict[str, str], limit: int | None = None
+        self, method: str, url: str, headers: dict[str, str], read: Callable[[Any], bytes] | None = None
     ) -> tuple[int, Any, bytes]:
-        """One request: (status, headers, body), its failures sorted into transient and permanent ones. A 200 to a
-        ranged GET (a server that ignores Range) is read only up to `limit` bytes, not to the end of the file."""
+        """One request: (status, headers, body), its failures sorted into transient and permanent ones. A 200's
+        body is read by `read` when given (`remote_body`: a slice of a whole file that ignored our Range, those
+        bytes before it dropped as they come; a stream; a whole file refused past its cap)."""
         import urllib3
 
         try:
@@ -375,16 +398,23 @@ class RemoteReader:
                         "a chain longer than OLMO_DATA_REMOTE_REDIRECTS"
                     )
                 if r.status in RETRY_STATUS or r.status >= 500:
-                    raise _Transient(f"HTTP {r.status}", _retry_after(r.headers.get("Retry-After")))
+                    raise _Transient(f"HTTP {r.status}", retry_after(r.headers.get("Retry-After")))
                 if r.status >= 400:  # the cause's `code` tells "not found" (manifest.is_not_found_error)
                     raise _Permanent(f"HTTP {r.status} {r.reason}") from HTTPStatusError(r.status, url)
-                if r.status == 200 and limit is not None:
-                    body = r.read(limit)
-                    r.close()  # the rest of the file is not wanted: drop the connection rather than read it
+                if r.status == 200 and read is not None:
+                    try:
+                        body = read(r)
+                    finally:  # what is left is not wanted (or refused): drop the connection, not read it
+                        if r.length_remaining != 0:
+                            r.close()
                     return r.status, r.headers, body
                 return r.status, r.headers, r.read()  # urllib3 raises on a body shorter than Content-Length
             finally:
                 r.release_conn()
+        except BodyTooLarge as e:
+            raise _Permanent(str(e)) from e
+        except ValueError as e:  # a streamed body of another length than the file's
+            raise _Transient(str(e)) from e
         except urllib3.exceptions.LocationValueError as e:
             raise _Permanent(f"{type(e).__name__}: {e}") from e
         except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, or a body cut short
@@ -394,13 +424,19 @@ class RemoteReader:
                 raise _Transient(f"no answer for {self.options.timeout_s:g} s ({type(reason).__name__})") from e
             raise _Transient(f"connection failed ({type(reason).__name__})") from e
 
-    def _http_range(self, url: str, start: int, length: int) -> bytes:
+    def _http_range(self, url: str, start: int, length: int, stream: Stream | None = None) -> bytes:
+        """Bytes `start`.. of `url`; a 200 (Range ignored) gives our slice of it, or all of it to `stream`."""
         end = start + length - 1  # HTTP and S3 ranges are inclusive
-        status, headers, body = self._http_request("GET", url, {"Range": f"bytes={start}-{end}"}, limit=end + 1)
-        if status == 200:  # a server that ignores Range sends the whole file: take our slice
-            if len(body) < end + 1:
-                raise _Permanent(f"the file holds {len(body)} bytes, fewer than the {end + 1} needed")
-            return body[start : end + 1]
+        read = stream or partial(read_slice, start=start, length=length)
+        status, headers, body = self._http_request("GET", url, {"Range": f"bytes={start}-{end}"}, read)
+        if status == 200 and stream is not None:
+            return body
+        if stream is not None and stream.done:  # a 200 cut short, retried, then a 206: bytes were given already
+            raise _Permanent("the server answered the same request with the whole file, then with a range")
+        if status == 200:  # a server that ignores Range sends the whole file: read_slice kept our slice
+            if len(body) < length:
+                raise _Permanent(f"the file holds {start + len(body)} bytes, fewer than the {end + 1} needed")
+            return body
         if status != 206:
             raise _Transient(f"HTTP {status} to a ranged GET")
         _check_range(headers.get("Content-Range"), "206 without a readable Content-Range", start, end)
@@ -408,13 +444,21 @@ class RemoteReader:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
         return body
 
-    def _read_all_once(self, url: str) -> bytes:
+    def _read_all_once(self, url: str, cap: int) -> bytes:
         if url.startswith(("http://", "https://")):
-            return self._http_request("GET", url, {})[2]
+            return self._http_request("GET", url, {}, partial(read_capped, cap=cap))[2]
         if url.startswith("s3://"):
             bucket, key = url[5:].split("/", 1)
-            return self._s3_call(lambda: self._s3_body(self._s3_client().get_object(Bucket=bucket, Key=key)))
-        return self._smart_open_call(url, lambda f: bytes(f.read()))
+            obj = self._s3_call(lambda: self._s3_client().get_object(Bucket=bucket, Key=key))
+            try:
+                check_cap(int(obj.get("ContentLength") or 0), cap)
+            except BodyTooLarge as e:
+                raise _Permanent(str(e)) from e
+            return self._s3_call(lambda: self._s3_body(obj))
+        body = self._smart_open_call(url, lambda f: bytes(f.read(cap + 1)))
+        if len(body) > cap:
+            raise _Permanent(str(BodyTooLarge(None, cap)))
+        return body
 
     def _size_once(self, url: str) -> int:
         if url.startswith(("http://", "https://")):
@@ -473,8 +517,8 @@ class RemoteReader:
             status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             code = str(e.response.get("Error", {}).get("Code", ""))
             if status in RETRY_STATUS or status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
-                retry_after = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("retry-after")
-                raise _Transient(f"S3 {code or status}", _retry_after(retry_after)) from e
+                hint = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("retry-after")
+                raise _Transient(f"S3 {code or status}", retry_after(hint)) from e
             raise _Permanent(f"ClientError: {e}") from e
         except (NoCredentialsError, ParamValidationError) as e:
             raise _Permanent(f"{type(e).__name__}: {e}") from e
@@ -507,59 +551,16 @@ class RemoteReader:
             raise _Transient(f"{type(e).__name__}: {e}") from e
 
 
-def coalesce(ranges: Sequence[Range], gap: int, max_bytes: int) -> list[tuple[Range, list[int]]]:
-    """Merge ranges of the same file that overlap or lie within `gap` bytes of each other into requests of at
-    most `max_bytes` (a single longer range stays whole). Returns each request and the positions in `ranges`
-    of the ranges it serves."""
-    order = sorted(range(len(ranges)), key=lambda i: (ranges[i][0], ranges[i][1]))
-    out: list[tuple[Range, list[int]]] = []
-    url, lo, hi, members = "", 0, 0, list[int]()  # the request being grown: bytes [lo, hi)
-    for i in order:
-        u, s, n = ranges[i]
-        if members and u == url and s <= hi + gap and max(hi, s + n) - lo <= max_bytes:
-            hi = max(hi, s + n)
-            members.append(i)
-            continue
-        if members:
-            out.append(((url, lo, hi - lo), members))
-        url, lo, hi, members = u, s, s + n, [i]
-    if members:
-        out.append(((url, lo, hi - lo), members))
-    return out
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header given in seconds (an HTTP date is taken as "soon": 1 s)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return 1.0
-
-
 def _check_range(header: str | None, missing: str, start: int, end: int) -> None:
     """The bytes of a ranged read must say which they are (RFC 9110; S3 alike): without a readable range, or with
     another one, they may be any bytes of the file and are never used; a range cut by the file's end is final."""
-    got = _content_range(header)
+    got = content_range(header)
     if got is None:
         raise _Transient(f"{missing} ({header!r})")
     if got[2] is not None and got[2] <= end:
         raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
     if (got[0], got[1]) != (start, end):
         raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
-
-
-def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
-    """(first, last, total or None) from a Content-Range header `bytes a-b/n`; None when absent or unreadable."""
-    if not value or not value.startswith("bytes "):
-        return None
-    try:
-        span, _, total = value[6:].partition("/")
-        a, _, b = span.partition("-")
-        return int(a), int(b), (None if total in ("", "*") else int(total))
-    except ValueError:
-        return None
 
 
 _READER: RemoteReader | None = None

@@ -1,0 +1,378 @@
+"""The `config.json` an OLMo-core run saves, read as far as the data side needs it.
+
+OLMo-core's scripts save `ExperimentConfig.as_config_dict()` in every checkpoint folder: each config object is a
+dict that names its class under `_CLASS_` (`module.ClassName`). Three sections decide which tokens a step trains:
+`dataset` (token files, sequence length, mixture), `data_loader` (global batch size *in tokens*, seed, work_dir)
+and `trainer` (its callbacks: a batch-size schedule changes which instances a step holds).
+
+Only the classes whose rules live in this package are accepted; every other dataset, data loader or data-changing
+callback is refused by its class name, so a batch is never rebuilt by guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from olmo_data.dataset import RepetitionFilter
+from olmo_data.errors import DataError, shown
+from olmo_data.io import expand_patterns, read_bytes
+
+CLASS_KEY = "_CLASS_"
+FSL = "NumpyFSLDatasetConfig"
+PADDED_FSL = "NumpyPaddedFSLDatasetConfig"
+LOADER = "NumpyDataLoaderConfig"
+MIXTURE = "SourceMixtureDatasetConfig"
+BATCH_SIZE_SCHEDULER = "BatchSizeSchedulerCallback"
+# datasets whose instances or order follow rules not reproduced here
+REFUSED_DATASETS = {
+    "NumpyPackedFSLDatasetConfig": "packed instances (documents bin-packed into sequences)",
+    "NumpyInterleavedFSLDatasetConfig": "interleaved instances (documents chunked and interleaved)",
+    "NumpyVSLDatasetConfig": "variable-sequence-length curricula",
+}
+REFUSED_CALLBACKS = {"SequenceLengthSchedulerCallback": "a sequence-length warm-up changes every instance's tokens"}
+# OLMo-core's NumpyDatasetDType, smallest first (it picks the first that holds vocab_size - 1)
+NUMPY_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+}
+
+
+@dataclass(frozen=True)
+class MixtureSource:
+    """One source of an OLMo-core `SourceMixtureDatasetConfig` (its files already glob-expanded, sorted)."""
+
+    name: str
+    target_ratio: float
+    paths: tuple[str, ...]
+    max_repetition_ratio: float = 1.0
+    max_source_fraction: float = 1.0
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """OLMo-core's source mixture: a token budget per source, allocated over its files (see `olmo_core.mixture`)."""
+
+    sources: tuple[MixtureSource, ...]
+    requested_tokens: int
+    global_batch_size: int  # the mixture's own, in tokens (used to round the total to whole steps)
+    seed: int
+
+
+@dataclass(frozen=True)
+class BatchSizeChange:
+    """From `start` (in `unit`: steps, tokens or epochs, as OLMo-core's Duration) the batch is `tokens` tokens."""
+
+    tokens: int
+    start: int
+    unit: str
+
+
+@dataclass(frozen=True)
+class OlmoCoreRun:
+    """The data side of an OLMo-core run: everything that decides which tokens training step N held."""
+
+    kind: str  # "fsl" (NumpyFSLDataset, or its mixture) or "padded" (NumpyPaddedFSLDataset)
+    paths: tuple[str, ...]  # token files in dataset order (globs expanded, source_permutation_seed applied)
+    label_mask_paths: tuple[str, ...] | None
+    sequence_length: int
+    max_target_sequence_length: int | None
+    dtype: str
+    pad_token_id: int
+    eos_token_id: int
+    bos_token_id: int | None
+    vocab_size: int
+    global_batch_size: int  # tokens, as configured (a schedule's first entry overrides it from step 1)
+    seed: int
+    work_dir: str  # where OLMo-core wrote its orders (the loader's work_dir, else the dataset's, else the tmp dir)
+    dataset_work_dir: str  # where OLMo-core wrote per-file indices (the dataset's work_dir, else the loader's)
+    mixture: Mixture | None = None
+    batch_sizes: tuple[BatchSizeChange, ...] = field(default_factory=tuple)
+    instance_filter: RepetitionFilter | None = None  # OLMo-core's instance_filter_config (its batches' instance_mask)
+    source: str = ""  # the config file read, for messages
+
+    @property
+    def chunk_size(self) -> int:
+        """OLMo-core shuffles runs of `max_target_sequence_length // sequence_length` instances together."""
+        if self.max_target_sequence_length is None:
+            return 1
+        return self.max_target_sequence_length // self.sequence_length
+
+
+def is_olmo_core_config(config: Any) -> bool:
+    """Whether a parsed config is one an OLMo-core run saved (its sections name their classes)."""
+    if not isinstance(config, dict):
+        return False
+    sections = [config.get(k) for k in ("dataset", "data_loader")]
+    return any(isinstance(s, dict) and str(s.get(CLASS_KEY, "")).startswith("olmo_core.") for s in sections)
+
+
+def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None = None) -> OlmoCoreRun:
+    """The data side of an OLMo-core `config.json` (a path or its parsed dict).
+
+    `work_dir` replaces the run's own (the folder of OLMo-core's order files), for runs inspected away from the
+    machine that trained them. Refuses what this package does not reproduce, naming the class.
+    """
+    where = "config"
+    if isinstance(config, str):
+        where = config
+        try:
+            config = json.loads(read_bytes(config))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not valid JSON ({e}); give the config.json an OLMo-core run saved") from e
+    if not isinstance(config, dict):
+        raise DataError(f"{where}: expected a JSON object with dataset, data_loader and trainer sections")
+    dataset = _section(config, "dataset", where)
+    loader = _section(config, "data_loader", where)
+    trainer = config.get("trainer") or {}
+    ds_class = _class_name(dataset, "dataset", where)
+    if ds_class in REFUSED_DATASETS:
+        raise DataError(
+            f"{where}: dataset is OLMo-core's {ds_class} ({REFUSED_DATASETS[ds_class]}); not covered: only "
+            f"{FSL} and {PADDED_FSL} batches are rebuilt"
+        )
+    if ds_class not in (FSL, PADDED_FSL):
+        raise DataError(
+            f"{where}: dataset is {dataset.get(CLASS_KEY)}; not covered: only OLMo-core's {FSL} and {PADDED_FSL} "
+            "batches are rebuilt"
+        )
+    loader_class = _class_name(loader, "data_loader", where)
+    if loader_class != LOADER:
+        raise DataError(f"{where}: data_loader is {loader.get(CLASS_KEY)}; only OLMo-core's {LOADER} is covered")
+    tokenizer = dataset.get("tokenizer")
+    if not isinstance(tokenizer, dict):
+        raise DataError(f"{where}: dataset.tokenizer is missing; OLMo-core's config names the token ids there")
+    vocab_size = _int(tokenizer, "vocab_size", "dataset.tokenizer", where)
+    seq_len = _int(dataset, "sequence_length", "dataset", where)
+    if seq_len <= 0:
+        raise DataError(f"{where}: dataset.sequence_length must be positive, got {seq_len}")
+    mtsl = dataset.get("max_target_sequence_length")
+    if mtsl is not None:
+        mtsl = _int(dataset, "max_target_sequence_length", "dataset", where)
+    if mtsl is not None and (mtsl < seq_len or mtsl % seq_len):
+        raise DataError(
+            f"{where}: dataset.max_target_sequence_length ({mtsl}) must be a multiple of sequence_length ({seq_len})"
+        )
+    dtype = _dtype(dataset.get("dtype"), vocab_size, where)
+    gbs = _int(loader, "global_batch_size", "data_loader", where)
+    if gbs <= 0 or gbs % seq_len:
+        raise DataError(
+            f"{where}: data_loader.global_batch_size ({gbs} tokens) must be a positive multiple of "
+            f"dataset.sequence_length ({seq_len})"
+        )
+    mixture = _mixture(dataset.get("source_mixture_config"), where)
+    if mixture is not None and (dataset.get("paths") is not None or dataset.get("mix") is not None):
+        raise DataError(f"{where}: dataset gives both source_mixture_config and paths or mix; OLMo-core refuses that")
+    if mixture is not None and dataset.get("label_mask_paths") is not None:
+        raise DataError(f"{where}: dataset.label_mask_paths is not supported with source_mixture_config")
+    paths, masks = _paths(dataset, where) if mixture is None else ((), None)
+    # OLMo-core's loader writes orders to its work_dir, else the dataset's; the dataset writes its files to its
+    # own, else the loader's; with neither, both use the training machine's temporary directory
+    loader_wd = work_dir or loader.get("work_dir") or dataset.get("work_dir") or tempfile.gettempdir()
+    dataset_wd = work_dir or dataset.get("work_dir") or loader.get("work_dir") or tempfile.gettempdir()
+    return OlmoCoreRun(
+        kind="padded" if ds_class == PADDED_FSL else "fsl",
+        paths=paths,
+        label_mask_paths=masks,
+        sequence_length=seq_len,
+        max_target_sequence_length=mtsl,
+        dtype=dtype,
+        pad_token_id=_int(tokenizer, "pad_token_id", "dataset.tokenizer", where),
+        eos_token_id=_int(tokenizer, "eos_token_id", "dataset.tokenizer", where),
+        bos_token_id=int(tokenizer["bos_token_id"]) if tokenizer.get("bos_token_id") is not None else None,
+        vocab_size=vocab_size,
+        global_batch_size=gbs,
+        seed=_int(loader, "seed", "data_loader", where),
+        work_dir=str(loader_wd),
+        dataset_work_dir=str(dataset_wd),
+        mixture=mixture,
+        batch_sizes=_batch_schedule(trainer, seq_len, where),
+        instance_filter=_instance_filter(dataset.get("instance_filter_config"), where),
+        source=where,
+    )
+
+
+def _section(config: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    section = config.get(key)
+    if not isinstance(section, dict):
+        raise DataError(
+            f"{where}: no {key} section; give the config.json an OLMo-core run saved (its dataset, data_loader and "
+            "trainer sections)"
+        )
+    return section
+
+
+def _class_name(section: dict[str, Any], key: str, where: str) -> str:
+    name = section.get(CLASS_KEY)
+    if not isinstance(name, str) or not name.startswith("olmo_core."):
+        raise DataError(
+            f"{where}: {key}.{CLASS_KEY} is {shown(name)}; an OLMo-core config names each section's class there"
+        )
+    return name.rsplit(".", 1)[-1]
+
+
+def _int(section: dict[str, Any], key: str, what: str, where: str) -> int:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DataError(f"{where}: {what}.{key} is {shown(value)}; expected a whole number")
+    return value
+
+
+def _dtype(value: Any, vocab_size: int, where: str) -> str:
+    """OLMo-core's rule: the configured dtype, else the smallest unsigned type that holds vocab_size - 1."""
+    if value is not None:
+        if str(value) not in NUMPY_DTYPES:
+            raise DataError(f"{where}: dataset.dtype is {shown(value)}; expected one of {list(NUMPY_DTYPES)}")
+        return str(value)
+    for name, dt in NUMPY_DTYPES.items():
+        if vocab_size - 1 <= np.iinfo(dt).max:
+            return name
+    raise DataError(f"{where}: dataset.tokenizer.vocab_size {vocab_size} is too large for any token dtype")
+
+
+def _expand(patterns: list[str], where: str, what: str) -> list[str]:
+    out: list[str] = []
+    for pattern in patterns:
+        matches = sorted(expand_patterns([pattern])) if "*" in pattern else [pattern]
+        if not matches:
+            raise DataError(f"{where}: {what} pattern {pattern!r} matches no files")
+        out.extend(matches)
+    return out
+
+
+def _paths(dataset: dict[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """Token files and label masks in OLMo-core's dataset order: globs expanded (sorted), then shuffled with
+    Python's `random.Random(source_permutation_seed)` when that is set, as its `_resolve_paths_metadata` does."""
+    if dataset.get("mix") is not None:
+        raise DataError(
+            f"{where}: dataset.mix is OLMo-core's named data mix {shown(dataset['mix'])}; not covered: list its "
+            "token files in dataset.paths (the run's data_paths.txt beside config.json lists them)"
+        )
+    raw = dataset.get("paths")
+    if not isinstance(raw, list) or not raw:
+        raise DataError(f"{where}: dataset.paths is missing or empty (and no source_mixture_config)")
+    raw_masks = dataset.get("label_mask_paths")
+    if dataset.get("expand_glob"):
+        paths = _expand([str(p) for p in raw], where, "dataset.paths")
+        masks = _expand([str(p) for p in raw_masks], where, "dataset.label_mask_paths") if raw_masks else None
+    else:
+        paths = [str(p) for p in raw]
+        masks = [str(p) for p in raw_masks] if raw_masks else None
+    if masks is not None and len(masks) != len(paths):
+        raise DataError(
+            f"{where}: dataset.label_mask_paths has {len(masks)} files for {len(paths)} token files; one per file"
+        )
+    perm_seed = dataset.get("source_permutation_seed")
+    if perm_seed is not None:
+        order = list(range(len(paths)))
+        random.Random(perm_seed).shuffle(order)
+        paths = [paths[i] for i in order]
+        masks = [masks[i] for i in order] if masks is not None else None
+    return tuple(paths), tuple(masks) if masks is not None else None
+
+
+def _mixture(section: Any, where: str) -> Mixture | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict) or section.get(CLASS_KEY, "").rsplit(".", 1)[-1] != MIXTURE:
+        raise DataError(f"{where}: dataset.source_mixture_config is not OLMo-core's {MIXTURE}")
+    source_list = section.get("source_list") or {}
+    sources = []
+    for i, s in enumerate(source_list.get("sources") or []):
+        what = f"dataset.source_mixture_config.source_list.sources[{i}]"
+        if not isinstance(s, dict) or not s.get("paths"):
+            raise DataError(f"{where}: {what} has no paths")
+        if isinstance(s.get("target_ratio"), bool) or not isinstance(s.get("target_ratio"), (int, float)):
+            raise DataError(f"{where}: {what}.target_ratio is {shown(s.get('target_ratio'))}; expected a number")
+        sources.append(
+            MixtureSource(
+                name=str(s.get("source_name", i)),
+                target_ratio=float(s["target_ratio"]),
+                paths=tuple(_expand([str(p) for p in s["paths"]], where, f"{what}.paths")),
+                max_repetition_ratio=float(s.get("max_repetition_ratio", 1.0)),
+                max_source_fraction=float(s.get("max_source_fraction", 1.0)),
+            )
+        )
+    if not sources:
+        raise DataError(f"{where}: dataset.source_mixture_config.source_list.sources is empty")
+    total = sum(s.target_ratio for s in sources)
+    if not np.isclose(total, 1.0):
+        raise DataError(f"{where}: the mixture's target_ratio values sum to {total}, not 1 (OLMo-core refuses it)")
+    what = "dataset.source_mixture_config"
+    return Mixture(
+        sources=tuple(sources),
+        requested_tokens=_int(section, "requested_tokens", what, where),
+        global_batch_size=_int(section, "global_batch_size", what, where),
+        seed=int(section.get("seed", 42)),
+    )
+
+
+def _instance_filter(section: Any, where: str) -> RepetitionFilter | None:
+    """OLMo-core's `InstanceFilterConfig` (present means on; its defaults are OLMo's 13, 1, 32)."""
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise DataError(f"{where}: dataset.instance_filter_config is {shown(section)}; expected its settings")
+    what = "dataset.instance_filter_config"
+    values = {
+        k: section.get(k, d)
+        for k, d in (("repetition_max_period", 13), ("repetition_min_period", 1), ("repetition_max_count", 32))
+    }
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DataError(f"{where}: {what}.{k} is {shown(v)}; expected a whole number")
+    return RepetitionFilter(
+        max_period=values["repetition_max_period"],
+        min_period=values["repetition_min_period"],
+        max_count=values["repetition_max_count"],
+    )
+
+
+def _batch_schedule(trainer: dict[str, Any], seq_len: int, where: str) -> tuple[BatchSizeChange, ...]:
+    """The trainer's enabled BatchSizeSchedulerCallback, checked as OLMo-core checks it; refused callbacks named."""
+    callbacks = trainer.get("callbacks") or {}
+    found: tuple[BatchSizeChange, ...] = ()
+    for name, cb in callbacks.items():
+        if not isinstance(cb, dict):
+            continue
+        cls = str(cb.get(CLASS_KEY, "")).rsplit(".", 1)[-1]
+        if cls in REFUSED_CALLBACKS and cb.get("enabled", True):
+            raise DataError(
+                f"{where}: trainer.callbacks.{name} is OLMo-core's {cls} ({REFUSED_CALLBACKS[cls]}); not covered"
+            )
+        if cls != BATCH_SIZE_SCHEDULER or not cb.get("enabled", True) or not cb.get("schedule"):
+            continue
+        if found:
+            raise DataError(f"{where}: trainer.callbacks has two {BATCH_SIZE_SCHEDULER}s; OLMo-core's run is ambiguous")
+        sizes, schedule = cb.get("batch_sizes") or [], cb.get("schedule") or []
+        if len(sizes) != len(schedule):
+            raise DataError(f"{where}: trainer.callbacks.{name}: batch_sizes and schedule differ in length")
+        changes = [
+            BatchSizeChange(int(b), int(d["value"]), str(d["unit"])) for b, d in zip(sizes, schedule, strict=True)
+        ]
+        if len({c.unit for c in changes}) > 1 or changes[0].start != 0:
+            raise DataError(f"{where}: trainer.callbacks.{name}: a schedule starts at 0, in one unit")
+        for a, b in zip(changes, changes[1:], strict=False):
+            big, small = max(a.tokens, b.tokens), min(a.tokens, b.tokens)
+            if b.start <= a.start or big % small or big == small:
+                raise DataError(
+                    f"{where}: trainer.callbacks.{name}: batch sizes change by whole factors at increasing points"
+                )
+        for c in changes:
+            if c.tokens % seq_len or c.unit not in ("steps", "tokens", "epochs"):
+                raise DataError(f"{where}: trainer.callbacks.{name}: batch size {c.tokens} ({c.unit}) not usable")
+        found = tuple(changes)
+    return found
+
+
+def local_path(path: str) -> bool:
+    """Whether OLMo-core would treat `path` as a local file (it finds documents in local arrays by their EOS)."""
+    return re.match(r"[a-z0-9]+://", path) is None

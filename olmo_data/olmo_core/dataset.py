@@ -1,0 +1,187 @@
+"""OLMo-core's instances: `NumpyFSLDataset` (and its source mixture) and `NumpyPaddedFSLDataset`, read here.
+
+* `NumpyFSLDataset` cuts every file on its own into `file_tokens // L` instances (the tail dropped) and numbers them
+  file after file: the same instances as `olmo_data.dataset.instances`. With `max_target_sequence_length` M it keeps
+  only
+  `file_tokens // M` whole runs of `M // L` instances per file, so every epoch's chunks are whole.
+* Its mixture (`NumpyFSLDatasetMixture`) is the same over the mixture's file occurrences, each cut to its token
+  budget: the first `budget // L` instances of the file (see `olmo_data.olmo_core.mixture`).
+* `NumpyPaddedFSLDataset` makes one instance per document: its first `L` tokens, padded to `L` with the pad id;
+  `label_mask` is False on padding (and where the file's own label mask says so). Documents are found as OLMo-core
+  finds them: in a local file, by its EOS tokens (a document ends at each EOS, whatever the BOS id: OLMo-core
+  3.0.0 does not pass it here; tokens after the last EOS are no document); in a remote one, from the `.csv.gz`
+  beside it. OLMo-core keeps what it found in `work_dir/dataset-common/instance-indices-{L}-{sha256}.npy`;
+  that file is read when it is there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from olmo_data.dataset import LABEL_MASK_DTYPE, read_arrays
+from olmo_data.errors import DataError
+from olmo_data.io import file_size, open_file
+from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
+from olmo_data.olmo_core.mixture import allocate_mixture
+
+SCAN_TOKENS = 1 << 24  # tokens per read when finding EOS tokens in a local file (bounded memory)
+
+
+@dataclass(frozen=True)
+class CoreInstance:
+    """Where an OLMo-core instance lives: `length` tokens from `start` of `path` (file occurrence `file_index`)."""
+
+    index: int
+    file_index: int
+    path: str
+    start: int
+    length: int
+    source: str | None  # the mixture source, None without a mixture
+
+
+class OlmoCoreDataset:
+    """The instances of an OLMo-core run's dataset, numbered as OLMo-core numbers them (see `open_core_dataset`)."""
+
+    def __init__(
+        self,
+        run: OlmoCoreRun,
+        paths: list[str],
+        file_tokens: list[int],
+        *,
+        sources: list[str | None] | None = None,
+        documents: list[np.ndarray] | None = None,
+    ) -> None:
+        self.run = run
+        self.paths = paths
+        self.file_tokens = file_tokens
+        self.sources = sources or [None] * len(paths)
+        self.itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
+        self.documents = documents  # padded: per file, (n, 2) start/end token offsets of its instances
+        L = run.sequence_length
+        if documents is not None:
+            counts = [len(d) for d in documents]
+        elif run.max_target_sequence_length is not None:
+            counts = [t // run.max_target_sequence_length * run.chunk_size for t in file_tokens]
+        else:
+            counts = [t // L for t in file_tokens]
+        self.offsets = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def locate(self, indices: npt.ArrayLike) -> list[CoreInstance]:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
+            raise DataError(f"instance {int(idx.max())} is out of range: OLMo-core's dataset has {len(self)}")
+        files = np.searchsorted(self.offsets, idx, side="right") - 1
+        out = []
+        L = self.run.sequence_length
+        for i, k in zip(idx.tolist(), files.tolist(), strict=True):
+            local = i - int(self.offsets[k])
+            if self.documents is not None:
+                start, end = (int(x) for x in self.documents[k][local])
+                out.append(CoreInstance(i, k, self.paths[k], start, min(end - start, L), self.sources[k]))
+            else:
+                out.append(CoreInstance(i, k, self.paths[k], local * L, L, self.sources[k]))
+        return out
+
+    def get_batch(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray | None]:
+        """Token ids (int64, (n, L)) as OLMo-core's collator stacks them, and the label mask (bool) when OLMo-core
+        gives one (padded datasets always; plain ones when the run has label mask files), else None."""
+        locs = self.locate(indices)
+        L = self.run.sequence_length
+        dtype = NUMPY_DTYPES[self.run.dtype]
+        reads: list[tuple[str, Any, int, int]] = [(loc.path, dtype, loc.start, loc.length) for loc in locs]
+        masks_paths = self.run.label_mask_paths
+        if masks_paths is not None:
+            reads += [(masks_paths[loc.file_index], LABEL_MASK_DTYPE, loc.start, loc.length) for loc in locs]
+        arrays = read_arrays(reads)
+        tokens = np.full((len(locs), L), self.run.pad_token_id, dtype=np.int64)
+        padded = self.documents is not None
+        mask = np.zeros((len(locs), L), dtype=bool) if padded or masks_paths is not None else None
+        for row, loc in enumerate(locs):
+            tokens[row, : loc.length] = arrays[row]
+            if mask is not None:
+                mask[row, : loc.length] = arrays[len(locs) + row] if masks_paths is not None else True
+        return tokens, mask
+
+
+def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
+    """The dataset of an OLMo-core run: its files sized (and, for a mixture, allocated) as OLMo-core does."""
+    itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
+    sizes: dict[str, int] = {}
+
+    def size_of(path: str) -> int:
+        if path not in sizes:
+            try:
+                sizes[path] = file_size(path)
+            except (OSError, DataError) as e:
+                raise DataError(f"{run.source}: token file {path} cannot be read ({e}); check dataset.paths") from e
+        return sizes[path]
+
+    if run.mixture is not None:
+        files = allocate_mixture(run.mixture, run.sequence_length, lambda p: size_of(p) // itemsize, where=run.source)
+        return OlmoCoreDataset(
+            run, [f.path for f in files], [f.tokens for f in files], sources=[f.source for f in files]
+        )
+    paths = list(run.paths)
+    tokens = [size_of(p) // itemsize for p in paths]
+    if run.label_mask_paths is not None:
+        for p, m, t in zip(paths, run.label_mask_paths, tokens, strict=True):
+            if size_of(m) != t:
+                raise DataError(
+                    f"{run.source}: label mask {m} has {size_of(m)} entries but its token file {p} has {t} tokens"
+                )
+    if run.kind != "padded":
+        return OlmoCoreDataset(run, paths, tokens)
+    documents = [padded_instances(run, p, size_of(p)) for p in paths]
+    return OlmoCoreDataset(run, paths, tokens, documents=documents)
+
+
+def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_bytes: int) -> str:
+    """Where OLMo-core keeps a padded dataset's instance boundaries for `path` (`_get_indices_path`)."""
+    digest = hashlib.sha256(str(path).encode() + str(size_bytes).encode()).hexdigest()
+    return os.path.join(work_dir, "dataset-common", f"instance-indices-{sequence_length}-{digest}.npy")
+
+
+def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
+    """(n, 2) start and end of each padded instance of `path`: OLMo-core's file when found, else rebuilt."""
+    stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes)
+    if os.path.isfile(stored):
+        return np.fromfile(stored, dtype="<u4").astype(np.int64).reshape(-1, 2)
+    docs = document_spans(run, path, size_bytes)
+    if len(docs) == 0:
+        raise DataError(f"{path}: no documents (OLMo-core refuses a padded dataset file without any)")
+    docs[:, 1] = docs[:, 0] + np.minimum(docs[:, 1] - docs[:, 0], run.sequence_length)
+    return docs
+
+
+def document_spans(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
+    """(n, 2) document start/end offsets as OLMo-core's padded dataset finds them (`iter_document_indices` as
+    `segment_documents_into_instances` calls it: without the BOS id, so a document ends at every EOS)."""
+    dtype = np.dtype(NUMPY_DTYPES[run.dtype]).newbyteorder("<")
+    n_tokens = size_bytes // dtype.itemsize
+    if local_path(path):
+        ends: list[np.ndarray] = []
+        with open(path, "rb") as f:
+            for lo in range(0, n_tokens, SCAN_TOKENS):
+                chunk = np.frombuffer(f.read(min(SCAN_TOKENS, n_tokens - lo) * dtype.itemsize), dtype=dtype)
+                ends.append(np.flatnonzero(chunk == run.eos_token_id) + lo + 1)
+        end = np.concatenate(ends).astype(np.int64) if ends else np.zeros(0, dtype=np.int64)
+        return np.stack([np.concatenate([[0], end[:-1]]), end], axis=1) if len(end) else np.zeros((0, 2), np.int64)
+    meta = path[: -len(".npy")] + ".csv.gz" if path.endswith(".npy") else path + ".csv.gz"
+    rows: list[tuple[int, int]] = []
+    try:
+        with open_file(meta, "rt") as f:
+            for line in f:
+                start, end_s = line.split(",")[:2]
+                rows.append((int(start), int(end_s)))
+    except (OSError, DataError) as e:
+        raise DataError(f"{meta}: OLMo-core reads a remote file's documents from this metadata file ({e})") from e
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
