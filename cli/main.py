@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "mix": "olmo_cli.mix:mix",
     "inspect-batch": "olmo_cli.inspect_batch:inspect_batch",
     "trace": "olmo_cli.trace:trace",
+    "contamination": "olmo_cli.contamination:contamination",
     "lineage": "olmo_cli.lineage:lineage",
     "index": "olmo_cli.index:index",
     "stats": "olmo_cli.stats:stats",

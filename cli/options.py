@@ -157,6 +157,7 @@ STAGES: dict[str, dict[str, str]] = {
         "inspect-batch": "The instances, tokens and documents a training step trained on",
         "show-document": "A document of a run's data by id, as text, with the steps that trained on it",
         "trace": "The steps that trained on given documents or a passage",
+        "contamination": "Which instances of downstream tasks the training data holds, and the steps on them",
         "lineage": "The runs a run grew from (load_path, anneals, soups, imports) and their tokens",
         "spikes": "Loss spikes of a run and the instances behind them",
         "view": "A local web view of a run: losses, spikes, batches, spans and stages",

@@ -1,0 +1,229 @@
+"""One scan of a run's token files for many texts at once (`olmo-data contamination` without an index): where
+each text's k-grams occur, and how far each match goes, as `trace --spans` finds them for one text.
+
+All the texts' k-grams are hashed into one sorted table. Each data position whose next k tokens all occur in some
+text (a table lookup and a running sum) is hashed, matched against the table, then confirmed and extended token by
+token to the end of their text (`common_prefix`, the index's own comparison, in growing blocks). A pool of
+processes reads the texts from a temporary folder, so no task carries them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from olmo_data.dataset import InstanceSource
+from olmo_data.suffix_index import common_prefix, token_array
+from olmo_data.trace.scan import SCAN_CHUNK, scan, scanned_files
+from olmo_data.trace.spans import MAX_PLACES, maximal_spans
+
+_WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
+_BLOCK = 1 << 20  # candidate positions hashed at a time
+_GAP = -2  # between two texts in `joined`: no token id equals it
+PROBE_TOKENS = 1 << 20  # tokens scanned to estimate a scan's time
+
+# tokens [i, j) of a text; per token file the first `keep` places that hold it; how many places hold it in all
+SpanPlaces = tuple[int, int, dict[str, np.ndarray], int]
+
+
+@dataclass
+class TextSet:
+    """The texts of at least k tokens, joined (each followed by _GAP, which no token equals), and their
+    k-grams' hashes sorted, with the start of each in `joined`."""
+
+    ids: list[int]  # which queries
+    offsets: np.ndarray  # text m is joined[offsets[m] : offsets[m + 1] - 1]
+    joined: np.ndarray
+    hashes: np.ndarray
+    starts: np.ndarray
+    width: int  # the longest text and its end mark: no match goes further
+
+    @classmethod
+    def of(cls, queries: Sequence[Sequence[int]], ids: list[int], k: int) -> TextSet:
+        texts = [np.asarray(queries[n], dtype=np.int64) for n in ids]
+        offsets = np.concatenate([[0], np.cumsum([len(t) + 1 for t in texts])]).astype(np.int64)
+        joined = np.concatenate([np.append(t, _GAP) for t in texts])
+        starts = np.concatenate([np.arange(a, b - k) for a, b in zip(offsets[:-1], offsets[1:], strict=True)])
+        wanted = _hashes(joined, starts, k)
+        by_hash = np.argsort(wanted, kind="stable")
+        return cls(ids, offsets, joined, wanted[by_hash], starts[by_hash], int(np.diff(offsets).max()))
+
+    def prepared(self) -> _Prepared:
+        """What every scan task reads: the arrays, the table of tokens the texts hold, and where each text ends;
+        made once per process."""
+        present = self.joined[self.joined >= 0]
+        table = np.zeros(int(present.max()) + 2, dtype=bool)  # the last entry: every id above the texts' largest
+        table[present] = True
+        gaps = np.flatnonzero(self.joined < 0)
+        ends = np.repeat(gaps, np.diff(np.concatenate([[-1], gaps])))  # per place of `joined`: its text's end
+        return _Prepared(self.hashes, self.starts, table, np.asarray(self.joined, dtype=np.int64), ends)
+
+
+@dataclass
+class _Prepared:
+    hashes: np.ndarray
+    starts: np.ndarray
+    table: np.ndarray
+    joined: np.ndarray
+    ends: np.ndarray
+
+
+_PREPARED: dict[str, _Prepared] = {}  # per process: the texts a scan's tasks name by key
+
+
+@contextlib.contextmanager
+def _shared(texts: TextSet, pooled: bool) -> Iterator[str]:
+    """A key the scan's tasks find the texts by: in this process's cache and, where a pool of processes will
+    scan (started by fork or spawn), in a temporary folder its workers map, so that no task carries them."""
+    with tempfile.TemporaryDirectory(prefix="olmo-contamination-") as folder:
+        _PREPARED[folder] = texts.prepared()
+        try:
+            if pooled:
+                for name in ("joined", "hashes", "starts"):
+                    np.save(Path(folder) / f"{name}.npy", getattr(texts, name))
+            yield folder
+        finally:
+            _PREPARED.pop(folder, None)
+
+
+def _prepared(key: str) -> _Prepared:
+    if key not in _PREPARED:  # a worker: map the arrays the driver saved
+        arrays = {n: np.load(Path(key) / f"{n}.npy", mmap_mode="r") for n in ("joined", "hashes", "starts")}
+        texts = TextSet([], np.zeros(0, dtype=np.int64), np.asarray(arrays["joined"]), arrays["hashes"],
+                       arrays["starts"], 0)  # fmt: skip
+        _PREPARED[key] = texts.prepared()
+    return _PREPARED[key]
+
+
+def _spans_of(
+    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int, keep: int
+) -> dict[int, list[SpanPlaces]]:
+    """{text: its maximal spans, their first `keep` places per file and their count} from the scan's matches, for
+    the texts that have any (what `find_spans` gives for each)."""
+    by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for path, (pos, start, lcp) in matches.items():
+        order = np.argsort(start, kind="stable")
+        pos, start, lcp = pos[order], start[order], lcp[order]
+        text_of = np.searchsorted(texts.offsets, start, side="right") - 1
+        for m in np.unique(text_of).tolist():
+            a, b = np.searchsorted(text_of, [m, m + 1])
+            by_text.setdefault(m, {})[path] = (pos[a:b], start[a:b] - texts.offsets[m], lcp[a:b])
+    out: dict[int, list[SpanPlaces]] = {}
+    for m, rows in by_text.items():
+        length = int(texts.offsets[m + 1] - texts.offsets[m]) - 1
+        longest = np.zeros(length - k + 1, dtype=np.int64)
+        for _, s, c in rows.values():
+            np.maximum.at(longest, s, c)
+        out[m] = []
+        for i, j in maximal_spans(longest, k):
+            held = {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()}
+            count = sum(len(v) for v in held.values())
+            out[m].append((i, j, {path: v[:keep] for path, v in held.items()}, count))
+    return out
+
+
+def estimate_scan(source: InstanceSource, texts: TextSet, k: int, processes: int) -> float:
+    """Seconds a scan of every token file would take, from one of `PROBE_TOKENS` tokens."""
+    files = scanned_files(source)
+    total = sum(n for _, n in files.values())
+    path, (dtype, n) = max(files.items(), key=lambda item: item[1][1])
+    probe = min(n, PROBE_TOKENS)
+    with _shared(texts, pooled=False) as key:
+        t0 = time.perf_counter()
+        _scan_chunk((path, dtype, 0, probe, key, k))
+        seconds = (time.perf_counter() - t0) * total / max(probe, 1)
+    return seconds / max(1, processes) if total >= 4 * SCAN_CHUNK else seconds
+
+
+def _scan_all(
+    source: InstanceSource, texts: TextSet, k: int, *, processes: int, progress: bool | None
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
+    parts: dict[str, list[np.ndarray]] = {p: [] for p in scanned_files(source)}
+    total = sum(n for _, n in scanned_files(source).values())
+    with _shared(texts, pooled=processes > 1 and total >= 4 * SCAN_CHUNK) as key:
+        for path, found in scan(source, _scan_chunk, (key, k), processes=processes, progress=progress):
+            parts[path].append(found)
+    out = {}
+    for path, pieces in parts.items():
+        rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
+        out[path] = (rows[:, 0], rows[:, 1], rows[:, 2])
+    return out
+
+
+def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
+    """A 64-bit hash of the k tokens from each start (a weighted sum, wrapping), computed a block at a time."""
+    out = np.zeros(len(starts), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for a in range(0, len(starts), _BLOCK):
+            at = starts[a : a + _BLOCK]
+            acc = np.zeros(len(at), dtype=np.uint64)
+            for j in range(k):
+                acc += np.asarray(tokens[at + j]).astype(np.uint64) * _WEIGHTS[j % len(_WEIGHTS)]
+            out[a : a + _BLOCK] = acc
+    return out
+
+
+def _scan_chunk(task: tuple[str, str, int, int, str, int]) -> Any:
+    """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text,
+    `_BLOCK` positions at a time (bounded memory whatever the chunk)."""
+    path, dtype, lo, hi, key, k = task
+    tokens = token_array(path, dtype)
+    texts = _prepared(key)
+    found = [np.zeros((0, 3), dtype=np.int64)]
+    for a in range(lo, hi, _BLOCK):
+        found.append(_scan_block(tokens, a, min(a + _BLOCK, hi), texts, k))
+    return path, hi - lo, np.concatenate(found)
+
+
+def _scan_block(tokens: np.ndarray, lo: int, hi: int, texts: _Prepared, k: int) -> np.ndarray:
+    """Candidates are positions followed by k tokens that all occur in some text (a table lookup and a running
+    sum); their k-grams are hashed and matched against the texts', then confirmed and extended token by token:
+    to the end of their text."""
+    window = np.asarray(tokens[lo : min(hi + k - 1, len(tokens))])
+    count = min(hi - lo, len(window) - k + 1)
+    empty = np.zeros((0, 3), dtype=np.int64)
+    if count <= 0:
+        return empty
+    table, hashes, starts = texts.table, texts.hashes, texts.starts
+    top = len(table) - 1
+    inside = table[np.minimum(window.astype(np.int64), top)]
+    running = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
+    candidates = np.flatnonzero(running[k : k + count] - running[:count] == k)
+    if not len(candidates):
+        return empty
+    got = _hashes(window, candidates, k)
+    first = np.searchsorted(hashes, got, side="left")
+    counts = np.searchsorted(hashes, got, side="right") - first
+    keep = counts > 0
+    candidates, first, counts = candidates[keep], first[keep], counts[keep]
+    if not len(candidates):
+        return empty
+    pos = np.repeat(candidates + lo, counts)  # a k-gram may begin several places of the texts
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = starts[np.repeat(first, counts) + within].astype(np.int64)
+    plain = np.asarray(tokens)  # a view of the memory map: what common_prefix indexes fastest
+    length, _ = common_prefix(plain, pos, len(plain), texts.joined, start, texts.ends[start] - start)
+    ok = length >= k  # the hash matched and so did the tokens
+    return np.stack([pos[ok], start[ok], length[ok]], axis=1)
+
+
+def scan_texts(
+    source: InstanceSource,
+    texts: TextSet,
+    k: int,
+    *,
+    keep: int = MAX_PLACES,
+    processes: int = 1,
+    progress: bool | None = None,
+) -> dict[int, list[SpanPlaces]]:
+    """{text m of `texts`: its maximal spans of at least k tokens, each with its first `keep` positions per token
+    file and how many hold it}, for the texts found anywhere, from one scan of every token file."""
+    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k, keep)
