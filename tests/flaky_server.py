@@ -20,7 +20,7 @@ body of a GET, then nothing, keeping the connection open (a server hung mid-body
 ends); `redirect_loop` answers every request with a 302 to the same URL; `redirect_hops` sends each request
 through a chain of that many 302s before serving it (a chain a client should follow, up to its bound).
 
-Used by the tests (`tests/data/test_remote_reads.py`) and the benchmark (`benchmarks/remote_reads.py`).
+Used by the tests (`tests/data/remote/test_remote_reads.py`) and the benchmark (`benchmarks/remote_reads.py`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint.fetch import cache_entry
 from tests.checkpoint.test_checkpoint_safety import SHARD, SINGLE
 from tests.convert.test_unshard import save_both
-from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
+from tests.data.remote.test_remote import s3_server  # noqa: F401  (a fixture)
 from tests.flaky_server import Faults, FlakyServer
 
 TIMEOUT_S = 0.3  # seconds of silence before an attempt is given up (the default is 60)

@@ -122,7 +122,7 @@ def test_a_tokenizer_larger_than_the_model_is_refused_before_step_1_and_in_eval(
 
 
 def test_the_27_labels_of_olmo2_stage1_are_accepted(tmp_path: Path) -> None:
-    from tests.train.test_olmo_config import olmo_file, shaped
+    from tests.data.config.test_olmo_config import olmo_file, shaped
 
     evaluators = [{"label": label, "type": "downstream"} for label in OLMO2_STAGE1_LABELS]
     cfg = load_config(olmo_file(tmp_path, shaped(evaluators=evaluators)))

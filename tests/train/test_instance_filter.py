@@ -20,7 +20,7 @@ from olmo_data.config.load import ConfigError, load_config
 from olmo_data.dataset.order import build_order
 from olmo_data.run.batches import inspect_batch
 from olmo_train.train import labels_for, train
-from tests.data.test_instance_filter import planted_tokens, reference_masked
+from tests.data.dataset.test_instance_filter import planted_tokens, reference_masked
 from tests.slurm_cluster import REPO
 
 SEQ, GBS, N, SEED, STEPS = 128, 4, 30, 11, 7

@@ -101,7 +101,7 @@ def test_mix_sources_are_named_by_the_mix(tmp_path: Path) -> None:
     """Through a mix, each instance's source is the mix source its tokens came from (read back from the tokens:
     make_source writes 1,000,000-based ids for web, 2,000,000-based for code)."""
     from olmo_data.dataset.mixture import build_mix, parse_spec
-    from tests.data.test_mixture import make_source, spec
+    from tests.data.dataset.test_mixture import make_source, spec
 
     paths = {
         "web": make_source(tmp_path / "web", "web", [403, 205], 1_000_000),

@@ -20,7 +20,7 @@ from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.convert import unshard
 from olmo_train.train import main, restart
-from tests.train.test_olmo_config import OLMO2_7B_SHAPED, SEQ, TINY
+from tests.data.config.test_olmo_config import OLMO2_7B_SHAPED, SEQ, TINY
 
 STAGE2_LR = 0.000061499
 

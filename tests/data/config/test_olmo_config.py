@@ -20,7 +20,7 @@ import yaml
 from olmo_data.config.load import ConfigError, config_to_dict, load_config, save_config
 from olmo_data.config.olmo import olmo_form_key, resolve_interpolations
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 OLMO2_7B_SHAPED = """\
 run_name: OLMo2-7B-stage1

@@ -1,6 +1,6 @@
 """The data commands on an OLMo-core config.json without OLMo-core installed: their text, refusals, and the one
 config reader's line for commands that do not read that form. (Against OLMo-core's own loader, the commands are
-checked in tests/data/test_olmo_core_data.py, through tests/olmo_core_commands.py.)"""
+checked in tests/data/olmo_core/test_olmo_core_data.py, through tests/olmo_core_commands.py.)"""
 
 from __future__ import annotations
 

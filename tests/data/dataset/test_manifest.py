@@ -14,7 +14,7 @@ import pytest
 from olmo_data.dataset.manifest import read_manifest
 from olmo_data.dataset.token_files import token_files
 from olmo_data.errors import DataError
-from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
+from tests.data.remote.test_remote import s3_server  # noqa: F401  (a fixture)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.trace.find import find_documents, trace
 from olmo_data.trace.stages import trace_chain
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SEQ, GBS, PARENT_STEP = 128, 8, 12
 
 
@@ -347,7 +347,7 @@ def test_with_real_training_a_stage2_run_traces_back_to_stage1(corpora: list[Pat
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     common = {
         "global_train_batch_size": GBS,
         "device_train_microbatch_size": 4,

@@ -236,7 +236,7 @@ def test_label_masks_through_a_mix(tmp_path: Path, sources: dict[str, list[str]]
 
 
 def test_example_spec_parses() -> None:
-    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "mix_example.yaml").read_text())
+    example = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "mix_example.yaml").read_text())
     parsed = parse_spec(example, where="configs/mix_example.yaml")
     assert [s.name for s in parsed.sources] == ["web", "code"] and parsed.total_tokens == 2_000_000
 

@@ -17,9 +17,9 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main
-from tests.train.test_olmo_config import OLMO2_7B_SHAPED
+from tests.data.config.test_olmo_config import OLMO2_7B_SHAPED
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SEQ, GBS, BASE = 16, 4, 70_000  # token ids above 65535: read as uint16 they would be other tokens
 
 

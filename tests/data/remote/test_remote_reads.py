@@ -20,7 +20,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import local_copy
 from olmo_data.remote import RemoteOptions, RemoteReader, coalesce
 from olmo_data.run.batches import inspect_batch
-from tests.data.test_remote import s3_server  # noqa: F401  (a fixture)
+from tests.data.remote.test_remote import s3_server  # noqa: F401  (a fixture)
 from tests.flaky_server import KINDS, Faults, FlakyServer
 
 # no merging of neighbours unless a test is about it: each range is then a request of its own that can fail

@@ -11,7 +11,7 @@ import yaml
 
 from olmo_data.config.load import ConfigError, load_config, parse_duration, save_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, obj: object) -> Path:
