@@ -144,7 +144,7 @@ def test_links_between_pages_resolve() -> None:
 # An output that shows nothing, and says so only by a count of zero; such a line must be followed by one saying why
 EMPTY = re.compile(r"nothing to train|\b0 found\b|\b0 places in 0 steps\b|\b0 span\(s\)|\b0 targets traced\b")
 EXPLAINED = re.compile(r"^\s*\(no |nothing marked|\bbecause\b")
-WARNING = re.compile(r"\b\w*Warning: |^\s*warnings\.warn\(|\bINFO \w[\w.]*:")
+WARNING = re.compile(r"\b\w*Warning: |^\s*warnings\.warn\(|\bINFO \w[\w.]*:|^\[\w+\] WARNING \| ")
 
 
 def shows_nothing(output: str) -> str | None:
@@ -171,6 +171,7 @@ def test_shows_nothing_flags_empty_outputs() -> None:
     assert shows_nothing(zero) is not None
     assert shows_nothing(zero + "(no target is in this run's own data; the stages it grew from follow)\n") is None
     assert shows_nothing("/x/y.py:3: UserWarning: something\n") is not None
+    assert shows_nothing("[IPKernelApp] WARNING | Kernel is running over TCP without encryption.\n") is not None
     assert shows_nothing("0 span(s) of at least 8 tokens of the text ...\n") is not None
 
 
