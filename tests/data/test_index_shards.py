@@ -1,0 +1,97 @@
+"""`olmo-data index --shard I/N`: machines in any order give the one-machine index byte for byte; a query before
+every machine is done names the shards missing and the `--shard` that builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from olmo_cli.main import main
+from olmo_data.dataset.instances import open_from_config
+from olmo_data.errors import DataError
+from olmo_data.suffix_index.index import build_index, open_index
+from tests.data.test_suffix_index import make_files
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_three_machines_in_any_order_give_the_one_machine_index(tmp_path: Path) -> None:
+    _, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    build_index(source, index_dir=str(whole), shard_tokens=700, context=9, progress=False)
+    expected = tree(whole)
+    assert len([n for n in expected if n.endswith(".u32")]) == 10  # 5 shards a file, dealt 4/3/3
+
+    done = []
+    for i in (0, 2, 1):
+        summary = build_index(source, index_dir=str(parts), shard_tokens=700, context=9, progress=False, part=(i, 3))
+        done.append(summary.built)
+        if i != 1:  # machine 1 is still to run: no manifest, and a query says which shards to build
+            assert summary.pending > 0
+            assert not any(n.endswith("manifest.json") for n in tree(parts))
+            with pytest.raises(DataError, match=r"unfinished: [23] of its 5 shards are missing or stale .*--shard 1/3"):
+                open_index(source, str(parts))
+    assert done == [4, 3, 3] and summary.pending == 0
+    assert tree(parts) == expected  # every file, byte for byte (no plan left behind)
+    index = open_index(source, str(parts))
+    assert index is not None and index.count([0, 7]) > 0
+
+    # a rerun of one machine over the finished index sorts nothing and changes nothing
+    assert (
+        build_index(source, index_dir=str(parts), shard_tokens=700, context=9, progress=False, part=(2, 3)).built == 0
+    )
+    assert tree(parts) == expected
+
+
+def test_the_command_takes_a_slurm_array_task_and_names_the_missing_shard(tmp_path: Path) -> None:
+    _, cfg = make_files(tmp_path, "uint16", n=1500)
+    cfg.update(seed=1, global_train_batch_size=4, max_duration="1ep")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    runner = CliRunner()
+    args = ["index", str(config), "--shard-tokens", "500", "--no-progress"]
+    slurm = {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_COUNT": "2"}
+    result = runner.invoke(main, args, env=slurm)
+    assert result.exit_code == 0, result.output
+    assert "shard 1/2 (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)" in result.output
+    assert "still to do" in result.output
+
+    result = runner.invoke(main, ["trace", str(config), "--tokens", "0,7"])
+    assert result.exit_code == 2
+    assert "unfinished: 2 of its 3 shards are missing or stale (shard-00000, shard-00002)" in result.output
+    assert "--shard 0/2`" in result.output
+
+    result = runner.invoke(main, [*args, "--shard", "0/2"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["trace", str(config), "--tokens", "0,7"])
+    assert result.exit_code == 0 and "looked up in the suffix index of 3,000 tokens" in result.output
+
+    result = runner.invoke(main, [*args, "--shard", "2/2"])
+    assert result.exit_code == 2 and "I must be below N" in result.output
+
+
+def test_a_changed_file_is_not_vouched_for_by_another_machines_stale_shards(tmp_path: Path) -> None:
+    paths, cfg = make_files(tmp_path, "uint16", n=1400)
+    source = open_from_config(cfg)
+    for i in (0, 1):
+        build_index(source, shard_tokens=700, context=9, progress=False, part=(i, 2))
+    data = np.fromfile(paths[1], dtype=np.uint16)
+    data[-5:] = 3  # shard 1 of the second file (machine 1's) changes
+    data.tofile(paths[1])
+    source = open_from_config(cfg)
+    summary = build_index(source, shard_tokens=700, context=9, progress=False, part=(0, 2))
+    assert summary.built == 0 and summary.pending == 1  # machine 0's shards still hold; machine 1's does not
+    with pytest.raises(
+        DataError, match=r"unfinished: 1 of its 2 shards are missing or stale \(shard-00001\).*--shard 1/2`"
+    ):
+        open_index(source)
+    build_index(source, shard_tokens=700, context=9, progress=False, part=(1, 2))
+    index = open_index(source)
+    assert index is not None and index.count([3, 3, 3, 3, 3]) == 1
