@@ -10,6 +10,7 @@ files). 400 n-grams of 2 to 20 tokens taken at random from the files (seed 0), l
 after 20 warm-up lookups each; every count is checked equal.
 
     python benchmarks/infini_gram_compare.py [--data runs/spans-bench] [--tokens 1e8] [--workdir DIR]
+    python benchmarks/infini_gram_compare.py --config RUN.yaml [--index-dir DIR] --workdir DIR --cpus 2
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def summary(times: list[float]) -> dict[str, float]:
     return {"median_ms": 1000 * statistics.median(times), "p90_ms": 1000 * times[int(0.9 * len(times))]}
 
 
-def compare(config: dict[str, Any], work: Path, queries: int = 400) -> dict[str, Any]:
+def compare(
+    config: dict[str, Any], work: Path, index_dir: str | None, queries: int = 400, cpus: int = 1
+) -> dict[str, Any]:
     from olmo_data.dataset.instances import open_from_config
     from olmo_data.suffix_index.index import build_index, index_folder, open_index
     from tests.infini_gram_reference import Reference, build_reference
@@ -47,14 +50,14 @@ def compare(config: dict[str, Any], work: Path, queries: int = 400) -> dict[str,
     dtype = source.files[0].dtype
     tokens = sum(f.num_tokens for f in source.files)
     out: dict[str, Any] = {"tokens": tokens, "files": len(paths)}
-    built = build_index(source, index_dir=str(work / "ours"), progress=False)
+    built = build_index(source, index_dir=index_dir, progress=False)
     out["ours_build_s"] = built.seconds if built.built else None  # None: built by an earlier run
-    out["ours_bytes_per_token"] = sum(folder_bytes(index_folder(p, str(work / "ours"))) for p in paths) / tokens
+    out["ours_bytes_per_token"] = sum(folder_bytes(index_folder(p, index_dir)) for p in paths) / tokens
     if not (work / "infini-gram" / "table.0").exists():
-        out["infini_gram_build_s"] = build_reference(paths, dtype, work / "infini-gram", mem_gib=4)
+        out["infini_gram_build_s"] = build_reference(paths, dtype, work / "infini-gram", mem_gib=4, cpus=cpus)
     ig_bytes = folder_bytes(work / "infini-gram") - 2 * tokens  # its own copy of the tokens left out
     out["infini_gram_bytes_per_token"] = ig_bytes / tokens
-    ours = open_index(source, str(work / "ours"))
+    ours = open_index(source, index_dir)
     assert ours is not None
     theirs = Reference(work / "infini-gram", paths, dtype)
     out["shards"] = sum(len(f.shards) for f in ours.files.values())
@@ -97,6 +100,9 @@ def main() -> None:
     ap.add_argument("--data", default="runs/spans-bench", help="the demo data's folder (spans_length.py's)")
     ap.add_argument("--tokens", type=float, default=1e8, help="synthetic corpus size (0: demo only)")
     ap.add_argument("--workdir", default="runs/infini-gram-compare")
+    ap.add_argument("--config", help="compare on this run's token files instead (its index where --index-dir says)")
+    ap.add_argument("--index-dir", default=None)
+    ap.add_argument("--cpus", type=int, default=1, help="infini-gram's indexing processes")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from spans_length import prepare
@@ -105,7 +111,16 @@ def main() -> None:
     from olmo_data.io import read_yaml
 
     work = Path(args.workdir)
-    results = {"demo": compare(read_yaml(str(prepare(Path(args.data))), "config"), work / "demo")}
+    if args.config:
+        from olmo_data.io import read_yaml
+
+        result = compare(read_yaml(args.config, "config"), work, index_dir=args.index_dir, cpus=args.cpus)
+        print(json.dumps(result))
+        (work / "results.json").write_text(json.dumps(result, indent=1))
+        return
+    results = {
+        "demo": compare(read_yaml(str(prepare(Path(args.data))), "config"), work / "demo", str(work / "demo" / "ours"))
+    }
     print(json.dumps(results["demo"]), flush=True)
     if args.tokens:
         n, per_file = int(args.tokens), 50_000_000
@@ -118,7 +133,7 @@ def main() -> None:
                 make_tokens(path, size, seed=k)
             paths.append(str(path))
         config = {"model": {"max_sequence_length": 128}, "data": {"paths": paths, "dtype": "uint16"}}
-        results["synthetic"] = compare(config, work / "synthetic")
+        results["synthetic"] = compare(config, work / "synthetic", str(work / "synthetic" / "ours"))
         print(json.dumps(results["synthetic"]), flush=True)
     (work / "results.json").write_text(json.dumps(results, indent=1))
 
