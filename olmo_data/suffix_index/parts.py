@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 
 def window_hash(tokens: np.ndarray, lo: int, hi: int) -> str:
-    """The checksum of the tokens a shard is sorted by, kept in its .json: a rerun rebuilds a shard whose window changed."""
+    """The checksum of the tokens a shard is sorted by, kept in its .json: a rerun rebuilds a shard whose window
+    changed."""
     return hashlib.blake2b(np.asarray(tokens[lo:hi]).tobytes(), digest_size=16).hexdigest()
 
 
