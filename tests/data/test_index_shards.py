@@ -3,6 +3,7 @@ every machine is done names the shards missing and the `--shard` that builds the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from olmo_data.dataset.instances import open_from_config
 from olmo_data.errors import DataError
 from olmo_data.suffix_index.index import build_index, open_index
 from tests.data.test_suffix_index import make_files
+from tests.slurm_cluster import REPO, SlurmCluster, local_slurm
 
 
 def tree(folder: Path) -> dict[str, bytes]:
@@ -95,3 +97,33 @@ def test_a_changed_file_is_not_vouched_for_by_another_machines_stale_shards(tmp_
     build_index(source, shard_tokens=700, context=9, progress=False, part=(1, 2))
     index = open_index(source)
     assert index is not None and index.count([3, 3, 3, 3, 3]) == 1
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.mark.slow
+def test_slurm_index_as_a_3_task_array_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """sbatch --array=0-2 scripts/slurm_index.sh: each task sorts its share, the last writes the manifests, and
+    the index is the one-machine build's, byte for byte."""
+    _, cfg = make_files(tmp_path, "uint16")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    settings = ["--shard-tokens", "700", "--context", "9", "--engine", "numpy"]
+    job = slurm.sbatch(
+        "--array=0-2",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/index-%A_%a.out",
+        str(REPO / "scripts" / "slurm_index.sh"),
+        *[str(config), "--index-dir", str(tmp_path / "parts"), *settings],
+    )
+    for task in range(3):
+        done = slurm.wait(f"{job}_{task}", "COMPLETED")
+        log = (tmp_path / f"index-{job}_{task}.out").read_text()
+        assert f"shard {task}/3 (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)" in log, slurm.describe(done)
+    source = open_from_config(cfg)
+    build_index(source, index_dir=str(tmp_path / "whole"), shard_tokens=700, context=9, engine="numpy")
+    assert tree(tmp_path / "parts") == tree(tmp_path / "whole")
