@@ -463,11 +463,13 @@ class FileSuffixIndex:
         that hold it although its window is too short to (checked against the file)."""
         m = len(sequence)
         out = []
+        keys: tuple[bytes, bytes] | None = None
         for shard in self.shards:
             samples = shard.samples(self.tokens)
+            keys = keys or (samples.key_one(sequence, False), samples.key_one(sequence, True))
             args = (self.tokens, shard.positions, shard.start, shard.window_end, sequence)
-            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions)))
-            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions)), above=True)
+            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions), keys[0]))
+            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions), keys[1]), above=True)
             near = self._near_end(shard, m)
             if len(near):
                 near = near[near + m > shard.window_end]
