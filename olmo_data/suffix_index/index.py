@@ -469,7 +469,8 @@ class FileSuffixIndex:
             keys = keys or (samples.key_one(sequence, False), samples.key_one(sequence, True))
             args = (self.tokens, shard.positions, shard.start, shard.window_end, sequence)
             lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions), keys[0]))
-            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions), keys[1]), above=True)
+            top_lo, top_hi = samples.bracket_one(sequence, True, len(shard.positions), keys[1])
+            hi = bound_one(*args, max(lo, top_lo), top_hi, above=True)  # never below lo
             near = self._near_end(shard, m)
             if len(near):
                 near = near[near + m > shard.window_end]

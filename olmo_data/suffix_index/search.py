@@ -12,6 +12,8 @@ each comparison starts there instead of at the first token.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 PAST_END = -1  # a suffix's token past its window: sorts before every token
@@ -205,12 +207,16 @@ def search_one(
 ) -> tuple[int, int, int]:
     """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side."""
     lcp_lo = lcp_hi = 0
-    short = piece.tolist() if len(piece) <= SHORT else None
+    fits = len(piece) <= SHORT and sys.byteorder == "little" and tokens.flags.c_contiguous
+    short = piece.tolist() if fits and tokens.dtype.itemsize in (2, 4) else None
+    # both as memoryviews, whose items are Python ints: a step reads a position and a token or two in ~0.1 us each
+    view = tokens.data.cast("B").cast("H" if tokens.dtype.itemsize == 2 else "I") if short else None
+    ranked = suffixes.data.cast("B").cast("I") if short and suffixes.flags.c_contiguous else None
     while lo < hi:
         mid = (lo + hi) >> 1
-        p, skip = base + int(suffixes[mid]), min(lcp_lo, lcp_hi)
-        if short is not None:
-            lcp, less = _prefix_short(tokens, p, limit, short, skip, above)
+        p, skip = base + (ranked[mid] if ranked is not None else int(suffixes[mid])), min(lcp_lo, lcp_hi)
+        if short is not None and view is not None:
+            lcp, less = _prefix_short(view, p, limit, short, skip, above)
         else:
             lcp, less = _prefix_one(tokens, p, limit, piece, skip, above)
         if less:
@@ -220,12 +226,14 @@ def search_one(
     return lo, lcp_lo, lcp_hi
 
 
-def _prefix_short(tokens: np.ndarray, p: int, limit: int, piece: list[int], skip: int, above: bool) -> tuple[int, bool]:
-    """`_prefix_one` of a short piece as Python ints: one slice read out as a list and compared in a loop costs a
-    step about half what the array operations do (most steps differ within a token or two of `skip`)."""
+def _prefix_short(tokens: memoryview, p: int, limit: int, piece: list[int], skip: int, above: bool) -> tuple[int, bool]:
+    """`_prefix_one` of a short piece over the tokens as a memoryview (its items are Python ints): most steps of a
+    search differ within a token or two of `skip`, which this reads one at a time for a fraction of what a slice
+    and array operations cost."""
     m = len(piece)
     end = min(p + m, limit)
-    for j, t in enumerate(tokens[p + skip : end].tolist(), skip):
+    for j in range(skip, end - p):
+        t = tokens[p + j]
         if t != piece[j]:
             return j, t < piece[j]
     if end - p < m:  # the suffix's window ends inside the piece: it sorts first
