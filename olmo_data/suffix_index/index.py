@@ -46,7 +46,14 @@ from olmo_data.io import (
     write_json_atomic,
 )
 from olmo_data.processes import pool_context
-from olmo_data.suffix_index.parts import finish, mine, refuse_unfinished, shard_current, window_hash, write_plan
+from olmo_data.suffix_index.parts import (
+    finish,
+    mine,
+    refuse_unfinished,
+    remove_beyond,
+    window_hash,
+    write_plan,
+)
 from olmo_data.suffix_index.search import (
     QUERY_ABOVE,
     Samples,
@@ -236,6 +243,7 @@ def _build_index(
             )
             for k, a in enumerate(range(0, n, shard_tokens))
         ]
+        remove_beyond(folder, len(shards))
         if part is not None and not trust:
             write_plan(folder, numbered, len(shards), part[1])
         for task in mine(shards, numbered, part):
@@ -256,7 +264,7 @@ def _build_index(
 
     t0 = time.perf_counter()
     built_tokens = sum(t.end - t.start for t in tasks)
-    with tqdm(total=built_tokens, unit=" tokens", unit_scale=True, desc="index", disable=_quiet(progress)) as bar:
+    with tqdm(total=built_tokens, unit=" tokens", unit_scale=True, desc="index", disable=bar_disabled(progress)) as bar:
         if processes <= 1 or len(tasks) <= 1:
             for task in tasks:
                 bar.update(_build_shard(task))
@@ -290,10 +298,6 @@ def _build_index(
         messages=messages,
         pending=pending,
     )
-
-
-def _quiet(progress: bool | None) -> bool | None:
-    return bar_disabled(progress)
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -571,7 +575,7 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
         folder = index_folder(path, index_dir)
         manifest = None if is_remote(path) else _read_manifest(folder)
         if manifest is None and not is_remote(path):
-            refuse_unfinished(folder, path, functools.partial(shard_current, folder, token_array(path, f.dtype)))
+            refuse_unfinished(folder, path, token_array(path, f.dtype))
         if manifest is None:
             missing.append(path)
             continue

@@ -43,6 +43,15 @@ def shard_current(folder: Path, tokens: np.ndarray, k: int) -> bool:
         return False
 
 
+def remove_beyond(folder: Path, shards: int) -> None:
+    """Delete the shard files numbered `shards` or above: left by a build with smaller shards, they would hold disk
+    (a manifest never names them)."""
+    for path in folder.glob("shard-*.*"):
+        number = path.name[len("shard-") :].split(".")[0]
+        if number.isdigit() and int(number) >= shards:
+            path.unlink(missing_ok=True)
+
+
 def owners(first: int, shards: int, count: int) -> list[int]:
     """The machine of each of a file's shards, whose first shard is number `first` of the whole run."""
     return [(first + k) % count for k in range(shards)]
@@ -70,10 +79,10 @@ def finish(folder: Path, manifest: dict[str, Any], tasks: Sequence[T], done: Cal
     return outstanding
 
 
-def refuse_unfinished(folder: Path, token_path: str, current: Callable[[int], bool]) -> None:
+def refuse_unfinished(folder: Path, token_path: str, tokens: np.ndarray) -> None:
     """A folder some machines of a `--shard` build have not finished: one line naming the shards still missing (or
-    stale: `current(k)` is false) and the `--shard I/N` runs that build them. Nothing happens where no plan is left
-    (one-machine builds)."""
+    stale: their window no longer holds `tokens`) and the `--shard I/N` runs that build them. Nothing happens where
+    no plan is left (one-machine builds)."""
     try:
         plan = json.loads((folder / PLAN_FILE).read_text())
         count, owner = int(plan["machines"]), [int(o) for o in plan["owners"]]
@@ -81,7 +90,7 @@ def refuse_unfinished(folder: Path, token_path: str, current: Callable[[int], bo
         return
     except (ValueError, TypeError, KeyError) as e:
         raise DataError(f"{folder / PLAN_FILE}: unreadable ({e}); rerun every `olmo-data index --shard I/N`") from e
-    missing = [k for k in range(len(owner)) if not current(k)]
+    missing = [k for k in range(len(owner)) if not shard_current(folder, tokens, k)]
     if not missing:
         missing_text = "every shard is written but no machine has checked them all"
         parts = sorted(set(owner))[:1]

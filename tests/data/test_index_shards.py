@@ -127,3 +127,13 @@ def test_slurm_index_as_a_3_task_array_job(slurm: SlurmCluster, tmp_path: Path) 
     source = open_from_config(cfg)
     build_index(source, index_dir=str(tmp_path / "whole"), shard_tokens=700, context=9, engine="numpy")
     assert tree(tmp_path / "parts") == tree(tmp_path / "whole")
+
+
+def test_a_rebuild_with_larger_shards_leaves_no_old_shard_files(tmp_path: Path) -> None:
+    _, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    build_index(source, index_dir=str(tmp_path / "a"), shard_tokens=700, context=9, progress=False)
+    summary = build_index(source, index_dir=str(tmp_path / "a"), shard_tokens=3000, context=9, progress=False)
+    fresh = build_index(source, index_dir=str(tmp_path / "b"), shard_tokens=3000, context=9, progress=False)
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")  # shard-00001 ... of the 700-token build are gone
+    assert summary.index_bytes == fresh.index_bytes
