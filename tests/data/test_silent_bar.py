@@ -19,7 +19,7 @@ def test_a_bar_off_the_terminal_imports_no_tqdm_and_still_iterates() -> None:
         "    bar.update(3)\n"
         "assert 'tqdm' in sys.modules\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "OLMO_PROGRESS": ""}
+    env = {"PATH": "/usr/bin:/bin", "OLMO_PROGRESS": "", "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     assert "y: 100%" in done.stderr and "x:" not in done.stderr
