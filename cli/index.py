@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import click
 
 from olmo_cli.options import Command, progress_option
+from olmo_cli.tokenize import ShardType
 
 
 @click.command("index", cls=Command)
@@ -20,6 +24,13 @@ from olmo_cli.options import Command, progress_option
     show_default=True,
     help="Suffix sorting: numpy, or pydivsufsort (the `index` extra; auto uses it when installed).",
 )
+@click.option(
+    "--shard",
+    type=ShardType(),
+    default=None,
+    help="Sort only machine I's share of N (any order, same result as one machine). In a Slurm array task: "
+    "SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT. The machine that finds every shard done writes the manifest.",
+)
 @progress_option
 def index(
     config: str,
@@ -28,6 +39,7 @@ def index(
     context: int,
     processes: int,
     engine: str,
+    shard: Any,
     progress: bool | None,
 ) -> None:
     """Build a suffix-array index over the token files of CONFIG's run: positions into the existing files (4 bytes
@@ -38,9 +50,14 @@ def index(
     Examples:
       olmo-data index runs/tiny/config.yaml --processes 2
       olmo-data index configs/olmo2-1b.yaml --index-dir /scratch/index --shard-tokens 100000000
+      olmo-data index configs/olmo2-1b.yaml --shard 0/3     # on machine 0 of 3 (and 1/3, 2/3 on the others)
     """
     from olmo_data.suffix_index import build_index
+    from olmo_data.tokenize import Shard
     from olmo_data.trace import open_run
+
+    if shard is None and (shard := Shard.from_slurm_array(os.environ)) is not None:
+        click.echo(f"shard {shard} (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)", err=True)
 
     _, source = open_run(config)
     summary = build_index(
@@ -51,6 +68,7 @@ def index(
         processes=processes,
         engine=engine,
         progress=progress,
+        part=None if shard is None else (shard.index, shard.count),
     )
     for message in summary.messages:
         click.echo(message, err=True)
@@ -59,4 +77,5 @@ def index(
         f"indexed {summary.files} token file(s), {summary.tokens:,} tokens in {summary.shards} shard(s): sorted "
         f"{summary.built} ({summary.built_tokens:,} tokens) in {summary.seconds:.1f} s ({rate / 1e6:.2f}M tokens/s, "
         f"{summary.engine}), {summary.shards - summary.built} already done; {summary.bytes_per_token:.2f} bytes a token"
+        + (f"; shard {shard}: {summary.pending} shard(s) of other machines still to do" if summary.pending else "")
     )

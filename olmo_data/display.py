@@ -10,6 +10,7 @@ rank 0 draws, so N processes do not draw N bars over each other.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -49,9 +50,13 @@ def progress_bar(
     SI prefixes (`unit_scale`) for byte and token counts; `delay=S` draws it only once the work has taken S
     seconds (work that is usually quick stays silent), except where bars are asked for explicitly. Returns
     tqdm's object: use it as a context manager."""
+    disable = bar_disabled(progress)
+    if disable is None and "file" not in options and not _stderr_is_terminal():
+        disable = True
+    if disable is True:  # tqdm's import (and its monitor thread) cost a fresh command tens of ms for nothing
+        return Silent(iterable, total)
     from tqdm import tqdm
 
-    disable = bar_disabled(progress)
     if disable is False:
         options.pop("delay", None)
     scaled = unit.strip() in ("B", "tokens", "bytes")
@@ -66,6 +71,33 @@ def progress_bar(
         dynamic_ncols=True,
         **options,
     )
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed: no terminal
+        return False
+
+
+class Silent:
+    """A progress bar that draws nothing, as tqdm's disabled one does: iterates its iterable, and takes every
+    call (update, set_postfix, close, ...) as a no-op."""
+
+    def __init__(self, iterable: Iterable[Any] | None, total: float | None) -> None:
+        self.iterable, self.total, self.n, self.disable = iterable, total, 0, True
+
+    def __iter__(self) -> Any:
+        return iter(self.iterable if self.iterable is not None else ())
+
+    def __enter__(self) -> Silent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
 
 
 def marked(segments: Iterable[tuple[str, bool]]) -> str:

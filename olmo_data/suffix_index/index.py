@@ -23,6 +23,7 @@ hold no match and get no index.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,6 +46,14 @@ from olmo_data.io import (
     write_json_atomic,
 )
 from olmo_data.processes import pool_context
+from olmo_data.suffix_index.parts import (
+    finish,
+    mine,
+    refuse_unfinished,
+    remove_beyond,
+    window_hash,
+    write_plan,
+)
 from olmo_data.suffix_index.search import (
     QUERY_ABOVE,
     Samples,
@@ -94,10 +103,6 @@ def token_array(path: str, dtype: str) -> np.ndarray:
     return np.memmap(path, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<"), mode="r")
 
 
-def _window_hash(tokens: np.ndarray, lo: int, hi: int) -> str:
-    return hashlib.blake2b(np.asarray(tokens[lo:hi]).tobytes(), digest_size=16).hexdigest()
-
-
 @dataclass(frozen=True)
 class ShardTask:
     path: str
@@ -125,7 +130,7 @@ def _build_shard(task: ShardTask) -> int:
             "start": task.start,
             "end": task.end,
             "window_end": task.window_end,
-            "window_hash": _window_hash(tokens, task.start, task.window_end),
+            "window_hash": window_hash(tokens, task.start, task.window_end),
             "engine": task.engine,
         },
     )
@@ -145,7 +150,7 @@ def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
         return False
     if data_path.stat().st_size != 4 * (task.end - task.start):
         return False
-    return trust or meta["window_hash"] == _window_hash(tokens, task.start, task.window_end)
+    return trust or meta["window_hash"] == window_hash(tokens, task.start, task.window_end)
 
 
 @dataclass
@@ -159,6 +164,7 @@ class IndexSummary:
     index_bytes: int
     engine: str
     messages: list[str]
+    pending: int = 0  # with a part: shards other machines have not finished (no manifest for their files yet)
 
     @property
     def bytes_per_token(self) -> float:
@@ -174,11 +180,13 @@ def build_index(
     processes: int = 1,
     engine: str = "auto",
     progress: bool | None = None,
+    part: tuple[int, int] | None = None,
 ) -> IndexSummary:
     """Index every distinct token file of `source`; shards already done (and still matching their file) are kept.
-    A full disk is one line naming where the index goes; the shards done so far are kept for the rerun."""
+    A full disk is one line naming where the index goes; the shards done so far are kept for the rerun. With
+    `part` (I, N), sort only this machine's share of the shards (suffix_index/parts.py)."""
     try:
-        return _build_index(source, index_dir, shard_tokens, context, processes, engine, progress)
+        return _build_index(source, index_dir, shard_tokens, context, processes, engine, progress, part)
     except OSError as e:
         if not is_disk_full(e):
             raise
@@ -195,6 +203,7 @@ def _build_index(
     processes: int,
     engine: str,
     progress: bool | None,
+    part: tuple[int, int] | None = None,
 ) -> IndexSummary:
     if shard_tokens < 1 or context < 1 or shard_tokens + context >= 1 << 32:
         raise DataError(f"shard_tokens {shard_tokens} and context {context}: expected positive, summing below 2**32")
@@ -203,7 +212,8 @@ def _build_index(
     tasks: list[ShardTask] = []
     manifests: dict[str, dict[str, Any]] = {}
     messages: list[str] = []
-    skipped = 0
+    skipped, numbered = 0, 0
+    every: dict[str, tuple[list[ShardTask], bool]] = {}  # each file's shards, and whether its old manifest holds
     for path, f in files.items():
         if is_remote(path):
             raise DataError(f"{path}: indexing reads whole token files; copy the token files here first")
@@ -227,15 +237,22 @@ def _build_index(
         remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build
         tokens = token_array(path, f.dtype)
         n = len(tokens)
-        shards = []
-        for k, a in enumerate(range(0, n, shard_tokens)):
-            b = min(a + shard_tokens, n)
-            task = ShardTask(path, f.dtype, str(folder), k, a, b, min(b + context, n), engine)
-            shards.append(task)
+        shards = [
+            ShardTask(
+                path, f.dtype, str(folder), k, a, min(a + shard_tokens, n), min(a + shard_tokens + context, n), engine
+            )
+            for k, a in enumerate(range(0, n, shard_tokens))
+        ]
+        remove_beyond(folder, len(shards))
+        if part is not None and not trust:
+            write_plan(folder, numbered, len(shards), part[1])
+        for task in mine(shards, numbered, part):
             if _shard_done(task, tokens, trust):
                 skipped += 1
             else:
                 tasks.append(task)
+        numbered += len(shards)
+        every[path] = (shards, trust)
         manifests[path] = {
             **settings,
             "token_file": os.path.abspath(path),
@@ -247,7 +264,7 @@ def _build_index(
 
     t0 = time.perf_counter()
     built_tokens = sum(t.end - t.start for t in tasks)
-    with tqdm(total=built_tokens, unit=" tokens", unit_scale=True, desc="index", disable=_quiet(progress)) as bar:
+    with tqdm(total=built_tokens, unit=" tokens", unit_scale=True, desc="index", disable=bar_disabled(progress)) as bar:
         if processes <= 1 or len(tasks) <= 1:
             for task in tasks:
                 bar.update(_build_shard(task))
@@ -259,10 +276,15 @@ def _build_index(
                 for done in pool.imap_unordered(_build_shard, tasks):
                     bar.update(done)
     seconds = time.perf_counter() - t0
-    index_bytes = 0
+    index_bytes, pending = 0, 0
     for path, manifest in manifests.items():
         folder = index_folder(path, index_dir)
-        write_json_atomic(folder / "manifest.json", manifest)
+        if part is None:
+            write_json_atomic(folder / "manifest.json", manifest)
+        else:  # every shard checked (other machines' too) before a manifest vouches for them
+            shards, trust = every[path]
+            check = functools.partial(_shard_done, tokens=token_array(path, manifest["dtype"]), trust=trust)
+            pending += finish(folder, manifest, shards, check)
         index_bytes += sum(p.stat().st_size for p in folder.iterdir())
     return IndexSummary(
         files=len(files),
@@ -274,11 +296,8 @@ def _build_index(
         index_bytes=index_bytes,
         engine=engine,
         messages=messages,
+        pending=pending,
     )
-
-
-def _quiet(progress: bool | None) -> bool | None:
-    return bar_disabled(progress)
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -448,11 +467,14 @@ class FileSuffixIndex:
         that hold it although its window is too short to (checked against the file)."""
         m = len(sequence)
         out = []
+        keys: tuple[bytes, bytes] | None = None
         for shard in self.shards:
             samples = shard.samples(self.tokens)
+            keys = keys or (samples.key_one(sequence, False), samples.key_one(sequence, True))
             args = (self.tokens, shard.positions, shard.start, shard.window_end, sequence)
-            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions)))
-            hi = bound_one(*args, *samples.bracket_one(sequence, True, len(shard.positions)), above=True)
+            lo = bound_one(*args, *samples.bracket_one(sequence, False, len(shard.positions), keys[0]))
+            top_lo, top_hi = samples.bracket_one(sequence, True, len(shard.positions), keys[1])
+            hi = bound_one(*args, max(lo, top_lo), top_hi, above=True)  # never below lo
             near = self._near_end(shard, m)
             if len(near):
                 near = near[near + m > shard.window_end]
@@ -552,6 +574,8 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
             continue
         folder = index_folder(path, index_dir)
         manifest = None if is_remote(path) else _read_manifest(folder)
+        if manifest is None and not is_remote(path):
+            refuse_unfinished(folder, path, token_array(path, f.dtype))
         if manifest is None:
             missing.append(path)
             continue

@@ -12,6 +12,8 @@ each comparison starts there instead of at the first token.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 PAST_END = -1  # a suffix's token past its window: sorts before every token
@@ -88,12 +90,16 @@ class Samples:
         packed = np.ascontiguousarray(codes.astype(self.code))
         return packed.view(f"S{self.WIDTH * self.code.itemsize}").ravel()
 
-    def bracket_one(self, piece: np.ndarray, above: bool, count: int) -> tuple[int, int]:
-        """`bracket` of one piece, in plain Python."""
+    def key_one(self, piece: np.ndarray, above: bool) -> bytes:
+        """The key of one piece (the same for every shard of a token file: computed once a lookup)."""
         head = piece[: self.WIDTH].tolist()
         head += [QUERY_ABOVE if above else QUERY_END] * (self.WIDTH - len(head))
         codes = [self.top if t == QUERY_ABOVE else min(t + 2, self.top - 1) for t in head]
-        key = np.array(codes, dtype=self.code).tobytes()
+        return np.array(codes, dtype=self.code).tobytes()
+
+    def bracket_one(self, piece: np.ndarray, above: bool, count: int, key: bytes | None = None) -> tuple[int, int]:
+        """`bracket` of one piece, in plain Python (`key`: its `key_one`, where already known)."""
+        key = self.key_one(piece, above) if key is None else key
         below = int(np.searchsorted(self.keys, key, side="left"))
         over = int(np.searchsorted(self.keys, key, side="right"))
         lo = int(self.ranks[below - 1]) + 1 if below > 0 else 0
@@ -186,6 +192,9 @@ def longest_one(
     return max(lcp_lo, lcp_hi)
 
 
+SHORT = 64  # pieces up to this many tokens are compared as Python ints (`_prefix_short`)
+
+
 def search_one(
     tokens: np.ndarray,
     suffixes: np.ndarray,
@@ -198,14 +207,38 @@ def search_one(
 ) -> tuple[int, int, int]:
     """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side."""
     lcp_lo = lcp_hi = 0
+    fits = len(piece) <= SHORT and sys.byteorder == "little" and tokens.flags.c_contiguous
+    short = piece.tolist() if fits and tokens.dtype.itemsize in (2, 4) else None
+    # both as memoryviews, whose items are Python ints: a step reads a position and a token or two in ~0.1 us each
+    view = tokens.data.cast("B").cast("H" if tokens.dtype.itemsize == 2 else "I") if short else None
+    ranked = suffixes.data.cast("B").cast("I") if short and suffixes.flags.c_contiguous else None
     while lo < hi:
         mid = (lo + hi) >> 1
-        lcp, less = _prefix_one(tokens, base + int(suffixes[mid]), limit, piece, min(lcp_lo, lcp_hi), above)
+        p, skip = base + (ranked[mid] if ranked is not None else int(suffixes[mid])), min(lcp_lo, lcp_hi)
+        if short is not None and view is not None:
+            lcp, less = _prefix_short(view, p, limit, short, skip, above)
+        else:
+            lcp, less = _prefix_one(tokens, p, limit, piece, skip, above)
         if less:
             lo, lcp_lo = mid + 1, lcp
         else:
             hi, lcp_hi = mid, lcp
     return lo, lcp_lo, lcp_hi
+
+
+def _prefix_short(tokens: memoryview, p: int, limit: int, piece: list[int], skip: int, above: bool) -> tuple[int, bool]:
+    """`_prefix_one` of a short piece over the tokens as a memoryview (its items are Python ints): most steps of a
+    search differ within a token or two of `skip`, which this reads one at a time for a fraction of what a slice
+    and array operations cost."""
+    m = len(piece)
+    end = min(p + m, limit)
+    for j in range(skip, end - p):
+        t = tokens[p + j]
+        if t != piece[j]:
+            return j, t < piece[j]
+    if end - p < m:  # the suffix's window ends inside the piece: it sorts first
+        return end - p, True
+    return m, above  # the piece is a prefix of the suffix
 
 
 def _prefix_one(
