@@ -41,7 +41,7 @@ from olmo_data.dataset import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, sm
 from olmo_data.display import progress_bar
 from olmo_data.documents import file_format
 from olmo_data.errors import DataError, is_disk_full
-from olmo_data.interrupts import quiet_worker
+from olmo_data.interrupts import quiet_worker, signals_deferred
 from olmo_data.io import (
     atomic_path,
     expand_patterns,
@@ -184,7 +184,8 @@ def _processed(
     try:
         pending: deque[Future[_Chunk]] = deque()
         for task in tasks:
-            pending.append(pool.submit(_process, task))
+            with signals_deferred():  # a submit may spawn a worker: a signal mid-spawn leaves it reading a closed pipe
+                pending.append(pool.submit(_process, task))
             if len(pending) >= 2 * processes:
                 yield pending.popleft().result()
         while pending:
