@@ -204,12 +204,7 @@ def inspect_batch(
         run_steps=run_steps(cfg, n),
         assumed_dtype=source.assumed_dtype,
     )
-    if positions is not None:
-        chosen = np.asarray(positions, dtype=np.int64)
-    elif rank is not None and world_size is not None:
-        chosen = rank_positions(gbs, rank, world_size)
-    else:
-        chosen = np.arange(gbs)
+    chosen = _chosen(positions, rank, world_size, gbs)
     losses = _losses(report, cfg, config, save_folder, gbs)
     if isinstance(config, str):
         _add_lineage(report, config, cfg)
@@ -330,12 +325,7 @@ def _inspect_olmo_core(
         order_note=batch.order_note,
     )
     losses = _losses(report, own, config, save_folder, gbs) if own is not None else None
-    if positions is not None:
-        chosen = np.asarray(positions, dtype=np.int64)
-    elif rank is not None and world_size is not None:
-        chosen = rank_positions(gbs, rank, world_size)
-    else:
-        chosen = np.arange(gbs)
+    chosen = _chosen(positions, rank, world_size, gbs)
     keep = batch.instance_mask
     if keep is not None and core.run.instance_filter is not None:
         report.instance_filter = core.run.instance_filter.settings()
@@ -363,6 +353,15 @@ def _inspect_olmo_core(
             )
         )
     return report
+
+
+def _chosen(positions: list[int] | None, rank: int | None, world_size: int | None, gbs: int) -> np.ndarray:
+    """The positions of the global batch a report shows: those asked for, a rank's (r, r+W, ...), or all."""
+    if positions is not None:
+        return np.asarray(positions, dtype=np.int64)
+    if rank is not None and world_size is not None:
+        return rank_positions(gbs, rank, world_size)
+    return np.arange(gbs)
 
 
 def _add_lineage(report: BatchReport, config: str, cfg: TrainConfig) -> None:

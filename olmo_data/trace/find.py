@@ -44,7 +44,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import is_remote
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace.scan import scan, scanned_files
+from olmo_data.trace.scan import scan, scanned_files, scanned_tokens
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def find_tokens(
         targets = [Target(name, k, p, p + n) for k, f in enumerate(source.files) for p in at[f.path].tolist()]
         return targets, {"tokens": float(index.tokens), "seconds": seconds, "index": 1.0}
     seq = np.asarray(sequence, dtype=np.int64)
-    total = sum(n for _, n in scanned_files(source).values())
+    total = scanned_tokens(scanned_files(source))
     t0 = time.perf_counter()
     found: dict[str, list[int]] = {f.path: [] for f in source.files}
     for path, hits in scan(source, _scan_chunk, (seq,), processes=processes, progress=progress):

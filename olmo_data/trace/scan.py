@@ -19,11 +19,16 @@ PROGRESS_DELAY = 2.0  # seconds before a search shows its bar (most searches tak
 SCAN_CHUNK = 1 << 24  # tokens per scan task: large enough for numpy to run at memory speed, small enough to share
 
 
+def pooled(processes: int, total_tokens: int) -> bool:
+    """Whether a scan of `total_tokens` runs in a pool of `processes`: not for small data (starting processes
+    costs more than it saves below a few chunks)."""
+    return processes > 1 and total_tokens >= 4 * SCAN_CHUNK
+
+
 def scan_tasks(fn: Callable[[Any], Any], tasks: list[Any], processes: int, total_tokens: int) -> Iterator[Any]:
-    """`fn` over the chunks of a scan, in completion order: here for small data (starting processes costs more
-    than it saves below a few chunks), else in a pool of `processes` (forked where the platform can, so the
-    workers share the memory maps' page cache)."""
-    if processes <= 1 or total_tokens < 4 * SCAN_CHUNK:
+    """`fn` over the chunks of a scan, in completion order: here for small data, else (`pooled`) in a pool of
+    `processes` (forked where the platform can, so the workers share the memory maps' page cache)."""
+    if not pooled(processes, total_tokens):
         yield from map(fn, tasks)
         return
 
@@ -43,6 +48,11 @@ def scanned_files(source: InstanceSource) -> dict[str, tuple[str, int]]:
     return files
 
 
+def scanned_tokens(files: dict[str, tuple[str, int]]) -> int:
+    """The tokens a scan of `scanned_files` reads."""
+    return sum(n for _, n in files.values())
+
+
 def scan(
     source: InstanceSource,
     fn: Callable[[Any], tuple[str, int, Any]],
@@ -59,7 +69,7 @@ def scan(
         for path, (dtype, n) in files.items()
         for lo in range(0, n, SCAN_CHUNK)
     ]
-    total = sum(n for _, n in files.values())
+    total = scanned_tokens(files)
     with progress_bar(desc="search", total=total, unit=" tokens", progress=progress, delay=PROGRESS_DELAY) as bar:
         for path, n, answer in scan_tasks(fn, tasks, processes, total):
             yield path, answer

@@ -27,7 +27,7 @@ import numpy as np
 from olmo_data.dataset import InstanceSource
 from olmo_data.display import progress_bar
 from olmo_data.suffix_index import RunIndex, common_prefix, token_array
-from olmo_data.trace.scan import PROGRESS_DELAY, scan, scanned_files
+from olmo_data.trace.scan import PROGRESS_DELAY, scan, scanned_files, scanned_tokens
 
 CAP = 64  # tokens every start is searched to before the walk
 BATCH = 1 << 14  # starts searched at once, at most
@@ -181,9 +181,10 @@ def scan_longest(
     """L(i) for every start (exact where at least `min_tokens`); per start, how many places hold its longest
     match and the first `keep` of them per token file (only where that start may begin a maximal span); and the
     tokens scanned."""
-    paths = list(scanned_files(source))
+    files = scanned_files(source)
+    paths = list(files)
     rank = {p: k for k, p in enumerate(paths)}
-    total = sum(n for _, n in scanned_files(source).values())
+    total = scanned_tokens(files)
     n = len(query)
     state = _empty(n)
     for path, found in scan(source, _scan_chunk, (query, min_tokens, keep), processes=processes, progress=progress):

@@ -21,7 +21,7 @@ import numpy as np
 
 from olmo_data.dataset import InstanceSource
 from olmo_data.suffix_index import common_prefix, token_array
-from olmo_data.trace.scan import SCAN_CHUNK, scan, scanned_files
+from olmo_data.trace.scan import pooled, scan, scanned_files, scanned_tokens
 from olmo_data.trace.spans import MAX_PLACES, maximal_spans
 
 _WEIGHTS = np.random.default_rng(0xC0A7).integers(1, 1 << 63, size=4096, dtype=np.uint64) | np.uint64(1)
@@ -132,23 +132,23 @@ def _spans_of(
 def estimate_scan(source: InstanceSource, texts: TextSet, k: int, processes: int) -> float:
     """Seconds a scan of every token file would take, from one of `PROBE_TOKENS` tokens."""
     files = scanned_files(source)
-    total = sum(n for _, n in files.values())
+    total = scanned_tokens(files)
     path, (dtype, n) = max(files.items(), key=lambda item: item[1][1])
     probe = min(n, PROBE_TOKENS)
     with _shared(texts, pooled=False) as key:
         t0 = time.perf_counter()
         _scan_chunk((path, dtype, 0, probe, key, k))
         seconds = (time.perf_counter() - t0) * total / max(probe, 1)
-    return seconds / max(1, processes) if total >= 4 * SCAN_CHUNK else seconds
+    return seconds / max(1, processes) if pooled(processes, total) else seconds
 
 
 def _scan_all(
     source: InstanceSource, texts: TextSet, k: int, *, processes: int, progress: bool | None
 ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
-    parts: dict[str, list[np.ndarray]] = {p: [] for p in scanned_files(source)}
-    total = sum(n for _, n in scanned_files(source).values())
-    with _shared(texts, pooled=processes > 1 and total >= 4 * SCAN_CHUNK) as key:
+    files = scanned_files(source)
+    parts: dict[str, list[np.ndarray]] = {p: [] for p in files}
+    with _shared(texts, pooled=pooled(processes, scanned_tokens(files))) as key:
         for path, found in scan(source, _scan_chunk, (key, k), processes=processes, progress=progress):
             parts[path].append(found)
     out = {}

@@ -4,8 +4,6 @@ k-grams, matches longer than the first extension, texts shorter than k and texts
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -80,8 +78,7 @@ def test_a_scan_by_a_pool_of_processes_gives_the_same(source: InstanceSource, mo
     saved them in (no task carries them), and answer as one process does."""
     qs = queries(source)
     one, _ = search_texts(source, qs, K, search="scan")
-    monkeypatch.setattr("olmo_data.trace.scan.SCAN_CHUNK", 1 << 14)
-    monkeypatch.setattr(sys.modules["olmo_data.trace.text_scan"], "SCAN_CHUNK", 1 << 14)
+    monkeypatch.setattr("olmo_data.trace.scan.SCAN_CHUNK", 1 << 14)  # the one pool rule (scan.pooled) reads it
     pooled: list[str] = []
     save = np.save
 
