@@ -67,7 +67,7 @@ def main() -> None:
         ids[rng.random(n) < 1 / args.mean_doc_tokens] = 0  # documents end at EOS id 0, geometric lengths
         ids.astype(dtype).tofile(tokens)
     data = (
-        [f"--data.paths=[{args.tokens}]"]
+        [f"--data.paths=[{args.tokens}]", "--data.dtype=null"]  # the token files' manifests say their dtype
         if args.tokens
         else [f"--data.paths=[{tokens}]", f"--data.dtype={dtype.__name__}"]
     )

@@ -29,7 +29,7 @@ def measure(config: str, index_dir: str | None) -> dict[str, object]:
 
     from olmo_data.dataset.instances import open_from_config
     from olmo_data.io import read_yaml
-    from olmo_data.suffix_index.index import open_index
+    from olmo_data.suffix_index import open_index
 
     source = open_from_config(read_yaml(config, "the run config"))
     index = open_index(source, index_dir)

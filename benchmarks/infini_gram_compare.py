@@ -43,7 +43,8 @@ def compare(
     config: dict[str, Any], work: Path, index_dir: str | None, queries: int = 400, cpus: int = 1
 ) -> dict[str, Any]:
     from olmo_data.dataset.instances import open_from_config
-    from olmo_data.suffix_index.index import build_index, index_folder, open_index
+    from olmo_data.suffix_index import build_index, open_index
+    from olmo_data.suffix_index.layout import index_folder
     from tests.infini_gram_reference import Reference, build_reference
 
     source = open_from_config(config)

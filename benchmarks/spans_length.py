@@ -105,7 +105,7 @@ def one(config: str, text_file: str, tokens: int, mode: str) -> None:
 
     from olmo_data.dataset.instances import open_from_config
     from olmo_data.io import read_yaml
-    from olmo_data.suffix_index.index import open_index
+    from olmo_data.suffix_index import open_index
     from olmo_data.tokenizer import data_tokenizer
     from olmo_data.trace.spans import find_spans
 
@@ -138,7 +138,7 @@ def million(data: Path, mode: str) -> None:
     import numpy as np
 
     from olmo_data.dataset.instances import open_from_config
-    from olmo_data.suffix_index.index import build_index, open_index
+    from olmo_data.suffix_index import build_index, open_index
     from olmo_data.trace.spans import find_spans
 
     path = data / "million" / "part-0.npy"

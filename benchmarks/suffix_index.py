@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from olmo_data.dataset.instances import open_from_config  # noqa: E402
-from olmo_data.suffix_index.index import build_index, open_index  # noqa: E402
+from olmo_data.suffix_index import build_index, open_index  # noqa: E402
 from olmo_data.suffix_index.sort import have_divsufsort  # noqa: E402
 from olmo_data.trace.spans import find_spans  # noqa: E402
 

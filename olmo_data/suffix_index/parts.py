@@ -23,6 +23,7 @@ import numpy as np
 
 from olmo_data.errors import DataError
 from olmo_data.io import write_json_atomic
+from olmo_data.suffix_index.layout import shard_file
 
 PLAN_FILE = "build-plan.json"
 T = TypeVar("T")
@@ -37,7 +38,7 @@ def window_hash(tokens: np.ndarray, lo: int, hi: int) -> str:
 def shard_current(folder: Path, tokens: np.ndarray, k: int) -> bool:
     """Whether shard k's record is there and its window still holds the tokens it was sorted by."""
     try:
-        meta = json.loads((folder / f"shard-{k:05d}.json").read_text())
+        meta = json.loads(shard_file(folder, k, "json").read_text())
         return bool(meta["window_hash"] == window_hash(tokens, int(meta["start"]), int(meta["window_end"])))
     except (OSError, ValueError, TypeError, KeyError):
         return False

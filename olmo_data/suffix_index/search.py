@@ -21,7 +21,7 @@ QUERY_END = -2  # a piece's token past its end, for a lower bound: the piece sor
 QUERY_ABOVE = 1 << 40  # ... for an upper bound: after every suffix it is a prefix of
 BLOCK_ELEMENTS = 1 << 20  # tokens compared at once, all rows together (8 MiB an int64 array)
 FIRST_BLOCK = 4  # most comparisons of a binary search differ within a few tokens
-SAMPLES = 1 << 14  # suffixes a shard keeps in memory to bracket searches: 512 KB (1 MB for uint32 tokens)
+SAMPLE_STEP = 256  # every 256th suffix of a shard is sampled: its keys take 1/8 byte a token (1/4: uint32 tokens)
 
 
 def common_prefix(
@@ -68,22 +68,34 @@ def common_prefix(
 
 
 class Samples:
-    """Every `step`-th suffix of a sorted shard, keyed by its first WIDTH tokens as big-endian bytes (numpy compares
-    fixed-width bytes as memcmp does, so the keys sort as the suffixes do): one np.searchsorted of the pieces' keys
-    replaces the top levels of every binary search, which otherwise cost a pass over all the rows each."""
+    """Every `step`-th suffix of a sorted shard, keyed by its first WIDTH tokens as big-endian codes packed into
+    fixed-width bytes (numpy compares those as memcmp does, so the keys sort as the suffixes do): one
+    np.searchsorted of a piece's key replaces the top levels of its binary search. The build writes a shard's keys
+    (`of`, `shard-KKKKK.keys`); a query memory-maps them, so a fresh process touches a few pages of them per lookup
+    instead of reading thousands of suffixes at random to sample the shard."""
 
     WIDTH = 8
 
-    def __init__(self, tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, count: int = SAMPLES):
-        self.code = np.dtype(">u4") if tokens.dtype.itemsize <= 2 else np.dtype(">u8")  # token + 2, and one above
-        self.top = (1 << 17) - 1 if tokens.dtype.itemsize <= 2 else (1 << 34) - 1
-        step = max(1, len(suffixes) // count)
-        self.ranks = np.arange(0, len(suffixes), step, dtype=np.int64)
-        pos = base + np.asarray(suffixes[self.ranks]).astype(np.int64)
-        at = pos[:, None] + np.arange(self.WIDTH)
+    def __init__(self, keys: np.ndarray, itemsize: int, count: int, step: int = SAMPLE_STEP) -> None:
+        self.code, self.top = key_code(itemsize)
+        self.keys, self.count, self.step = keys, count, step
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, step: int = SAMPLE_STEP) -> Samples:
+        """The samples of a shard's sorted positions `suffixes` (relative to `base`, each suffix read up to
+        `limit`)."""
+        samples = cls(np.zeros(0, dtype="S1"), tokens.dtype.itemsize, len(suffixes), step)
+        pos = base + np.asarray(suffixes[::step]).astype(np.int64)
+        at = pos[:, None] + np.arange(cls.WIDTH)
         text = tokens.take(at, mode="clip").astype(np.int64)
         text[at >= limit] = PAST_END
-        self.keys = self._pack(text)
+        samples.keys = samples._pack(text)
+        return samples
+
+    @classmethod
+    def key_bytes(cls, itemsize: int) -> int:
+        """Bytes a key takes for tokens of `itemsize` bytes."""
+        return cls.WIDTH * key_code(itemsize)[0].itemsize
 
     def _pack(self, columns: np.ndarray) -> np.ndarray:
         codes = np.where(columns == QUERY_ABOVE, self.top, np.minimum(columns + 2, self.top - 1))  # bigger ids: top-1
@@ -91,22 +103,23 @@ class Samples:
         return packed.view(f"S{self.WIDTH * self.code.itemsize}").ravel()
 
     def key_one(self, piece: np.ndarray, above: bool) -> bytes:
-        """The key of one piece (the same for every shard of a token file: computed once a lookup)."""
+        """The key of one piece (the same for every shard of a run's files: computed once a lookup)."""
         head = piece[: self.WIDTH].tolist()
         head += [QUERY_ABOVE if above else QUERY_END] * (self.WIDTH - len(head))
         codes = [self.top if t == QUERY_ABOVE else min(t + 2, self.top - 1) for t in head]
         return np.array(codes, dtype=self.code).tobytes()
 
-    def bracket_one(self, piece: np.ndarray, above: bool, count: int, key: bytes | None = None) -> tuple[int, int]:
+    def _ranks(self, below: int, over: int) -> tuple[int, int]:
+        lo = (below - 1) * self.step + 1 if below > 0 else 0
+        return lo, over * self.step if over < len(self.keys) else self.count
+
+    def bracket_one(self, piece: np.ndarray, above: bool, key: bytes | None = None) -> tuple[int, int]:
         """`bracket` of one piece, in plain Python (`key`: its `key_one`, where already known)."""
         key = self.key_one(piece, above) if key is None else key
-        below = int(np.searchsorted(self.keys, key, side="left"))
-        over = int(np.searchsorted(self.keys, key, side="right"))
-        lo = int(self.ranks[below - 1]) + 1 if below > 0 else 0
-        return lo, int(self.ranks[over]) if over < len(self.ranks) else count
+        return self._ranks(int(self.keys.searchsorted(key, "left")), int(self.keys.searchsorted(key, "right")))
 
     def bracket(
-        self, query: np.ndarray, qstart: np.ndarray, qlen: np.ndarray, above: bool, count: int
+        self, query: np.ndarray, qstart: np.ndarray, qlen: np.ndarray, above: bool
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per piece: ranks [lo, hi) that its bound lies in, from the samples whose keys differ from its own."""
         offset = np.arange(self.WIDTH)
@@ -115,9 +128,16 @@ class Samples:
         keys = self._pack(piece)
         below = np.searchsorted(self.keys, keys, side="left")  # samples [0, below) sort before the piece
         over = np.searchsorted(self.keys, keys, side="right")  # samples [over, ...) after it
-        lo = np.where(below > 0, self.ranks[np.maximum(below - 1, 0)] + 1, 0)
-        hi = np.where(over < len(self.ranks), self.ranks[np.minimum(over, len(self.ranks) - 1)], count)
-        return lo, hi
+        lo = np.where(below > 0, (below - 1) * self.step + 1, 0)
+        return lo, np.where(over < len(self.keys), over * self.step, self.count)
+
+
+def key_code(itemsize: int) -> tuple[np.dtype, int]:
+    """The big-endian code a key holds a token in, and its largest value: token + 2 (PAST_END and QUERY_END below
+    every token), ids too big for it as top - 1, QUERY_ABOVE as top."""
+    if itemsize <= 2:
+        return np.dtype(">u4"), (1 << 17) - 1
+    return np.dtype(">u8"), (1 << 34) - 1
 
 
 def lower_bound(
@@ -137,7 +157,7 @@ def lower_bound(
     the one at it (0 where there is none). The piece's longest prefix held by these suffixes is the larger two."""
     rows, count = len(qstart), len(suffixes)
     if samples is not None:
-        lo, hi = samples.bracket(query, qstart, qlen, above, count)
+        lo, hi = samples.bracket(query, qstart, qlen, above)
     else:
         lo, hi = np.zeros(rows, dtype=np.int64), np.full(rows, count, dtype=np.int64)
     first_lo, first_hi = lo.copy(), hi.copy()
@@ -162,6 +182,19 @@ def lower_bound(
     return lo, lcp_lo, lcp_hi
 
 
+Views = tuple[memoryview | None, memoryview | None]  # int_view of a token file, of a shard's positions
+
+
+def int_view(array: np.ndarray) -> memoryview | None:
+    """The array's items as Python ints through a memoryview (a step of a scalar search reads a position and a
+    token or two in ~0.1 us each); None where its layout does not allow one. Made once per file and shard."""
+    if sys.byteorder != "little" or not array.flags.c_contiguous or array.dtype.kind != "u":
+        return None
+    if array.dtype.itemsize not in (2, 4) or array.dtype.byteorder == ">":
+        return None
+    return array.data.cast("B").cast("H" if array.dtype.itemsize == 2 else "I")
+
+
 def bound_one(
     tokens: np.ndarray,
     suffixes: np.ndarray,
@@ -172,24 +205,50 @@ def bound_one(
     hi: int,
     *,
     above: bool = False,
+    views: Views | None = None,
 ) -> int:
     """`lower_bound` of one piece within ranks [lo, hi), in plain Python over slices: a single lookup (count or
     find of an n-gram, a step of the span walk) pays a few microseconds a step instead of the dozen array
     operations a step of the vectorised search costs whatever its rows."""
-    return search_one(tokens, suffixes, base, limit, piece, lo, hi, above)[0]
+    return search_one(tokens, suffixes, base, limit, piece, lo, hi, above, views)[0]
 
 
 def longest_one(
-    tokens: np.ndarray, suffixes: np.ndarray, base: int, limit: int, piece: np.ndarray, lo: int, hi: int
+    tokens: np.ndarray,
+    suffixes: np.ndarray,
+    base: int,
+    limit: int,
+    piece: np.ndarray,
+    lo: int,
+    hi: int,
+    views: Views | None = None,
 ) -> int:
     """The longest prefix of one piece that the suffixes hold (`lower_bound`'s larger common prefix), searched
     within the bracket [lo, hi); its edges, never compared by the search, are compared here."""
-    rank, lcp_lo, lcp_hi = search_one(tokens, suffixes, base, limit, piece, lo, hi, False)
+    rank, lcp_lo, lcp_hi = search_one(tokens, suffixes, base, limit, piece, lo, hi, False, views)
     if rank == lo and rank > 0:
         lcp_lo = _prefix_one(tokens, base + int(suffixes[rank - 1]), limit, piece, 0)[0]
     if rank == hi and rank < len(suffixes):
         lcp_hi = _prefix_one(tokens, base + int(suffixes[rank]), limit, piece, 0)[0]
     return max(lcp_lo, lcp_hi)
+
+
+def prefix_at(
+    tokens: np.ndarray,
+    suffixes: np.ndarray,
+    base: int,
+    limit: int,
+    piece: np.ndarray,
+    rank: int,
+    views: Views | None = None,
+) -> int:
+    """How many leading tokens of the piece the suffix ranked `rank` holds (read up to `limit`): the piece's
+    count in a shard is 0 unless its lower bound's suffix holds all of it, which spares that shard's upper bound."""
+    view, ranked = views if views is not None else (int_view(tokens), int_view(suffixes))
+    p = base + (ranked[rank] if ranked is not None else int(suffixes[rank]))
+    if view is not None and len(piece) <= SHORT:
+        return _prefix_short(view, p, limit, piece.tolist(), 0, False)[0]
+    return _prefix_one(tokens, p, limit, piece, 0)[0]
 
 
 SHORT = 64  # pieces up to this many tokens are compared as Python ints (`_prefix_short`)
@@ -204,25 +263,47 @@ def search_one(
     lo: int,
     hi: int,
     above: bool,
+    views: Views | None = None,
 ) -> tuple[int, int, int]:
-    """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side."""
+    """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side
+    (`views`: the int_view of the tokens and of the suffixes, where the caller keeps them)."""
+    view, ranked = views if views is not None else (int_view(tokens), int_view(suffixes))
+    if len(piece) <= SHORT and view is not None and ranked is not None:
+        return _search_short(view, ranked, base, limit, piece.tolist(), lo, hi, above)
     lcp_lo = lcp_hi = 0
-    fits = len(piece) <= SHORT and sys.byteorder == "little" and tokens.flags.c_contiguous
-    short = piece.tolist() if fits and tokens.dtype.itemsize in (2, 4) else None
-    # both as memoryviews, whose items are Python ints: a step reads a position and a token or two in ~0.1 us each
-    view = tokens.data.cast("B").cast("H" if tokens.dtype.itemsize == 2 else "I") if short else None
-    ranked = suffixes.data.cast("B").cast("I") if short and suffixes.flags.c_contiguous else None
     while lo < hi:
         mid = (lo + hi) >> 1
-        p, skip = base + (ranked[mid] if ranked is not None else int(suffixes[mid])), min(lcp_lo, lcp_hi)
-        if short is not None and view is not None:
-            lcp, less = _prefix_short(view, p, limit, short, skip, above)
-        else:
-            lcp, less = _prefix_one(tokens, p, limit, piece, skip, above)
+        p, skip = base + int(suffixes[mid]), min(lcp_lo, lcp_hi)
+        lcp, less = _prefix_one(tokens, p, limit, piece, skip, above)
         if less:
             lo, lcp_lo = mid + 1, lcp
         else:
             hi, lcp_hi = mid, lcp
+    return lo, lcp_lo, lcp_hi
+
+
+def _search_short(
+    view: memoryview, ranked: memoryview, base: int, limit: int, piece: list[int], lo: int, hi: int, above: bool
+) -> tuple[int, int, int]:
+    """`search_one` of a short piece, its comparison written into the loop: a step costs ~0.5 us (most differ
+    within a token or two of the prefix both sides share), a function call per step would be half as much again."""
+    m = len(piece)
+    lcp_lo = lcp_hi = 0
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        p = base + ranked[mid]
+        j = lcp_lo if lcp_lo < lcp_hi else lcp_hi
+        stop = limit - p if limit - p < m else m  # the suffix's window may end inside the piece
+        while j < stop and view[p + j] == piece[j]:
+            j += 1
+        if j < stop:
+            less = view[p + j] < piece[j]
+        else:
+            less = stop < m or above  # a window ending inside the piece sorts first; the piece before extensions
+        if less:
+            lo, lcp_lo = mid + 1, j
+        else:
+            hi, lcp_hi = mid, j
     return lo, lcp_lo, lcp_hi
 
 

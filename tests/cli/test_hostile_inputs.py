@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from olmo_cli.main import main
-from olmo_data.suffix_index.index import index_folder
+from olmo_data.suffix_index.layout import index_folder
 from tests.cli.test_full_disk import leftovers
 from tests.data.suffix_index.test_suffix_index import make_files
 from tests.helpers import small_disk

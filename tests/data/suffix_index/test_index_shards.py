@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from olmo_cli.main import main
 from olmo_data.dataset.instances import open_from_config
 from olmo_data.errors import DataError
-from olmo_data.suffix_index.index import build_index, open_index
+from olmo_data.suffix_index import build_index, open_index
 from tests.data.suffix_index.test_suffix_index import make_files
 from tests.slurm_cluster import REPO, SlurmCluster, local_slurm
 

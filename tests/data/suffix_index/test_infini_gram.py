@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from olmo_data.dataset.instances import open_from_config
-from olmo_data.suffix_index.index import build_index, open_index
+from olmo_data.suffix_index import build_index, open_index
 from olmo_data.trace.spans import find_spans
 from tests.infini_gram_reference import Reference, build_reference, have_infini_gram
 

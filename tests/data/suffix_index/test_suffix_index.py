@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from olmo_cli.main import main
 from olmo_data.dataset.instances import open_from_config
 from olmo_data.errors import DataError
-from olmo_data.suffix_index.index import build_index, index_folder, open_index
+from olmo_data.suffix_index import build_index, open_index
+from olmo_data.suffix_index.layout import index_folder
 from olmo_data.suffix_index.sort import have_divsufsort, suffix_array
 from olmo_data.trace.find import find_tokens
 from olmo_data.trace.spans import find_spans

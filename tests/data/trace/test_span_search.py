@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from olmo_cli.main import main
 from olmo_data.dataset.instances import open_from_config
-from olmo_data.suffix_index.index import build_index, open_index
+from olmo_data.suffix_index import build_index, open_index
 from olmo_data.trace.span_search import index_longest, scan_longest
 from olmo_data.trace.spans import find_spans
 
