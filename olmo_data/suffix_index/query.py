@@ -123,10 +123,11 @@ class FileSuffixIndex:
         if not len(starts):
             return best
         few = len(starts) <= FEW_ROWS  # the steps of a span walk: a scalar search each
+        pieces = [query[int(a) : int(a + c)] for a, c in zip(starts, caps, strict=True)] if few else []
+        keys = [self.keys_of(piece, False) for piece in pieces] if self.keys_of is not None else []
         for shard in self.shards:
-            for r in range(len(starts)) if few else ():
-                piece = query[int(starts[r]) : int(starts[r] + caps[r])]
-                edges = shard.samples.bracket_one(piece, False)
+            for r, (piece, key) in enumerate(zip(pieces, keys, strict=True)):
+                edges = shard.samples.bracket_one(piece, False, key)
                 args = (self.tokens, shard.positions, shard.start, shard.window_end, piece)
                 best[r] = max(int(best[r]), longest_one(*args, *edges, shard.views))
             for a in range(0, 0 if few else len(starts), ROWS):

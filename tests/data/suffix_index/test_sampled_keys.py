@@ -1,0 +1,91 @@
+"""A shard's sampled keys (written by the build, memory-mapped by queries) bracket every bound a binary search looks
+for, at any sampling step; an index of the old format, or with a damaged keys file, is refused by name and rebuilt
+by a rerun."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from olmo_cli.index import index as index_command
+from olmo_data.dataset.instances import open_from_config
+from olmo_data.errors import DataError
+from olmo_data.suffix_index import build_index, open_index
+from olmo_data.suffix_index.layout import SHARD_TOKENS, index_folder, shard_file
+from olmo_data.suffix_index.search import Samples, bound_one, lower_bound
+from tests.data.suffix_index.test_suffix_index import make_files, python_suffix_array
+
+
+def true_bound(suffixes: list[list[int]], piece: list[int], above: bool) -> int:
+    """Ranks of the suffixes that sort before the piece (lower bound), or before it or start with it (upper)."""
+    return sum(1 for s in suffixes if s < piece or (above and s[: len(piece)] == piece))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_keys_bracket_every_bound_at_any_step(dtype: type) -> None:
+    rng = np.random.default_rng(7)
+    big = 2**32 - 3 if dtype == np.uint32 else 65535
+    tokens = rng.choice(np.array([0, 1, 2, big], dtype=np.int64), 600).astype(dtype)
+    tokens[300:340] = tokens[100:140]
+    base, end, limit = 50, 450, 470  # a shard [50, 450) sorted up to 470, as the build windows it
+    order = python_suffix_array(tokens[base:limit])
+    positions = np.array([p for p in order if p < end - base], dtype=np.uint32)
+    suffixes = [tokens[base + int(p) : limit].astype(np.int64).tolist() for p in positions]
+    at, lengths = rng.integers(0, 590, 60), rng.integers(1, 12, 60)
+    pieces = [tokens[a : a + n].astype(np.int64).tolist() for a, n in zip(at, lengths, strict=True)]
+    pieces += [[3], [big, big, big, big, big, big, big, big, big], [0] * 20, [2, 1, 0, 3]]  # absent, repeated
+    for step in (1, 3, 7, 256):
+        samples = Samples.of(tokens, positions, base, limit, step)
+        assert len(samples.keys) == -(-len(positions) // step)
+        for piece in pieces:
+            arr = np.array(piece, dtype=np.int64)
+            for above in (False, True):
+                want = true_bound(suffixes, piece, above)
+                lo, hi = samples.bracket_one(arr, above)
+                assert lo <= want <= hi, (step, piece, above)
+                assert bound_one(tokens, positions, base, limit, arr, lo, hi, above=above) == want
+        query = np.concatenate([np.array(p, dtype=np.int64) for p in pieces])
+        starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+        lengths = np.array([len(p) for p in pieces])
+        for above in (False, True):
+            got, _, _ = lower_bound(
+                tokens, positions, base, limit, query, starts, lengths, above=above, samples=samples
+            )
+            assert got.tolist() == [true_bound(suffixes, p, above) for p in pieces]
+
+
+def test_an_index_of_the_old_format_is_refused_by_name_then_rebuilt(tmp_path: Path) -> None:
+    paths, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    build_index(source, shard_tokens=1000, context=8, progress=False)
+    manifest_path = index_folder(paths[0]) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**manifest, "version": 1}))
+    for keys in index_folder(paths[0]).glob("shard-*.keys"):  # format 1 had none
+        keys.unlink()
+    with pytest.raises(DataError, match=r"is in format 1, this olmo-data reads format 2; rerun `olmo-data index"):
+        open_index(source)
+    assert build_index(source, shard_tokens=1000, context=8, progress=False).built == 3  # that file's shards
+    index = open_index(source)
+    assert index is not None and index.count([0, 7]) > 0
+
+
+def test_a_damaged_keys_file_is_refused_then_rebuilt(tmp_path: Path) -> None:
+    paths, cfg = make_files(tmp_path, "uint16")
+    source = open_from_config(cfg)
+    build_index(source, shard_tokens=1000, context=8, progress=False)
+    keys = shard_file(index_folder(paths[1]), 2, "keys")
+    whole = keys.read_bytes()
+    keys.write_bytes(whole[:-5])  # cut short
+    with pytest.raises(DataError, match=r"the suffix index's shards do not cover the 3000 tokens of .*part-1\.npy"):
+        open_index(source)
+    assert build_index(source, shard_tokens=1000, context=8, progress=False).built == 1
+    assert keys.read_bytes() == whole
+
+
+def test_the_command_defaults_to_the_library_shard_size() -> None:
+    option = next(p for p in index_command.params if p.name == "shard_tokens")
+    assert option.default == SHARD_TOKENS
