@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ INDEX_VERSION = 2  # 2: every shard has its sampled keys (shard-KKKKK.keys)
 SHARD_TOKENS = 1 << 26  # positions per shard: ~1.7 GB peak per divsufsort process (~4.3 GB with numpy's)
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
+WILL_READ = 1 << 12  # positions read in one go from which the pages are asked for at once (16 KB)
 
 
 def shard_file(folder: Path, k: int, suffix: str) -> Path:
@@ -64,6 +66,29 @@ def file_stamp(path: str) -> dict[str, Any]:
 def token_array(path: str, dtype: str) -> np.ndarray:
     """A token file as a read-only memory map."""
     return np.memmap(path, dtype=np.dtype(DTYPES[dtype]).newbyteorder("<"), mode="r")
+
+
+def random_access(array: np.ndarray) -> np.ndarray:
+    """A memory map that a query reads at random (a binary search's positions and tokens): told so, the kernel
+    reads only the page a lookup touches instead of reading ahead around it, which from a cold page cache is most
+    of a fresh process's time. A plain view of it is returned: cheaper to index than the memmap subclass."""
+    raw = getattr(array, "_mmap", None)
+    if raw is not None and hasattr(mmap, "MADV_RANDOM"):
+        raw.madvise(mmap.MADV_RANDOM)
+    return np.asarray(array)
+
+
+def will_read(array: np.ndarray, lo: int, hi: int) -> None:
+    """Before reading array[lo:hi] of a `random_access` map in one go (the places of a frequent sequence): ask the
+    kernel for those pages at once, as its read-ahead would have, instead of one page a fault."""
+    base: Any = array
+    while base is not None and getattr(base, "_mmap", None) is None:
+        base = base.base
+    if hi - lo < WILL_READ or base is None or not hasattr(mmap, "MADV_WILLNEED"):
+        return
+    start = array.ctypes.data - base.ctypes.data + lo * array.itemsize  # bytes into the map (its offset is 0)
+    first = start - start % mmap.PAGESIZE
+    base._mmap.madvise(mmap.MADV_WILLNEED, first, start + (hi - lo) * array.itemsize - first)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

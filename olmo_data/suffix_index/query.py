@@ -25,9 +25,11 @@ from olmo_data.suffix_index.layout import (
     INDEX_VERSION,
     file_stamp,
     index_folder,
+    random_access,
     read_manifest,
     shard_file,
     token_array,
+    will_read,
 )
 from olmo_data.suffix_index.parts import refuse_unfinished
 from olmo_data.suffix_index.search import (
@@ -64,7 +66,7 @@ class FileSuffixIndex:
 
     def __init__(self, path: str, dtype: str, folder: Path, manifest: dict[str, Any]) -> None:
         self.path = path
-        self.tokens = np.asarray(token_array(path, dtype))
+        self.tokens = random_access(token_array(path, dtype))
         self.view = int_view(self.tokens)
         self.shards: list[Shard] = []
         n, itemsize = len(self.tokens), self.tokens.dtype.itemsize
@@ -81,7 +83,7 @@ class FileSuffixIndex:
             wanted_keys = -(-count // SAMPLE_STEP) * Samples.key_bytes(itemsize)
             if start != previous or not start < end <= window_end <= n or size != 4 * count or key_size != wanted_keys:
                 raise _not_covering(folder, path, n)
-            positions = np.asarray(np.memmap(data, dtype="<u4", mode="r"))  # a plain view: cheaper to index
+            positions = random_access(np.memmap(data, dtype="<u4", mode="r"))
             width = Samples.key_bytes(itemsize)
             samples = Samples(np.asarray(np.memmap(keys, dtype=f"S{width}", mode="r")), itemsize, count)
             self.shards.append(Shard(start, end, window_end, positions, samples, (self.view, int_view(positions))))
@@ -189,6 +191,7 @@ class FileSuffixIndex:
             quota[rows] -= sizes
             others = set(np.flatnonzero((hi > lo) & ~small).tolist()) | {r for r, h in held.items() if len(h)}
             for r in sorted(others):
+                will_read(shard.positions, int(lo[r]), int(hi[r]))
                 here = shard.start + smallest(shard.positions, int(lo[r]), int(hi[r]), int(quota[r]))
                 if r in held:  # never in the interval: a window too short to hold the piece sorts it elsewhere
                     here = np.sort(np.concatenate([here, held[r]]))[: quota[r]]
@@ -231,10 +234,10 @@ class FileSuffixIndex:
         """Every position where the file holds `sequence`, sorted."""
         if not len(sequence):
             return np.zeros(0, dtype=np.int64)
-        found = [
-            np.concatenate([shard.start + shard.positions[lo:hi].astype(np.int64), near])
-            for shard, lo, hi, near in self.intervals(sequence, keys)
-        ]
+        found = []
+        for shard, lo, hi, near in self.intervals(sequence, keys):
+            will_read(shard.positions, lo, hi)
+            found.append(np.concatenate([shard.start + shard.positions[lo:hi].astype(np.int64), near]))
         return np.sort(np.concatenate(found))
 
 
