@@ -242,11 +242,25 @@ def build_tasks(
     for label in labels:
         dataset = olmo_eval().build_task(label, tokenizer, model_ctx_len)
         picked = subset(dataset, None if max_batches is None else max_batches * batch_size)
+        check_fits(label, dataset, picked, model_ctx_len)
         picked.sort(key=lambda i: (len(dataset[i]["query"]), i))
         batches = [picked[i : i + batch_size] for i in range(0, len(picked), batch_size)]
         docs = len({dataset[i]["doc_id"] for i in picked})
         out.append(Task(label, dataset, batches[rank::world_size], len(picked), docs))
     return out
+
+
+def check_fits(label: str, dataset: Any, picked: Sequence[int], model_ctx_len: int) -> None:
+    """olmo_eval cuts a request's context from the left to fit the model, but never its continuation: one longer
+    than the model's context leaves no position to predict its first token from, and its scoring failed deep in
+    the metric with a shape error. Refused before any forward, naming the task and the model's length."""
+    longest = max((int(dataset[i]["cont_len"]) for i in picked if int(dataset[i]["ctx_len"]) < 1), default=0)
+    if longest:
+        raise DataError(
+            f"{label}: a continuation of {longest} tokens does not fit the model's context of {model_ctx_len} tokens "
+            f"(model.max_sequence_length) after at least one token of its question; evaluate {label} with a model "
+            "of a longer context, or leave it out"
+        )
 
 
 def _scored_logits(

@@ -121,6 +121,31 @@ def test_a_tokenizer_larger_than_the_model_is_refused_before_step_1_and_in_eval(
     assert f"error: --tokenizer {demo_tokenizer}: the tokenizer has {size:,} tokens" in result.output
 
 
+def test_a_continuation_longer_than_the_model_is_refused_by_name_in_the_loop_and_in_eval(
+    demo_tokenizer: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """olmo_eval never cuts a continuation: on a 16-token model COPA's longest ones left no context token and the
+    metric raised a shape ValueError after the forwards; now one line naming the task and the model's length."""
+    from olmo_cli.train_main import main as olmo_train_cli
+
+    tokens = tmp_path / "t.npy"
+    np.random.default_rng(0).integers(2, 2000, 4096).astype(np.uint16).tofile(tokens)
+    short = {"d_model": 32, "n_heads": 2, "n_layers": 2, "vocab_size": 2048, "max_sequence_length": 16}
+    for name, labels in (("copa", ["copa"]), ("plain", [])):
+        cfg = tiny_config(tmp_path / name, str(tokens), labels=labels)
+        raw = yaml.safe_load(cfg.read_text())
+        cfg.write_text(yaml.safe_dump({**raw, "model": short, "tokenizer": {"identifier": demo_tokenizer}}))
+    assert main([str(tmp_path / "copa.yaml")]) == 2
+    err = capfd.readouterr().err
+    line = "error: copa: a continuation of "
+    assert line in err and "does not fit the model's context of 16 tokens (model.max_sequence_length)" in err
+    assert "Traceback" not in err
+    assert main([str(tmp_path / "plain.yaml")]) == 0
+    args = ["eval", str(tmp_path / "plain" / "step2-unsharded"), "--tasks", "copa", "--tokenizer", demo_tokenizer]
+    result = CliRunner().invoke(olmo_train_cli, args)
+    assert result.exit_code == 2 and line in result.output and "Traceback" not in result.output
+
+
 def test_the_27_labels_of_olmo2_stage1_are_accepted(tmp_path: Path) -> None:
     from tests.data.config.test_olmo_config import olmo_file, shaped
 
