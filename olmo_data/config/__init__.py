@@ -13,6 +13,17 @@ from olmo_data.config import olmo
 from olmo_data.config.duration import duration_steps
 from olmo_data.config.keys import keys_text
 from olmo_data.config.load import (
+    check_cycles_divide,
+    check_schedule_fits,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_duration,
+    read_run_config,
+    save_config,
+)
+from olmo_data.config.olmo_core_form import is_olmo_core_form, olmo_core_form
+from olmo_data.config.schema import (
     CHOICES,
     LORA_TARGETS,
     ConfigError,
@@ -28,16 +39,7 @@ from olmo_data.config.load import (
     TokenizerConfig,
     TrainConfig,
     WandbConfig,
-    check_cycles_divide,
-    check_schedule_fits,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    parse_duration,
-    read_run_config,
-    save_config,
 )
-from olmo_data.config.olmo_core_form import is_olmo_core_form, olmo_core_form
 
 __all__ = [
     "CHOICES",

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from olmo_data.config.load import CHOICES, TrainConfig
+from olmo_data.config.schema import CHOICES, TrainConfig
 
 _FIELD = re.compile(r"^\s+(\w+):[^#]*?(?:#\s*(.*))?$")
 

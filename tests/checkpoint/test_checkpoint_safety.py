@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import safety

@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
-from olmo_data.config.load import DataConfig, ModelConfig, TrainConfig, load_config
+from olmo_data.config import DataConfig, ModelConfig, TrainConfig, load_config
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer

@@ -24,7 +24,7 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError
 from olmo_train.checkpoint.files import write_imported
 from olmo_train.convert import expected_hf_names, export_hf, hf_config, import_hf, import_olmo, load_model

@@ -162,7 +162,7 @@ def test_one_step_from_the_imported_optimizer_state_is_olmo_cores_step(
     """OLMo-core loads its checkpoint into a fresh train module and steps once; our model and optimizer, loaded
     from the import as the trainer loads a checkpoint, step once on the same batch: every weight agrees, so the
     moments, step counts, learning rate, betas, eps and each parameter's weight decay all came across."""
-    from olmo_data.config.load import load_config
+    from olmo_data.config import load_config
     from olmo_train.checkpoint import load_checkpoint
     from olmo_train.distributed import Dist
     from olmo_train.nn import Transformer

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from olmo_cli.train_main import main as olmo_train_cli
-from olmo_data.config.load import OptimizerConfig, load_config
+from olmo_data.config import OptimizerConfig, load_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.convert import unshard

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer, attention_mask, doc_ids_from_eos, document_positions, token_loss_sum
 
 T = 64

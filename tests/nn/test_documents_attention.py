@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer, doc_ids_from_eos, doc_ids_from_starts, document_mask, document_positions
 from olmo_train.train import boundary_token
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from olmo_data.config.load import ConfigError, TrainConfig, load_config
+from olmo_data.config import ConfigError, TrainConfig, load_config
 from olmo_train.nn import Transformer, float8
 from olmo_train.train import main
 
@@ -230,7 +230,7 @@ def test_fsdp_fp8_all_gather_resumes_bitwise_with_plain_checkpoints(tmp_path: Pa
 
 
 def test_float8_keys_round_trip_through_the_saved_config(tmp_path: Path) -> None:
-    from olmo_data.config.load import save_config
+    from olmo_data.config import save_config
 
     cfg = model_config("--float8.enabled", "--float8.recipe=rowwise")
     save_config(cfg, tmp_path / "config.yaml")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_train.convert import load_model
 from olmo_train.generate import GenerationOutput, KVCache, Sampling, generate

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer, token_loss_rows, token_loss_sum, token_loss_sums
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer
 
 
@@ -61,7 +61,7 @@ def test_selective_recomputes_the_cheap_ops_and_no_matmul() -> None:
 
 
 def test_the_policy_is_checked_by_key() -> None:
-    from olmo_data.config.load import ConfigError, load_config
+    from olmo_data.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="model.activation_checkpointing_policy"):
         load_config(None, ["--data.paths=[x]", "--model.activation_checkpointing_policy=some"])

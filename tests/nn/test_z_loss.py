@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer, doc_ids_from_eos, token_loss_sum, token_loss_sums
 
 

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from olmo_data import chat
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_data.dataset.instances import open_dataset
 from olmo_data.errors import DataError
 from olmo_train.nn import Transformer, doc_ids_from_eos
@@ -189,7 +189,7 @@ def test_document_masking_under_fsdp_trains_as_one_process(tmp_path: Path, demo_
 FLEX_UNDER_FSDP = """
 import os, sys, torch
 from torch.distributed.fsdp import fully_shard
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import doc_ids_from_eos
 from olmo_train.nn import Transformer
 torch.distributed.init_process_group("gloo")

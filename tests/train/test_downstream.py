@@ -17,7 +17,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from olmo_data.config.load import ConfigError, ModelConfig, load_config
+from olmo_data.config import ConfigError, ModelConfig, load_config
 from olmo_data.errors import DataError
 from olmo_data.tokenize import TokenizeOptions, tokenize
 from olmo_data.tokenizer import load_tokenizer

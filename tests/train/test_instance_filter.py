@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from olmo_data.config.load import ConfigError, load_config
+from olmo_data.config import ConfigError, load_config
 from olmo_data.dataset.order import build_order
 from olmo_data.run.batches import inspect_batch
 from olmo_train.train import labels_for, train

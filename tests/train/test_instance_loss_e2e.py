@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from olmo_cli.main import main as olmo_data_cli
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_data.run.instance_loss import read_rows, step_losses
 from olmo_data.run.layout import INSTANCE_LOSS as FILE_NAME
 from olmo_data.run.layout import instance_loss_aside as aside_name

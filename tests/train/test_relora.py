@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from olmo_data.config.load import (
+from olmo_data.config import (
     ConfigError,
     ModelConfig,
     OptimizerConfig,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config.load import TrainConfig, load_config
+from olmo_data.config import TrainConfig, load_config
 from olmo_data.errors import DataError
 from olmo_train import checkpoint as ckpt
 from olmo_train.convert import unshard

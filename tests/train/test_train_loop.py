@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config.load import load_config
+from olmo_data.config import load_config
 from olmo_data.errors import DataError
 from olmo_train.train import main, train
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from olmo_data.config.load import ModelConfig, OptimizerConfig, SchedulerConfig
+from olmo_data.config import ModelConfig, OptimizerConfig, SchedulerConfig
 from olmo_train.nn import Transformer
 from olmo_train.train import build_optimizer, learning_rate
 

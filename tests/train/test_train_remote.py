@@ -85,7 +85,7 @@ def test_server_down_stops_the_run_which_resumes_when_it_is_back(
 
 
 def test_read_ahead_settings_are_checked(tmp_path: Path) -> None:
-    from olmo_data.config.load import ConfigError, load_config
+    from olmo_data.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"'data.prefetch_batches': must be 0 or more, got -1"):
         load_config(None, ["--data.paths=[a.npy]", "--data.prefetch_batches=-1"])

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from olmo_data import chat
-from olmo_data.config.load import ModelConfig
+from olmo_data.config import ModelConfig
 from olmo_train.nn import Transformer
 from olmo_train.train import main
 

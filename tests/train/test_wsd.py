@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config.load import ConfigError, SchedulerConfig, load_config
+from olmo_data.config import ConfigError, SchedulerConfig, load_config
 from olmo_train.train import learning_rate, main
 
 PEAK = 4e-4  # not a power of two: the boundary values are exact by construction, not by luck

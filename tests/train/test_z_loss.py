@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config.load import ConfigError, load_config
+from olmo_data.config import ConfigError, load_config
 from olmo_train.train import main
 from tests.train.test_train_e2e import launch, tiny_config, write_tokens
 

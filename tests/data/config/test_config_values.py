@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from olmo_data.config.load import ConfigError, load_config
+from olmo_data.config import ConfigError, load_config
 
 BASE = ["--data.paths=[a.npy]", "--model.d_model=64", "--model.n_heads=4"]
 
@@ -85,7 +85,7 @@ def test_a_yaml_of_nested_aliases_is_refused_quickly_and_briefly(tmp_path: Path)
     levels += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 18)]
     path = tmp_path / "bomb.yaml"
     path.write_text(f"data: {{paths: [a.npy]}}\nmodel: {{d_model: [{', '.join(levels)}]}}\n")
-    code = f"from olmo_data.config.load import load_config\nload_config({str(path)!r})"
+    code = f"from olmo_data.config import load_config\nload_config({str(path)!r})"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert time.perf_counter() - t0 < 60

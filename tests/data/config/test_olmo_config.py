@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config.load import ConfigError, config_to_dict, load_config, save_config
+from olmo_data.config import ConfigError, config_to_dict, load_config, save_config
 from olmo_data.config.olmo import olmo_form_key, resolve_interpolations
 
 REPO = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from olmo_data.config.load import ConfigError, load_config, parse_duration, save_config
+from olmo_data.config import ConfigError, load_config, parse_duration, save_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -122,7 +122,7 @@ def test_keys_lists_every_key_with_its_default(capsys: pytest.CaptureFixture[str
     spell it, and the comment beside the field; the choices where the comment does not give them."""
     import dataclasses
 
-    from olmo_data.config.load import CHOICES, TrainConfig, config_to_dict
+    from olmo_data.config import CHOICES, TrainConfig, config_to_dict
     from olmo_train.train import main
 
     assert main(["--keys"]) == 0
