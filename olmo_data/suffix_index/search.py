@@ -251,7 +251,7 @@ def prefix_at(
     return _prefix_one(tokens, p, limit, piece, 0)[0]
 
 
-SHORT = 64  # pieces up to this many tokens are compared as Python ints (`_prefix_short`)
+SHORT = 64  # tokens of a piece compared as Python ints (`_prefix_short`, `_search_short`)
 
 
 def search_one(
@@ -268,8 +268,8 @@ def search_one(
     """The binary search of `bound_one`, with the common prefixes of the piece and the suffixes either side
     (`views`: the int_view of the tokens and of the suffixes, where the caller keeps them)."""
     view, ranked = views if views is not None else (int_view(tokens), int_view(suffixes))
-    if len(piece) <= SHORT and view is not None and ranked is not None:
-        return _search_short(view, ranked, base, limit, piece.tolist(), lo, hi, above)
+    if view is not None and ranked is not None:
+        return _search_short(view, ranked, base, limit, tokens, piece, lo, hi, above)
     lcp_lo = lcp_hi = 0
     while lo < hi:
         mid = (lo + hi) >> 1
@@ -283,21 +283,34 @@ def search_one(
 
 
 def _search_short(
-    view: memoryview, ranked: memoryview, base: int, limit: int, piece: list[int], lo: int, hi: int, above: bool
+    view: memoryview,
+    ranked: memoryview,
+    base: int,
+    limit: int,
+    tokens: np.ndarray,
+    piece: np.ndarray,
+    lo: int,
+    hi: int,
+    above: bool,
 ) -> tuple[int, int, int]:
-    """`search_one` of a short piece, its comparison written into the loop: a step costs ~0.5 us (most differ
-    within a token or two of the prefix both sides share), a function call per step would be half as much again."""
+    """`search_one` over memoryviews, the comparison written into the loop: a step costs ~0.5 us (most differ
+    within a token or two of the prefix both sides share), a function call per step would be half as much again.
+    Its first SHORT tokens are compared as Python ints; a suffix equal to all of them is compared on with numpy."""
     m = len(piece)
+    head = piece[:SHORT].tolist()
     lcp_lo = lcp_hi = 0
     while lo < hi:
         mid = (lo + hi) >> 1
         p = base + ranked[mid]
         j = lcp_lo if lcp_lo < lcp_hi else lcp_hi
         stop = limit - p if limit - p < m else m  # the suffix's window may end inside the piece
-        while j < stop and view[p + j] == piece[j]:
+        k = stop if stop < SHORT else SHORT
+        while j < k and view[p + j] == head[j]:
             j += 1
-        if j < stop:
-            less = view[p + j] < piece[j]
+        if j < k:
+            less = view[p + j] < head[j]
+        elif k < stop:  # equal through the head: the rest with numpy
+            j, less = _prefix_one(tokens, p, limit, piece, j, above)
         else:
             less = stop < m or above  # a window ending inside the piece sorts first; the piece before extensions
         if less:
