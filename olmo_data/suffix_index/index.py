@@ -9,7 +9,7 @@ tokenize's `part-*` patterns could match); `layout` names its files. A shard's s
 positions whose window is shorter than a long query are checked directly against the file, so answers stay exact
 at any length. A shard's .json is written after its positions and keys, so a shard with a .json is complete.
 
-Shards are built in bounded memory (about 64 bytes a token of a shard with numpy, 26 with divsufsort: the shard
+Shards are built in bounded memory (about 80 bytes a token of a shard with numpy, 26 with divsufsort: the shard
 size bounds it), in parallel over processes, and a rerun skips done shards; a token file changed since its index
 was built makes queries refuse the index, and a rerun rebuilds only the shards whose window checksum changed. A
 rerun that will rewrite shards (the file or the settings changed) deletes the manifest first, and queries check

@@ -27,7 +27,7 @@ from olmo_data.dataset import DTYPES
 from olmo_data.errors import DataError, shown
 
 INDEX_VERSION = 2  # 2: every shard has its sampled keys (shard-KKKKK.keys)
-SHARD_TOKENS = 1 << 26  # positions per shard: ~1.7 GB peak per divsufsort process (~4.3 GB with numpy's)
+SHARD_TOKENS = 1 << 26  # positions per shard: ~1.7 GB peak per divsufsort process (~5.3 GB with numpy's)
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
 WILL_READ = 1 << 12  # positions read in one go from which the pages are asked for at once (16 KB)
