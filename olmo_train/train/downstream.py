@@ -251,15 +251,35 @@ def build_tasks(
 
 
 def check_fits(label: str, dataset: Any, picked: Sequence[int], model_ctx_len: int) -> None:
-    """olmo_eval cuts a request's context from the left to fit the model, but never its continuation: one longer
-    than the model's context leaves no position to predict its first token from, and its scoring failed deep in
-    the metric with a shape error. Refused before any forward, naming the task and the model's length."""
-    longest = max((int(dataset[i]["cont_len"]) for i in picked if int(dataset[i]["ctx_len"]) < 1), default=0)
-    if longest:
+    """Refuse, before any forward, a task whose requests cannot be scored on a model of `model_ctx_len` tokens:
+    olmo_eval cuts most tasks' questions from the left to fit, but never a continuation (one longer than the model
+    leaves no position to predict its first token from: the metric failed with a shape error), never WinoGrande's
+    questions (it cuts the query but keeps the uncut question length, so every score would be read at the wrong
+    positions), and never a pmi_dc task's domain premise."""
+    rows = [dataset[i] for i in picked]
+    cut = [int(r["cont_len"]) for r in rows if int(r["ctx_len"]) < 1]
+    uncut = [
+        r for r in rows if int(r["ctx_len"]) >= 1 and int(r["ctx_len"]) + int(r["cont_len"]) - 1 != len(r["query"])
+    ]
+    premise = [
+        len(r["dc_query"]) for r in rows if dataset.metric_type == "pmi_dc" and len(r["dc_query"]) > model_ctx_len
+    ]
+    where = f"the model's context of {model_ctx_len} tokens (model.max_sequence_length)"
+    what = f"evaluate {label} with a model of a longer context, or leave it out"
+    if cut:
         raise DataError(
-            f"{label}: a continuation of {longest} tokens does not fit the model's context of {model_ctx_len} tokens "
-            f"(model.max_sequence_length) after at least one token of its question; evaluate {label} with a model "
-            "of a longer context, or leave it out"
+            f"{label}: a continuation of {max(cut)} tokens does not fit {where} after at least one token "
+            f"of its question; {what}"
+        )
+    if uncut:
+        longest = max(len(r["ctx"]) + len(r["continuation"]) - 1 for r in uncut)
+        raise DataError(
+            f"{label}: a question and continuation of {longest} tokens do not fit {where}, and olmo_eval "
+            f"does not cut {label}'s questions to fit; {what}"
+        )
+    if premise:
+        raise DataError(
+            f"{label}: a domain premise and continuation of {max(premise)} tokens do not fit {where}; {what}"
         )
 
 

@@ -146,6 +146,16 @@ def test_a_continuation_longer_than_the_model_is_refused_by_name_in_the_loop_and
     assert result.exit_code == 2 and line in result.output and "Traceback" not in result.output
 
 
+def test_winogrande_questions_that_olmo_eval_does_not_cut_are_refused_on_a_short_model(demo_tokenizer: str) -> None:
+    """WinoGrande's queries are cut to the model but its recorded question lengths are not: scored on a 16-token
+    model every value would be read at the wrong positions. Refused; on a 512-token model the same task builds."""
+    tok = downstream.eval_tokenizer(load_tokenizer(demo_tokenizer, "hf"))
+    with pytest.raises(DataError, match=r"^winogrande: a question and continuation of \d+ tokens do not fit the mo"):
+        downstream.build_tasks(["winogrande"], tok, 16, BATCH, 2)
+    (task,) = downstream.build_tasks(["winogrande"], tok, 512, BATCH, 2)
+    assert task.requests >= BATCH
+
+
 def test_the_27_labels_of_olmo2_stage1_are_accepted(tmp_path: Path) -> None:
     from tests.data.config.test_olmo_config import olmo_file, shaped
 
