@@ -10,13 +10,13 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/log.txt"
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)" 2>&1 | tail -1 | tee -a "$OUT/log.txt"
-B="python3 benchmarks/gpu_throughput.py --config configs/olmo2-1b.yaml --micro-batch 4 --compile --tokens $TOKENS"
+B=(python3 benchmarks/gpu_throughput.py --config configs/olmo2-1b.yaml --micro-batch 4 --compile --tokens "$TOKENS")
 go() { # name, seconds, args...
   local name=$1 secs=$2; shift 2
   local t0 folder
   t0=$(date +%s) folder=$(mktemp -d)
   echo "== $name: $*" | tee -a "$OUT/log.txt"
-  timeout "$secs" $B --folder "$folder" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$secs" "${B[@]}" --folder "$folder" "$@" > "$OUT/$name.log" 2>&1
   echo "rc=$? wall=$(( $(date +%s) - t0 ))s" >> "$OUT/$name.log"
   grep -E "^NVIDIA|^tokens/s|Error|^rc=" "$OUT/$name.log" | tail -4 | tee -a "$OUT/log.txt"
   cp "$folder/run/metrics.jsonl" "$OUT/$name.jsonl" 2>/dev/null

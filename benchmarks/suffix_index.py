@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from olmo_data.dataset.instances import open_from_config  # noqa: E402
 from olmo_data.suffix_index import build_index, open_index  # noqa: E402
+from olmo_data.suffix_index.layout import SHARD_TOKENS  # noqa: E402
 from olmo_data.suffix_index.sort import have_divsufsort  # noqa: E402
 from olmo_data.trace.spans import find_spans  # noqa: E402
 
@@ -51,7 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=float, default=1e8)
     ap.add_argument("--file-tokens", type=float, default=5e7)
-    ap.add_argument("--shard-tokens", type=int, default=1 << 24)
+    ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engines", default="numpy,divsufsort", help="Which to build with (divsufsort where importable).")

@@ -50,8 +50,9 @@ def index(
     progress: bool | None,
 ) -> None:
     """Build a suffix-array index over the token files of CONFIG's run: positions into the existing files (4 bytes
-    a token, and 1/8 byte of sampled keys), sharded, built in parallel and resumable (a rerun skips done shards,
-    and rebuilds those of a token file that changed). `olmo-data trace --text/--tokens/--spans` then use it.
+    a token, and 1/8 byte of sampled keys: 1/4 for uint32 tokens), sharded, built in parallel and resumable (a
+    rerun skips done shards, and rebuilds those of a token file that changed). `olmo-data trace` then uses it for
+    --text, --tokens and --spans.
 
     \b
     Examples:

@@ -2,7 +2,8 @@
 passage up in O(length x log tokens) reads instead of scanning every token (the queries: `query`).
 
 The token files are neither copied nor re-tokenized: an index stores suffix positions (uint32, 4 bytes a token)
-into the existing file, and every 256th suffix's first 8 tokens (1/8 byte a token). Each token file gets a folder
+into the existing file, and every 256th suffix's first 8 tokens (1/8 byte a token; 1/4 for uint32 tokens). Each
+token file gets a folder
 `suffix-index/NAME/` in its directory (or, with `index_dir`, `DIR/<digest>-NAME/`, for read-only data; never a name
 tokenize's `part-*` patterns could match); `layout` names its files. A shard's suffixes are read up to
 `window_end` = its end + context (or the file's end), so a passage crossing a shard's end is still found; the few
@@ -74,48 +75,57 @@ class ShardTask:
 
 
 def _build_shard(task: ShardTask) -> int:
-    """Sort one shard's suffixes (read up to its window's end) and write its positions, then its .json."""
+    """Sort one shard's suffixes (read up to its window's end) and write its positions, its sampled keys, then its
+    .json. A shard whose positions still hold (an index of format 1, or keys lost) only gets its keys."""
     tokens = token_array(task.path, task.dtype)
-    window = np.asarray(tokens[task.start : task.window_end])
-    order = suffix_array(window, task.engine)
-    positions = order[order < task.end - task.start].astype(np.uint32)
-    del order
     folder = Path(task.folder)
-    with atomic_path(shard_file(folder, task.shard, "u32")) as tmp:
-        positions.astype("<u4").tofile(tmp)
+    sorted_already = _sorted_current(task, tokens, trust=False)
+    if sorted_already:
+        positions = np.fromfile(shard_file(folder, task.shard, "u32"), dtype="<u4")
+    else:
+        window = np.asarray(tokens[task.start : task.window_end])
+        order = suffix_array(window, task.engine)
+        positions = order[order < task.end - task.start].astype(np.uint32)
+        del order
+        with atomic_path(shard_file(folder, task.shard, "u32")) as tmp:
+            positions.astype("<u4").tofile(tmp)
     keys = Samples.of(tokens, positions, task.start, task.window_end).keys
     with atomic_path(shard_file(folder, task.shard, "keys")) as tmp:
         keys.tofile(tmp)
-    write_json_atomic(
-        shard_file(folder, task.shard, "json"),
-        {
-            "start": task.start,
-            "end": task.end,
-            "window_end": task.window_end,
-            "window_hash": window_hash(tokens, task.start, task.window_end),
-            "engine": task.engine,
-        },
-    )
+    if not sorted_already:
+        write_json_atomic(
+            shard_file(folder, task.shard, "json"),
+            {
+                "start": task.start,
+                "end": task.end,
+                "window_end": task.window_end,
+                "window_hash": window_hash(tokens, task.start, task.window_end),
+                "engine": task.engine,
+            },
+        )
     return task.end - task.start
 
 
-def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+def _sorted_current(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+    """Whether the shard's record and positions are there, of its range, and (unless `trust`ed) sorted from the
+    tokens its window holds now: its keys aside."""
     folder = Path(task.folder)
-    meta_path, data_path, keys_path = (shard_file(folder, task.shard, s) for s in ("json", "u32", "keys"))
-    if not meta_path.exists() or not data_path.exists() or not keys_path.exists():
-        return False
+    meta_path, data_path = shard_file(folder, task.shard, "json"), shard_file(folder, task.shard, "u32")
     try:  # a damaged record (cut short, edited) is a shard to build again
         meta = json.loads(meta_path.read_text())
         if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
             return False
-    except (ValueError, TypeError, KeyError):
+        if data_path.stat().st_size != 4 * (task.end - task.start):
+            return False
+        return trust or meta["window_hash"] == window_hash(tokens, task.start, task.window_end)
+    except (OSError, ValueError, TypeError, KeyError):
         return False
-    count, itemsize = task.end - task.start, tokens.dtype.itemsize
-    if data_path.stat().st_size != 4 * count:
-        return False
-    if keys_path.stat().st_size != -(-count // SAMPLE_STEP) * Samples.key_bytes(itemsize):
-        return False
-    return trust or meta["window_hash"] == window_hash(tokens, task.start, task.window_end)
+
+
+def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+    keys = shard_file(Path(task.folder), task.shard, "keys")
+    want = -(-(task.end - task.start) // SAMPLE_STEP) * Samples.key_bytes(tokens.dtype.itemsize)
+    return keys.exists() and keys.stat().st_size == want and _sorted_current(task, tokens, trust)
 
 
 @dataclass
@@ -192,11 +202,22 @@ def _build_index(
             messages.append(f"{e.args[0].split(';')[0]}: rebuilding the index")
             (folder / "manifest.json").unlink()
             old = None
-        settings = {"version": INDEX_VERSION, "dtype": f.dtype, "shard_tokens": shard_tokens, "context": context}
+        settings = {
+            "version": INDEX_VERSION,
+            "dtype": f.dtype,
+            "shard_tokens": shard_tokens,
+            "context": context,
+            "sample_step": SAMPLE_STEP,
+        }
         trust = old is not None and old.get("stamp") == stamp and all(old.get(k) == v for k, v in settings.items())
         if old is not None and not trust:  # shards are about to change: no manifest may vouch for a mix of them
             if old.get("stamp") != stamp:
                 messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
+            elif old.get("version") != INDEX_VERSION:
+                messages.append(
+                    f"{path}: its index is in format {old.get('version')}: adding each shard's sampled keys (format "
+                    f"{INDEX_VERSION}); shards of other settings are sorted again"
+                )
             (folder / "manifest.json").unlink()
         folder.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build

@@ -4,7 +4,7 @@ queries (`query`), so that neither imports the other.
 A token file's folder holds, per shard k (positions [start, end) of the file):
 
   shard-KKKKK.u32   the positions, relative to start, sorted by their suffix (4 bytes a token)
-  shard-KKKKK.keys  the first KEY_WIDTH tokens of every SAMPLE_STEP-th of those suffixes, as fixed-width big-endian
+  shard-KKKKK.keys  the first 8 tokens (Samples.WIDTH) of every SAMPLE_STEP-th of those suffixes, as big-endian
                     codes (search.Samples): a query memory-maps it and brackets its binary search with one
                     np.searchsorted, so a fresh process reads a few pages of it instead of sampling the shard
   shard-KKKKK.json  its range and window checksum, written last: a shard with a .json is complete
@@ -83,7 +83,7 @@ def will_read(array: np.ndarray, lo: int, hi: int) -> None:
     kernel for those pages at once, as its read-ahead would have, instead of one page a fault."""
     base: Any = array
     while base is not None and getattr(base, "_mmap", None) is None:
-        base = base.base
+        base = getattr(base, "base", None)  # an array's owner; bytes or an mmap end the walk
     if hi - lo < WILL_READ or base is None or not hasattr(mmap, "MADV_WILLNEED"):
         return
     start = array.ctypes.data - base.ctypes.data + lo * array.itemsize  # bytes into the map (its offset is 0)

@@ -1,8 +1,8 @@
 """`olmo-data index --shard I/N`: one index built by N machines (or a Slurm array) sharing the index folders.
 
 The shards of every token file of the run, numbered in the run's file order and then by position, are dealt out
-round-robin: machine I sorts shards I, I + N, I + 2N, ... Each shard's two files depend only on the token file and
-the settings, so which machine wrote them, and in what order the machines ran, changes no byte.
+round-robin: machine I sorts shards I, I + N, I + 2N, ... Each shard's three files depend only on the token file
+and the settings, so which machine wrote them, and in what order the machines ran, changes no byte.
 
 While shards are outstanding each index folder holds `build-plan.json` (the number of machines and the machine
 each shard belongs to), written identically by every machine. Whichever machine finds every shard of a file done

@@ -1,7 +1,7 @@
 """Queries of a run's suffix index: counts, places and longest matches of token sequences over every shard of
 every token file (`open_index` checks each index is complete and current first). Built by `index`.
 
-A single lookup (count or find of an n-gram, a step of a span walk) costs a few microseconds a shard: its keys are
+A single lookup (count or find of an n-gram, a step of a span walk) costs ~10-20 us a shard: its keys are
 computed once for the run, each shard's bracket is one np.searchsorted of its memory-mapped sampled keys, and the
 binary search inside it reads tokens and positions as Python ints through memoryviews made once; a shard whose
 lower bound does not hold the sequence skips the upper bound. Many pieces at once (a long text's starts) go through
@@ -72,20 +72,16 @@ class FileSuffixIndex:
         n, itemsize = len(self.tokens), self.tokens.dtype.itemsize
         for k in range(int(manifest["shards"])):
             data, keys = shard_file(folder, k, "u32"), shard_file(folder, k, "keys")
-            try:
-                meta = json.loads(shard_file(folder, k, "json").read_text())
-                size, key_size = data.stat().st_size, keys.stat().st_size
-            except (OSError, ValueError):
-                meta, size, key_size = {}, -1, -1
-            start, end, window_end = (int(meta.get(key, -1)) for key in ("start", "end", "window_end"))
+            start, end, window_end = _shard_range(shard_file(folder, k, "json"))
             previous = self.shards[-1].end if self.shards else 0
-            count = end - start
-            wanted_keys = -(-count // SAMPLE_STEP) * Samples.key_bytes(itemsize)
-            if start != previous or not start < end <= window_end <= n or size != 4 * count or key_size != wanted_keys:
+            if start != previous or not start < end <= window_end <= n:
                 raise _not_covering(folder, path, n)
+            count = end - start
+            _check_size(data, 4 * count)
+            _check_size(keys, -(-count // SAMPLE_STEP) * Samples.key_bytes(itemsize))
             positions = random_access(np.memmap(data, dtype="<u4", mode="r"))
             width = Samples.key_bytes(itemsize)
-            samples = Samples(np.asarray(np.memmap(keys, dtype=f"S{width}", mode="r")), itemsize, count)
+            samples = Samples(random_access(np.memmap(keys, dtype=f"S{width}", mode="r")), itemsize, count)
             self.shards.append(Shard(start, end, window_end, positions, samples, (self.view, int_view(positions))))
         if (self.shards[-1].end if self.shards else 0) != n:
             raise _not_covering(folder, path, n)
@@ -241,6 +237,30 @@ class FileSuffixIndex:
         return np.sort(np.concatenate(found))
 
 
+def _shard_range(record: Path) -> tuple[int, int, int]:
+    """A shard record's start, end and window end; (-1, -1, -1) where it is missing or damaged (the shards then do
+    not cover the file, which is said as such)."""
+    try:
+        meta = json.loads(record.read_text())
+        return int(meta["start"]), int(meta["end"]), int(meta["window_end"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return -1, -1, -1
+
+
+def _check_size(path: Path, want: int) -> None:
+    """A shard's positions or keys of the size its range asks for, or one line naming the file."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size != want:
+        found = "missing" if size < 0 else f"{size:,} bytes"
+        raise DataError(
+            f"{path}: {found}, expected {want:,} bytes for its shard's range; rerun `olmo-data index CONFIG` (it "
+            "rebuilds that shard), or trace with --no-index"
+        )
+
+
 def _not_covering(folder: Path, path: str, n: int) -> DataError:
     return DataError(
         f"{folder}: the suffix index's shards do not cover the {n} tokens of {path} exactly (a rebuild cut "
@@ -331,6 +351,12 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
         if manifest is None:
             missing.append(path)
             continue
+        if manifest.get("version") == INDEX_VERSION and manifest.get("sample_step") != SAMPLE_STEP:
+            raise DataError(
+                f"{folder / 'manifest.json'}: sample_step {shown(manifest.get('sample_step'))}, this olmo-data reads "
+                f"keys of every {SAMPLE_STEP}th suffix; rerun `olmo-data index CONFIG` to rebuild them, or trace "
+                "with --no-index"
+            )
         if manifest.get("version") != INDEX_VERSION:
             raise DataError(
                 f"{folder}: this suffix index of {path} is in format {shown(manifest.get('version'))}, this "

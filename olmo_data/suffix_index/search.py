@@ -207,7 +207,7 @@ def bound_one(
     above: bool = False,
     views: Views | None = None,
 ) -> int:
-    """`lower_bound` of one piece within ranks [lo, hi), in plain Python over slices: a single lookup (count or
+    """`lower_bound` of one piece within ranks [lo, hi), in plain Python over memoryviews: a single lookup (count or
     find of an n-gram, a step of the span walk) pays a few microseconds a step instead of the dozen array
     operations a step of the vectorised search costs whatever its rows."""
     return search_one(tokens, suffixes, base, limit, piece, lo, hi, above, views)[0]

@@ -5,8 +5,9 @@ suffixes of the same array (a suffix that is a prefix of another sorts first) an
 index does not depend on which one built it; a test checks that they agree.
 
 Why numpy as the fallback: it needs nothing beyond numpy, and re-sorting only the groups not yet resolved sorts a
-16M-token shard of text-like tokens in ~11 s (~1.5M tokens/s per process); divsufsort is ~2-4.6x faster and uses
-a sixth of the memory (BENCHMARKS.md), so `auto` takes it when the `index` extra is installed.
+16M-token shard of text-like tokens in ~11 s (~1.5M tokens/s per process); divsufsort is ~2-4.6x faster, and a
+build process peaks at about a third of the memory (1.3 GB against 4.1 GB for a 50M-token shard: BENCHMARKS.md),
+so `auto` takes it when the `index` extra is installed.
 """
 
 from __future__ import annotations

@@ -57,33 +57,49 @@ def test_keys_bracket_every_bound_at_any_step(dtype: type) -> None:
             assert got.tolist() == [true_bound(suffixes, p, above) for p in pieces]
 
 
-def test_an_index_of_the_old_format_is_refused_by_name_then_rebuilt(tmp_path: Path) -> None:
+def test_an_index_of_the_old_format_is_refused_by_name_then_given_its_keys(tmp_path: Path) -> None:
     paths, cfg = make_files(tmp_path, "uint16")
     source = open_from_config(cfg)
     build_index(source, shard_tokens=1000, context=8, progress=False)
-    manifest_path = index_folder(paths[0]) / "manifest.json"
+    folder = index_folder(paths[0])
+    manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    manifest_path.write_text(json.dumps({**manifest, "version": 1}))
-    for keys in index_folder(paths[0]).glob("shard-*.keys"):  # format 1 had none
-        keys.unlink()
+    old = {k: v for k, v in manifest.items() if k != "sample_step"}
+    manifest_path.write_text(json.dumps({**old, "version": 1}))
+    keys = {p.name: p.read_bytes() for p in folder.glob("shard-*.keys")}
+    for path in folder.glob("shard-*.keys"):  # format 1 had none
+        path.unlink()
+    sorted_at = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.u32")}
     with pytest.raises(DataError, match=r"is in format 1, this olmo-data reads format 2; rerun `olmo-data index"):
         open_index(source)
-    assert build_index(source, shard_tokens=1000, context=8, progress=False).built == 3  # that file's shards
+    summary = build_index(source, shard_tokens=1000, context=8, progress=False)
+    assert summary.built == 3  # that file's shards: their keys written, their positions kept as sorted
+    assert any("its index is in format 1: adding each shard's sampled keys" in m for m in summary.messages)
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.u32")} == sorted_at
+    assert {p.name: p.read_bytes() for p in folder.glob("shard-*.keys")} == keys
+    assert json.loads(manifest_path.read_text()) == manifest
     index = open_index(source)
     assert index is not None and index.count([0, 7]) > 0
 
 
-def test_a_damaged_keys_file_is_refused_then_rebuilt(tmp_path: Path) -> None:
+def test_damaged_keys_are_refused_by_file_then_rebuilt(tmp_path: Path) -> None:
     paths, cfg = make_files(tmp_path, "uint16")
     source = open_from_config(cfg)
     build_index(source, shard_tokens=1000, context=8, progress=False)
     keys = shard_file(index_folder(paths[1]), 2, "keys")
     whole = keys.read_bytes()
     keys.write_bytes(whole[:-5])  # cut short
-    with pytest.raises(DataError, match=r"the suffix index's shards do not cover the 3000 tokens of .*part-1\.npy"):
+    with pytest.raises(DataError, match=rf"^{keys}: {len(whole) - 5} bytes, expected {len(whole)} bytes for its sh"):
+        open_index(source)
+    keys.unlink()
+    with pytest.raises(DataError, match=rf"^{keys}: missing, expected {len(whole)} bytes"):
         open_index(source)
     assert build_index(source, shard_tokens=1000, context=8, progress=False).built == 1
     assert keys.read_bytes() == whole
+    manifest_path = index_folder(paths[1]) / "manifest.json"
+    manifest_path.write_text(json.dumps({**json.loads(manifest_path.read_text()), "sample_step": 128}))
+    with pytest.raises(DataError, match=r"manifest.json: sample_step 128, this olmo-data reads keys of every 256th"):
+        open_index(source)
 
 
 def test_the_command_defaults_to_the_library_shard_size() -> None:
