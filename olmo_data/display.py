@@ -111,7 +111,7 @@ class Stages:
 
     def __init__(self, desc: str, names: Iterable[str], *, progress: bool | None = None, delay: float = 0.0):
         self.names = list(names)
-        fmt = "{desc}: {n_fmt}/{total_fmt} {postfix} [{elapsed}]"
+        fmt = "{desc}: {n_fmt}/{total_fmt}{postfix} [{elapsed}]"  # tqdm writes the postfix as ", NAME"
         self.bar = progress_bar(
             desc=desc, total=len(self.names), unit=" stages", progress=progress, delay=delay, bar_format=fmt
         )

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from olmo_data.config import ModelConfig, OptimizerConfig
+from olmo_data.display import Stages
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
 from olmo_train import checkpoint as ckpt
@@ -316,26 +317,32 @@ def import_olmo_core(
             checkpoint,
             named or "none",
         )
-    state = read_olmo_core_weights(dcp, model)
-    optim_sd = optimizer_state(dcp, model, optim_cfg) if optim_cfg is not None else None
+    names = ["reading weights", *(["reading optimizer"] if optim_cfg is not None else []), "writing"]
+    with Stages("import-olmo-core", names, delay=1.0) as stages:  # a 7B model and its AdamW state: minutes
+        stages.start("reading weights")
+        state = read_olmo_core_weights(dcp, model)
+        if optim_cfg is not None:
+            stages.start("reading optimizer")
+        optim_sd = optimizer_state(dcp, model, optim_cfg) if optim_cfg is not None else None
 
-    def add_files(tmp: Path) -> None:
-        if optim_sd is not None:
-            torch.save(optim_sd, tmp / OPTIM_FILE)
-        if tok is not None:
-            section = tokenizer_section(raw)
-            special = {s: section.get(f"{s}_token_id") for s in ("bos", "eos", "pad")}
-            ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
-            write_tokenizer(tok, ids, model, tmp)
+        def add_files(tmp: Path) -> None:
+            if optim_sd is not None:
+                torch.save(optim_sd, tmp / OPTIM_FILE)
+            if tok is not None:
+                section = tokenizer_section(raw)
+                special = {s: section.get(f"{s}_token_id") for s in ("bos", "eos", "pad")}
+                ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
+                write_tokenizer(tok, ids, model, tmp)
 
-    step, tokens = read_train_state(step_dir)
-    record = ckpt.lineage.import_record("import-olmo-core", checkpoint)
-    run_name = raw.get("run_name")
-    record.update(step=step, tokens_seen=tokens, run_name=run_name if isinstance(run_name, str) else "")
-    overrides: dict[str, Any] = {}
-    if optim_sd is not None and optim_cfg is not None:
-        overrides = {"optimizer": optim_cfg, "reset_optimizer_state": False, "max_grad_norm": max_grad_norm(raw)}
-    ckpt.write_imported(dest, model, state, add_files, [record], overrides=overrides)
+        step, tokens = read_train_state(step_dir)
+        record = ckpt.lineage.import_record("import-olmo-core", checkpoint)
+        run_name = raw.get("run_name")
+        record.update(step=step, tokens_seen=tokens, run_name=run_name if isinstance(run_name, str) else "")
+        overrides: dict[str, Any] = {}
+        if optim_sd is not None and optim_cfg is not None:
+            overrides = {"optimizer": optim_cfg, "reset_optimizer_state": False, "max_grad_norm": max_grad_norm(raw)}
+        stages.start("writing")
+        ckpt.write_imported(dest, model, state, add_files, [record], overrides=overrides)
     kept = "weights and AdamW state" if optim_sd is not None else "weights"
     log.info("imported %s (%s, step %d) to %s in %.1f s", checkpoint, kept, step, dest, time.perf_counter() - t0)
     return dest

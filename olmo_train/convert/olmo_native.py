@@ -25,6 +25,7 @@ import yaml
 from olmo_data.config import ModelConfig
 from olmo_data.config.olmo import MODEL_KEYS, OLMO_DEFAULTS, REQUIRED, model_values_from_olmo
 from olmo_data.dataset import is_not_found_error
+from olmo_data.display import Stages
 from olmo_data.errors import DataError
 from olmo_data.io import cached_download, is_remote
 from olmo_data.remote import remote_reader
@@ -231,7 +232,6 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
             checkpoint,
             named or "none",
         )
-    state = read_olmo_weights(checkpoint, model, config)
 
     def add_tokenizer(tmp: Path) -> None:
         if tok is not None:  # with the special ids OLMo's config states (OLMo uses no BOS)
@@ -239,6 +239,11 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
             ids = {s: i if isinstance(i, int) and 0 <= i < tok.vocab_size else None for s, i in special.items()}
             write_tokenizer(tok, ids, model, tmp)
 
-    ckpt.write_imported(dest, model, state, add_tokenizer, [ckpt.lineage.import_record("import-olmo", checkpoint)])
+    with Stages("import-olmo", ["reading", "writing"], delay=1.0) as stages:  # a 7B model: minutes of each
+        stages.start("reading")
+        state = read_olmo_weights(checkpoint, model, config)
+        stages.start("writing")
+        record = ckpt.lineage.import_record("import-olmo", checkpoint)
+        ckpt.write_imported(dest, model, state, add_tokenizer, [record])
     log.debug("imported %s to %s in %.1f s", checkpoint, dest, time.perf_counter() - t0)
     return dest

@@ -331,9 +331,14 @@ def test_olmo_checkpoint_round_trips_through_import_olmo_and_export_hf(
         assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == Path(demo_tokenizer).read_bytes()
 
 
-def test_the_imported_model_config_and_files(tmp_path: Path) -> None:
+def test_the_imported_model_config_and_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     hf, section = CASES["olmo1-tied"]()
+    monkeypatch.setenv("OLMO_PROGRESS", "1")  # the stages' bar, as a terminal shows it
     dest = import_olmo(str(write_olmo(tmp_path / "olmo", olmo_state_of(hf), section)), tmp_path / "ours")
+    bar = capsys.readouterr().err
+    assert "import-olmo: 0/2, reading [" in bar and "import-olmo: 2/2, writing [" in bar, bar
     raw = yaml.safe_load((dest / "config.yaml").read_text())
     model = raw["model"]
     assert (model["layer_norm_type"], model["layer_norm_with_affine"], model["layer_norm_eps"]) == (

@@ -330,14 +330,19 @@ def test_what_our_model_does_not_compute_is_refused_by_key(case: str, core_sourc
 
 
 @needs_core
-def test_weights_only_imports_past_an_optimizer_it_cannot_map(core_source: Path, tmp_path: Path) -> None:
+def test_weights_only_imports_past_an_optimizer_it_cannot_map(
+    core_source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = tmp_path / core_source.name
     shutil.copytree(core_source, source)
     config = json.loads((source / "config.json").read_text())
     edit(config, "train_module.optim._CLASS_", "olmo_core.optim.lion.LionConfig")
     (source / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("OLMO_PROGRESS", "1")  # the stages' bar, as a terminal shows it
     dest = import_olmo_core(str(source), tmp_path / "o", weights_only=True)
     assert not (dest / "optim.pt").exists() and (dest / "model.pt").is_file()
+    bar = capsys.readouterr().err
+    assert "import-olmo-core: 0/2, reading weights [" in bar and "import-olmo-core: 2/2, writing [" in bar, bar
 
 
 @needs_core
