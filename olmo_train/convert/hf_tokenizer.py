@@ -102,6 +102,31 @@ def shippable_tokenizer(spec: str) -> Tokenizer:
     return load_tokenizer(spec, "hf")
 
 
+def import_tokenizer(
+    spec: str | None, model: ModelConfig, checkpoint: str, trainer: str, named: Any
+) -> Tokenizer | None:
+    """The `--tokenizer` an import from another trainer's checkpoint ships with ours: refused when it has ids past
+    the model's embedding rows (they would have no embedding). OLMo's and OLMo-core's checkpoints carry none: without
+    one, a warning names the tokenizer the source's config names (`named`), which generate and export-hf need."""
+    if spec is None:
+        log.warning(
+            "%s: %s checkpoints carry no tokenizer (its config names %s); pass it as --tokenizer for generate and "
+            "export-hf to use",
+            checkpoint,
+            trainer,
+            named or "none",
+        )
+        return None
+    tok = shippable_tokenizer(spec)
+    rows = model.embedding_size or model.vocab_size
+    if tok.vocab_size > rows:
+        raise DataError(
+            f"{spec}: {tok.vocab_size} tokens, but the model's embedding has {rows} rows; ids past {rows - 1} would "
+            "have no embedding: give the tokenizer the model was trained with"
+        )
+    return tok
+
+
 def write_tokenizer(tok: Tokenizer, ids: dict[str, Any], model: ModelConfig, directory: Path) -> None:
     """tokenizer.json as the data was made with it, and the tokenizer_config.json that makes
     `AutoTokenizer.from_pretrained` load it as a fast tokenizer with its special tokens."""

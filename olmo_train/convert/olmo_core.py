@@ -32,7 +32,7 @@ from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import DCP_METADATA, OPTIM_FILE, TRAINER_STATE, safety
-from olmo_train.convert.hf_tokenizer import shippable_tokenizer, write_tokenizer
+from olmo_train.convert.hf_tokenizer import import_tokenizer, write_tokenizer
 from olmo_train.convert.olmo_core_config import max_grad_norm, model_config_from_olmo_core, optimizer_from_olmo_core
 from olmo_train.convert.tables import TensorTable, expected_shapes, renamer, to_our_state
 
@@ -302,21 +302,7 @@ def import_olmo_core(
     model, raw = read_olmo_core_config(checkpoint, config)  # refused before any tensor is read
     step_dir, dcp, config_file = _locate(checkpoint, config)
     optim_cfg = None if weights_only or "optim" not in _stored(dcp) else optimizer_from_olmo_core(raw, str(config_file))
-    tok = shippable_tokenizer(tokenizer) if tokenizer is not None else None
-    rows = model.embedding_size or model.vocab_size
-    if tok is not None and tok.vocab_size > rows:
-        raise DataError(
-            f"{tokenizer}: {tok.vocab_size} tokens, but the model's embedding has {rows} rows; give the tokenizer the "
-            "model was trained with"
-        )
-    if tok is None:
-        named = tokenizer_section(raw).get("identifier")
-        log.warning(
-            "%s: OLMo-core's checkpoints carry no tokenizer (its config names %s); pass it as --tokenizer for generate "
-            "and export-hf to use",
-            checkpoint,
-            named or "none",
-        )
+    tok = import_tokenizer(tokenizer, model, checkpoint, "OLMo-core's", tokenizer_section(raw).get("identifier"))
     names = ["reading weights", *(["reading optimizer"] if optim_cfg is not None else []), "writing"]
     with Stages("import-olmo-core", names, delay=1.0) as stages:  # a 7B model and its AdamW state: minutes
         stages.start("reading weights")

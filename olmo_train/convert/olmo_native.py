@@ -31,7 +31,7 @@ from olmo_data.io import cached_download, is_remote
 from olmo_data.remote import remote_reader
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import CONFIG, TRAINER_STATE
-from olmo_train.convert.hf_tokenizer import shippable_tokenizer, write_tokenizer
+from olmo_train.convert.hf_tokenizer import import_tokenizer, write_tokenizer
 from olmo_train.convert.tables import ConfigField, Fused, TensorTable, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
 
@@ -217,21 +217,8 @@ def import_olmo(checkpoint: str, destination: Path, *, tokenizer: str | None = N
     ckpt.refuse_existing(dest)
     t0 = time.perf_counter()
     model, config = read_olmo_config(checkpoint)  # refused before the (large) weights are fetched
-    tok = shippable_tokenizer(tokenizer) if tokenizer is not None else None
-    rows = model.embedding_size or model.vocab_size
-    if tok is not None and tok.vocab_size > rows:
-        raise DataError(
-            f"{tokenizer}: {tok.vocab_size} tokens, but the model's embedding has {rows} rows; ids past {rows - 1} "
-            "would have no embedding: give the tokenizer the model was trained with"
-        )
-    if tok is None:
-        named = (config.get("tokenizer") or {}).get("identifier")
-        log.warning(
-            "%s: OLMo's checkpoints carry no tokenizer (its config names %s); pass it as --tokenizer for generate and "
-            "export-hf to use",
-            checkpoint,
-            named or "none",
-        )
+    named = (config.get("tokenizer") or {}).get("identifier")
+    tok = import_tokenizer(tokenizer, model, checkpoint, "OLMo's", named)
 
     def add_tokenizer(tmp: Path) -> None:
         if tok is not None:  # with the special ids OLMo's config states (OLMo uses no BOS)
