@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,36 @@ def shared_tokenizer(name: str) -> str:
     if not path.exists():
         pytest.skip(f"{path} not present (../shared is only beside the project's CI and dev checkouts)")
     return str(path)
+
+
+OLMO_CORE_INSTALL = (
+    "ai2-olmo-core is not installed: pip install -e '.[olmo-core]' (OLMo-core's own loader is the reference)"
+)
+
+
+@pytest.fixture(scope="session")
+def core() -> Any:
+    """The OLMo-core reference helpers (tests/olmo_core_reference.py), or a skip naming what to install."""
+    pytest.importorskip("olmo_core", reason=OLMO_CORE_INSTALL)
+    from tests import olmo_core_reference
+
+    return olmo_core_reference
+
+
+@pytest.fixture(scope="session")
+def demo_token_parts(
+    demo_corpus: list[str], demo_tokenizer: str, tmp_path_factory: pytest.TempPathFactory
+) -> list[str]:
+    """Token files of one demo shard, made by `olmo-data tokenize` in ~4,000-token parts (the OLMo-core tests'
+    data: many files, as a real run has)."""
+    import json
+
+    from olmo_data.tokenize import TokenizeOptions, tokenize
+
+    dest = tmp_path_factory.mktemp("octokens") / "demo"
+    tokenize(demo_corpus[:1], dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=4_000))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    return [str(dest / f["path"]) for f in manifest["files"]]
 
 
 @pytest.fixture(scope="session")

@@ -25,25 +25,11 @@ from olmo_data.run import find_spikes, inspect_batch
 from tests.train.test_train_e2e import launch
 
 L, SEED, STEPS = 64, 6198, 3
-INSTALL = "ai2-olmo-core is not installed: pip install -e '.[olmo-core]' (OLMo-core's own loader is the reference)"
 
 
 @pytest.fixture(scope="module")
-def core() -> Any:
-    pytest.importorskip("olmo_core", reason=INSTALL)
-    from tests import olmo_core_reference
-
-    return olmo_core_reference
-
-
-@pytest.fixture(scope="module")
-def token_paths(demo_corpus: list[str], demo_tokenizer: str, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    from olmo_data.tokenize import TokenizeOptions, tokenize
-
-    dest = tmp_path_factory.mktemp("octrain") / "demo"
-    tokenize(demo_corpus[:1], dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=4_000))
-    manifest = json.loads((dest / "manifest.json").read_text())
-    return [str(dest / f["path"]) for f in manifest["files"]][:6]
+def token_paths(demo_token_parts: list[str]) -> list[str]:
+    return demo_token_parts[:6]
 
 
 def ours(tmp_path: Path, config_json: str, **overrides: Any) -> Path:

@@ -33,29 +33,13 @@ from tests.olmo_core_commands import check_commands
 L = 64  # tokens per instance
 SEED = 6198
 WORLD = 2
-INSTALL = "ai2-olmo-core is not installed: pip install -e '.[olmo-core]' (OLMo-core's own loader is the reference)"
 
 
 @pytest.fixture(scope="module")
-def core() -> Any:
-    """The reference helpers (tests/olmo_core_reference.py), or a skip naming what to install."""
-    pytest.importorskip("olmo_core", reason=INSTALL)
-    from tests import olmo_core_reference
-
-    return olmo_core_reference
-
-
-@pytest.fixture(scope="module")
-def token_paths(demo_corpus: list[str], demo_tokenizer: str, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """Token files of one demo shard, made by `olmo-data tokenize` in ~4,000-token parts."""
-    from olmo_data.tokenize import TokenizeOptions, tokenize
-
-    dest = tmp_path_factory.mktemp("octokens") / "demo"
-    tokenize(demo_corpus[:1], dest, TokenizeOptions(tokenizer=demo_tokenizer, max_tokens_per_file=4_000))
-    manifest = json.loads((dest / "manifest.json").read_text())
-    paths = [str(dest / f["path"]) for f in manifest["files"]]
-    assert len(paths) >= 20, paths
-    return paths
+def token_paths(demo_token_parts: list[str]) -> list[str]:
+    """Token files of one demo shard in ~4,000-token parts (conftest.py), at least 20 of them."""
+    assert len(demo_token_parts) >= 20, demo_token_parts
+    return demo_token_parts
 
 
 @pytest.fixture(scope="module")
