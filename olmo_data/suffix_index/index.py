@@ -20,6 +20,7 @@ Empty token files hold no match and get no index.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -72,15 +73,15 @@ class ShardTask:
     end: int
     window_end: int
     engine: str
+    keys_only: bool = False  # its positions hold (an index of format 1, or keys lost): only its keys are written
 
 
 def _build_shard(task: ShardTask) -> int:
     """Sort one shard's suffixes (read up to its window's end) and write its positions, its sampled keys, then its
-    .json. A shard whose positions still hold (an index of format 1, or keys lost) only gets its keys."""
+    .json; a `keys_only` task (its positions checked by the caller) only gets its keys."""
     tokens = token_array(task.path, task.dtype)
     folder = Path(task.folder)
-    sorted_already = _sorted_current(task, tokens, trust=False)
-    if sorted_already:
+    if task.keys_only:
         positions = np.fromfile(shard_file(folder, task.shard, "u32"), dtype="<u4")
     else:
         window = np.asarray(tokens[task.start : task.window_end])
@@ -92,7 +93,7 @@ def _build_shard(task: ShardTask) -> int:
     keys = Samples.of(tokens, positions, task.start, task.window_end).keys
     with atomic_path(shard_file(folder, task.shard, "keys")) as tmp:
         keys.tofile(tmp)
-    if not sorted_already:
+    if not task.keys_only:
         write_json_atomic(
             shard_file(folder, task.shard, "json"),
             {
@@ -122,10 +123,14 @@ def _sorted_current(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
         return False
 
 
-def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+def _keys_written(task: ShardTask, tokens: np.ndarray) -> bool:
     keys = shard_file(Path(task.folder), task.shard, "keys")
     want = -(-(task.end - task.start) // SAMPLE_STEP) * Samples.key_bytes(tokens.dtype.itemsize)
-    return keys.exists() and keys.stat().st_size == want and _sorted_current(task, tokens, trust)
+    return keys.exists() and keys.stat().st_size == want
+
+
+def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
+    return _keys_written(task, tokens) and _sorted_current(task, tokens, trust)
 
 
 @dataclass
@@ -233,10 +238,11 @@ def _build_index(
         if part is not None and not trust:
             write_plan(folder, numbered, len(shards), part[1])
         for task in mine(shards, numbered, part):
-            if _shard_done(task, tokens, trust):
+            current = _sorted_current(task, tokens, trust)  # the window's checksum read once a shard
+            if current and _keys_written(task, tokens):
                 skipped += 1
             else:
-                tasks.append(task)
+                tasks.append(dataclasses.replace(task, keys_only=current))
         numbered += len(shards)
         every[path] = (shards, trust)
         manifests[path] = {
