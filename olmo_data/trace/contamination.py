@@ -11,7 +11,9 @@ are argued in the README). For a contaminated instance every maximal span of tha
 The spans come from the suffix index (`olmo-data index`) where a stage's data has one, one text at a time
 (`trace.spans.find_spans`); else from one scan of the token files for all texts together: every position whose
 next `min_tokens` tokens hash like one of the texts' `min_tokens`-grams is confirmed token by token and extended
-to the end of that text. Both give the same spans and places.
+to the end of that text. Both give the same spans and places, and cut a span's places alike: the first
+`max_places` (default 1,000) over the whole stage, by token file in the run's order then offset, with the count of
+all of them; so the documents and steps named do not depend on which search answered (nor on `auto`'s timing).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from olmo_data.run import read_lineage, read_stage_config
 from olmo_data.suffix_index import open_index
 from olmo_data.tokenizer import Tokenizer, data_tokenizer, load_tokenizer
 from olmo_data.trace.find import Target, trace
-from olmo_data.trace.spans import find_spans
+from olmo_data.trace.spans import MAX_PLACES, find_spans
 from olmo_data.trace.text_scan import SpanPlaces, TextSet, estimate_scan, scan_texts
 
 MIN_TOKENS = 13
+CUT = "the first max_places places of each span, by token file (in the order of the run's data paths) and offset"
 SEARCHES = ("auto", "index", "scan")
 PROBE_TEXTS = 32  # texts the index answers at most before "auto" estimates its time for all ...
 PROBE_SHARE = 0.1  # ... or fewer: the probe takes at most this share of the scan's estimated time
@@ -67,12 +70,35 @@ class Occurrence:
 
 
 @dataclass
+class SpanFound:
+    """A maximal span of one of an instance's texts in one stage's data: how many places hold it, and how many of
+    them are listed as occurrences (the first `max_places`, cut by `CUT` whichever search found them)."""
+
+    stage: int
+    text: int
+    start: int  # tokens [start, end) of that text
+    end: int
+    span: str
+    places: int  # that hold it in all
+    listed: int  # of them, listed (and traced to documents and steps)
+
+
+@dataclass
 class InstanceResult:
     index: int
     doc_id: str
     tokens: int  # of its longest text
     longest: int  # tokens of its longest span found, 0 when none reaches min_tokens
     occurrences: list[Occurrence] = field(default_factory=list)
+    spans: list[SpanFound] = field(default_factory=list)
+
+    @property
+    def places(self) -> int:
+        return sum(s.places for s in self.spans)
+
+    @property
+    def listed(self) -> int:
+        return sum(s.listed for s in self.spans)
 
     def contaminated(self, min_tokens: int) -> bool:
         return self.longest >= min_tokens
@@ -109,11 +135,16 @@ class ContaminationReport:
     min_tokens: int
     tasks: list[TaskResult]
     stages: list[dict[str, Any]]  # run name, config, steps, and how each stage's data was searched
+    max_places: int = MAX_PLACES  # places of a span listed (see CUT); the rest are counted
 
     def to_json(self) -> dict[str, Any]:
+        """The report as one JSON document: the same bytes whichever search answered, but for each stage's
+        `index`, `search_seconds` and `estimates` (how it was searched, and how long that took)."""
         k = self.min_tokens
         return {
             "min_tokens": k,
+            "max_places": self.max_places,
+            "places_listed": CUT,
             "stages": self.stages,
             "tasks": [
                 {
@@ -131,6 +162,9 @@ class ContaminationReport:
                             "longest": r.longest,
                             "documents": r.documents,
                             "steps": {str(s): v for s, v in r.steps().items()},
+                            "places": r.places,
+                            "listed": r.listed,
+                            "spans": [asdict(s) for s in r.spans],
                             "occurrences": [asdict(o) for o in r.occurrences],
                         }
                         for r in t.contaminated(k)
@@ -153,6 +187,7 @@ def search_texts(
     search: str = "auto",
     processes: int = 1,
     progress: bool | None = None,
+    max_places: int = MAX_PLACES,
 ) -> tuple[list[list[SpanPlaces]], dict[str, Any]]:
     """For each query (token ids), its maximal spans of at least `min_tokens` found in the token files, each with
     its positions per file (`find_spans`' answer for every query), and how they were found.
@@ -160,9 +195,12 @@ def search_texts(
     The index answers query by query, the scan all queries in one pass over the data; `search` "auto" times the
     scan on `PROBE_TOKENS` tokens and the index on the first `PROBE_TEXTS` queries (fewer where they take more than
     `PROBE_SHARE` of the scan's estimate), and takes the one whose estimate for the whole search is lower (both
-    give the same answers); up to `PROBE_TEXTS` queries, the index answers all."""
+    give the same answers, each span's places cut to the same first `max_places`); up to `PROBE_TEXTS` queries,
+    the index answers all."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     t0 = time.perf_counter()
     out: list[list[SpanPlaces]] = [[] for _ in queries]
     ids = [n for n, q in enumerate(queries) if len(q) >= min_tokens]
@@ -176,20 +214,23 @@ def search_texts(
             stop, budget = PROBE_TEXTS, PROBE_SHARE * by_scan
         t1 = time.perf_counter()
         while done < stop and (done == 0 or time.perf_counter() - t1 < budget):
-            out[ids[done]] = find_spans(source, list(queries[ids[done]]), min_tokens, index=index)[0]
+            out[ids[done]] = find_spans(
+                source, list(queries[ids[done]]), min_tokens, index=index, max_places=max_places
+            )[0]
             done += 1
         if done < len(ids):
             per_text = (time.perf_counter() - t1) / done
             how["estimates"] = {"index_s": round(per_text * len(ids), 3), "scan_s": round(by_scan, 3)}
             if per_text * (len(ids) - done) <= by_scan:
                 for n in ids[done:]:
-                    out[n] = find_spans(source, list(queries[n]), min_tokens, index=index)[0]
+                    out[n] = find_spans(source, list(queries[n]), min_tokens, index=index, max_places=max_places)[0]
                 done = len(ids)
         how["index"] = done == len(ids)
     if ids and done < len(ids):
         texts = texts or TextSet.of(queries, ids, min_tokens)
         out = [[] for _ in queries]
-        for m, spans in scan_texts(source, texts, min_tokens, processes=processes, progress=progress).items():
+        found = scan_texts(source, texts, min_tokens, keep=max_places, processes=processes, progress=progress)
+        for m, spans in found.items():
             out[texts.ids[m]] = spans
     how["seconds"] = round(time.perf_counter() - t0, 3)
     return out, how
@@ -209,14 +250,18 @@ def find_contamination(
     search: str = "auto",
     processes: int = 1,
     progress: bool | None = None,
+    max_places: int = MAX_PLACES,
 ) -> ContaminationReport:
     """For each task's instances: the longest span of its texts that the training data of `config`'s run (and,
     with `lineage`, of every stage its weights grew from) holds; where an instance's reaches `min_tokens`, the
     documents holding its spans and the steps that trained on them. `search`: "index" (the suffix index, which
     each searched stage must have), "scan", or "auto" (the index where a stage has one and it is estimated faster
-    than a scan; see `search_texts`)."""
+    than a scan; see `search_texts`). Each span lists its first `max_places` places (`CUT`) with the count of
+    all: the documents and steps named are those of the listed places, the same whichever search answered."""
     if min_tokens < 1:
         raise DataError(f"--min-tokens {min_tokens}: expected a positive number of tokens")
+    if max_places < 0:
+        raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
     if search not in SEARCHES:
         raise DataError(f"--search {search!r}: expected one of {', '.join(SEARCHES)}")
     cfg = read_run_config(config)
@@ -269,7 +314,14 @@ def find_contamination(
                 "or search with --search auto or scan"
             )
         found, how = search_texts(
-            stage_source, queries, min_tokens, index=index, search=search, processes=processes, progress=progress
+            stage_source,
+            queries,
+            min_tokens,
+            index=index,
+            search=search,
+            processes=processes,
+            progress=progress,
+            max_places=max_places,
         )
         _trace_found(stage_cfg, stage_source, tok, s, steps, queries, found, owner, results)
         stage_rows.append(
@@ -291,7 +343,7 @@ def find_contamination(
         short = sum(1 for r in mine if r.tokens < min_tokens)
         out.append(TaskResult(label, mine, short))
         at += len(items)
-    return ContaminationReport(min_tokens, out, stage_rows)
+    return ContaminationReport(min_tokens, out, stage_rows, max_places)
 
 
 def _fast(tok: Tokenizer) -> Tokenizer:
@@ -315,22 +367,26 @@ def _trace_found(
     owner: list[tuple[int, int]],
     results: list[InstanceResult],
 ) -> None:
-    """Every place of every span through the stage's order (one pass), then each place's documents and steps
-    recorded on its instance."""
+    """Every listed place of every span through the stage's order (one pass), then each place's documents and
+    steps recorded on its instance, with each span's count of places. The places are taken by file in the run's
+    order, whatever order the search's answer holds its files in."""
+    paths: dict[str, list[int]] = {}  # each distinct token file, in the run's order: where the run lists it
+    for f_index, f in enumerate(source.files):
+        paths.setdefault(f.path, []).append(f_index)
     targets: list[Target] = []
     places: list[tuple[int, int, int, str, int, list[int]]] = []  # text, i, j, path, position, its targets
     for q, spans in enumerate(found):
-        n, _ = owner[q]
-        for i, j, at, _ in spans:
+        n, m = owner[q]
+        for i, j, at, count in spans:
             results[n].longest = max(results[n].longest, j - i)
-            for path, positions in at.items():
-                for p in positions.tolist():
-                    ts = []
-                    for f_index, f in enumerate(source.files):
-                        if f.path == path:
-                            ts.append(len(targets))
-                            targets.append(Target(f"{n}:{q}", f_index, p, p + j - i))
+            listed = 0
+            for path, f_indexes in paths.items():
+                for p in at[path].tolist() if path in at else []:
+                    ts = list(range(len(targets), len(targets) + len(f_indexes)))
+                    targets.extend(Target(f"{n}:{q}", f_index, p, p + j - i) for f_index in f_indexes)
                     places.append((q, i, j, path, p, ts))
+                    listed += 1
+            results[n].spans.append(SpanFound(stage, m, i, j, tok.decode(queries[q][i:j]), int(count), listed))
     if not targets:
         return
     report = trace(cfg, targets, source=source, steps=steps)
@@ -383,7 +439,7 @@ def format_contamination(report: ContaminationReport, *, max_instances: int = 20
             f"least {k} tokens in the training data{some}{short}"
         )
         for r in bad[:max_instances]:
-            longest = max((o for o in r.occurrences), key=lambda o: o.end - o.start)
+            longest = max(r.spans, key=lambda o: o.end - o.start)
             trained = []
             for at, v in r.steps().items():
                 stage = report.stages[at]
@@ -394,9 +450,16 @@ def format_contamination(report: ContaminationReport, *, max_instances: int = 20
                     f"trained at steps {shown} {where}" if v else f"not trained in steps {first}..{last} {where}"
                 )
             docs = ", ".join(r.documents[:10]) + (" ..." if len(r.documents) > 10 else "")
+            unknown = "(no place listed)" if not r.listed else "(documents unknown: no metadata)"
+            cut = (
+                f"; {r.listed:,} of {r.places:,} places listed: the first {report.max_places:,} of each span by file "
+                "and offset"
+                if r.listed < r.places
+                else ""
+            )
             lines.append(
                 f"  #{r.index} (id {r.doc_id}): longest span {r.longest} of {r.tokens} tokens {longest.span[:80]!r}, "
-                f"in {docs or '(documents unknown: no metadata)'}; {'; '.join(trained)}"
+                f"in {docs or unknown}; {'; '.join(trained) or 'steps not traced'}{cut}"
             )
         if len(bad) > max_instances:
             lines.append(f"  ... and {len(bad) - max_instances} more (--json lists them all)")

@@ -29,7 +29,8 @@ _BLOCK = 1 << 20  # candidate positions hashed at a time
 _GAP = -2  # between two texts in `joined`: no token id equals it
 PROBE_TOKENS = 1 << 20  # tokens scanned to estimate a scan's time
 
-# tokens [i, j) of a text; per token file the first `keep` places that hold it; how many places hold it in all
+# tokens [i, j) of a text; the first `keep` places that hold it over the whole run (by token file, in the run's
+# order, then offset: `find_spans`' cut, by the index and by a scan alike), per file; how many hold it in all
 SpanPlaces = tuple[int, int, dict[str, np.ndarray], int]
 
 
@@ -103,10 +104,12 @@ def _prepared(key: str) -> _Prepared:
 
 
 def _spans_of(
-    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int, keep: int
+    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int, keep: int, paths: list[str]
 ) -> dict[int, list[SpanPlaces]]:
-    """{text: its maximal spans, their first `keep` places per file and their count} from the scan's matches, for
-    the texts that have any (what `find_spans` gives for each)."""
+    """{text: its maximal spans, their first `keep` places and their count} from the scan's matches, for the texts
+    that have any (what `find_spans` gives for each). The places are cut as the index cuts them: the first `keep`
+    over the whole run, taking the files in `paths` order (the run's) and each file's places by offset; a cut per
+    file would name other documents and steps than the index does once a span has more than `keep` places."""
     by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for path, (pos, start, lcp) in matches.items():
         order = np.argsort(start, kind="stable")
@@ -123,9 +126,15 @@ def _spans_of(
             np.maximum.at(longest, s, c)
         out[m] = []
         for i, j in maximal_spans(longest, k):
-            held = {path: np.unique(p[(s == i) & (c >= j - i)]) for path, (p, s, c) in rows.items()}
-            count = sum(len(v) for v in held.values())
-            out[m].append((i, j, {path: v[:keep] for path, v in held.items()}, count))
+            listed: dict[str, np.ndarray] = {}
+            count = 0
+            for path in paths:
+                if path in rows:
+                    p, s, c = rows[path]
+                    held = np.unique(p[(s == i) & (c >= j - i)])  # sorted: by offset
+                    listed[path] = held[: max(0, keep - count)]  # `count` is still the places of earlier files
+                    count += len(held)
+            out[m].append((i, j, listed, count))
     return out
 
 
@@ -224,6 +233,8 @@ def scan_texts(
     processes: int = 1,
     progress: bool | None = None,
 ) -> dict[int, list[SpanPlaces]]:
-    """{text m of `texts`: its maximal spans of at least k tokens, each with its first `keep` positions per token
-    file and how many hold it}, for the texts found anywhere, from one scan of every token file."""
-    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k, keep)
+    """{text m of `texts`: its maximal spans of at least k tokens, each with its first `keep` positions over the
+    run (by token file in the run's order, then offset) and how many hold it}, for the texts found anywhere, from
+    one scan of every token file."""
+    paths = list(scanned_files(source))
+    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k, keep, paths)
