@@ -35,6 +35,7 @@ from olmo_data.config.schema import (
 from olmo_data.errors import DataError, shown
 
 log = logging.getLogger(__name__)
+_SUMMARIES_LOGGED: set[str] = set()
 
 __all__ = [
     "check_cycles_divide",
@@ -49,7 +50,11 @@ __all__ = [
 
 
 def load_config(
-    path: str | os.PathLike[str] | None, overrides: list[str] | tuple[str, ...] = (), *, require_data: bool = True
+    path: str | os.PathLike[str] | None,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    require_data: bool = True,
+    training: bool = True,
 ) -> TrainConfig:
     """Read a YAML config and apply command-line overrides (`--key.sub=value`, `--key value`, `--flag`).
 
@@ -58,6 +63,9 @@ def load_config(
 
     `require_data=False` reads a config that describes a model but no training data yet (an imported model's,
     or a checkpoint's config read to rebuild its model): every other check still applies.
+
+    `training=False` reads the config of a run to look at its data: an OLMo setting this trainer cannot train
+    with (OLMo's `init_fn: mitchell`, dropout, `clip_qkv`, another optimizer) is refused only when `training`.
     """
     raw: dict[str, Any] = {}
     if path is not None:
@@ -71,7 +79,8 @@ def load_config(
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         raw = loaded or {}
-    return config_from_dict(raw, str(path) if path is not None else "config", overrides, require_data=require_data)
+    source = str(path) if path is not None else "config"
+    return config_from_dict(raw, source, overrides, require_data=require_data, training=training)
 
 
 def config_from_dict(
@@ -80,9 +89,11 @@ def config_from_dict(
     overrides: list[str] | tuple[str, ...] = (),
     *,
     require_data: bool = True,
+    training: bool = True,
 ) -> TrainConfig:
     """The TrainConfig of a config's keys as YAML gives them (a file's, or a dict a program built): the one path
-    from keys to a config, for the trainer and every data command alike, so all of them see the same run."""
+    from keys to a config, for the trainer and every data command alike, so all of them see the same run
+    (`training`: as for load_config)."""
     refuse_olmo_core_form(raw, source)
     raw = copy.deepcopy(raw)
     olmo_form = olmo_form_key(raw)  # by the file's own keys: an override never changes how it is read
@@ -91,7 +102,12 @@ def config_from_dict(
         _set_dotted(raw, key, text if value is not None and _is_text_key(key) else value)
     if olmo_form is not None:  # OLMo's YAML (olmo_data/config/olmo): overrides in its names, then ours
         translation = translate(raw, source)
-        log.info("%s", translation.summary(source))
+        if training and translation.untrainable:
+            raise ConfigError(translation.untrainable[0])
+        summary = translation.summary(source)
+        if summary not in _SUMMARIES_LOGGED:  # a command reading the config twice says it once
+            _SUMMARIES_LOGGED.add(summary)
+            log.info("%s", summary)
         raw = translation.config
     try:
         cfg = _build(TrainConfig, raw, prefix="")
@@ -107,12 +123,13 @@ def config_from_dict(
 def read_run_config(config: str | dict[str, Any] | TrainConfig, *, require_data: bool = True) -> TrainConfig:
     """A run's config however a caller holds it (a YAML path, its keys, or the config itself), read as the
     trainer reads it: the data tools take this, never the YAML's keys directly, so OLMo's form, interpolations and
-    defaults mean for `inspect-batch` exactly what they mean for the run."""
+    defaults mean for `inspect-batch` exactly what they mean for the run. Only its data side is held to what this
+    trainer can do: a model or optimizer setting it cannot train is refused when training starts, not here."""
     if isinstance(config, TrainConfig):
         return config
     if isinstance(config, dict):
-        return config_from_dict(config, require_data=require_data)
-    return load_config(config, require_data=require_data)
+        return config_from_dict(config, require_data=require_data, training=False)
+    return load_config(config, require_data=require_data, training=False)
 
 
 def expand_evaluators(evaluators: list[EvaluatorConfig]) -> list[EvaluatorConfig]:

@@ -197,9 +197,9 @@ def refuse_unless(
             )
 
 
-def model_values_from_olmo(section: dict[str, Any], source: str, verb: str = "imported") -> dict[str, Any]:
-    """Our ModelConfig's values for the `model:` section of an OLMo config, refusing by key any option that would
-    make OLMo's model compute something ours does not. `verb` says what is refused (imported, trained)."""
+def refuse_other_model(section: dict[str, Any], source: str, verb: str = "imported") -> None:
+    """Refuse, by key, any option of the `model:` section of an OLMo config that would make OLMo's model compute
+    something ours does not. `verb` says what is refused (imported, trained)."""
     olmo = {**OLMO_DEFAULTS, **section}
     refuse_unless(olmo, section, REQUIRED, source, f"can be {verb}")
     unknown = sorted(k for k, v in section.items() if k not in OLMO_DEFAULTS and k not in IGNORED and v)
@@ -214,6 +214,13 @@ def model_values_from_olmo(section: dict[str, Any], source: str, verb: str = "im
             f"{source}: model.attention_layer_norm_with_affine is false; only true can be {verb} (our QK-norm "
             "has a learned scale)"
         )
+
+
+def model_values(section: dict[str, Any], source: str) -> dict[str, Any]:
+    """Our ModelConfig's values for the `model:` section of an OLMo config, each checked for its kind: the
+    shape and sizes, which the data tools need too (the instance length is max_sequence_length) even where
+    `refuse_other_model` would refuse the model itself."""
+    olmo = {**OLMO_DEFAULTS, **section}
     values: dict[str, Any] = {}
     for theirs, ours, kind, read in MODEL_KEYS:
         try:
@@ -224,3 +231,9 @@ def model_values_from_olmo(section: dict[str, Any], source: str, verb: str = "im
     if values["embedding_size"] == values["vocab_size"]:
         values["embedding_size"] = None
     return values
+
+
+def model_values_from_olmo(section: dict[str, Any], source: str, verb: str = "imported") -> dict[str, Any]:
+    """`model_values` of a section `refuse_other_model` lets through: what importing OLMo's checkpoint needs."""
+    refuse_other_model(section, source, verb)
+    return model_values(section, source)

@@ -5,6 +5,7 @@ machinery (see the package's docstring for the rules).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,8 @@ from olmo_data.config.olmo.model_keys import (
     TRAINING_DEFAULTS,
     TRAINING_REQUIRED,
     as_kind,
-    model_values_from_olmo,
+    model_values,
+    refuse_other_model,
     refuse_unless,
     yaml_text,
 )
@@ -95,12 +97,17 @@ _TOP_NOT_APPLICABLE = (
     "device_train_batch_size",
     "device_train_grad_accum",
 )
-# OLMo options this trainer does not have: the values under which they change nothing
+# OLMo options this trainer does not have: the values under which they change nothing. Those that change which
+# batches a run trains are refused whenever the config is read; those that change only how it trains on them
+# (_TOP_TRAINING_ONLY, and the sections of _TRAINING_ONLY) are refused when training starts: a run's batches can
+# be inspected and traced whatever its optimizer or gradient clipping was.
 _TOP_REQUIRED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
-    ("max_grad_norm_ratio", (None,), "gradients are clipped by max_grad_norm only"),
     ("epoch", (None,), "the data order's epoch comes from the step"),
     ("fast_forward_batches", (None,), "the data position comes from the checkpoint"),
     ("stop_after", (None,), "use stop_at"),
+)
+_TOP_TRAINING_ONLY: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("max_grad_norm_ratio", (None,), "gradients are clipped by max_grad_norm only"),
     ("early_stopping_factor", (None,), "there is no early stopping"),
 )
 _TOP_SPECIAL = (
@@ -153,10 +160,12 @@ _REQUIRED: dict[str, tuple[tuple[str, tuple[Any, ...], str], ...]] = {
         ("grad_clip_warmup_steps", (None,), "max_grad_norm is the same from the first step"),
         ("grad_clip_warmup_factor", (None,), "max_grad_norm is the same from the first step"),
     ),
-    "data": (
-        ("custom_dataset", (None,), "instances come from token files"),
-        ("generate_attention_mask", (False,), "document masks come from model.document_masking"),
-    ),
+    "data": (("custom_dataset", (None,), "instances come from token files"),),
+}
+_TRAINING_ONLY: dict[str, tuple[tuple[str, tuple[Any, ...], str], ...]] = {
+    "optimizer": _REQUIRED.pop("optimizer"),
+    "scheduler": _REQUIRED.pop("scheduler"),
+    "data": (("generate_attention_mask", (False,), "document masks come from model.document_masking"),),
 }
 _OTHER_OLMO_KEYS: dict[str, tuple[str, ...]] = {  # handled one by one below
     "optimizer": ("no_decay_norm_and_bias",),
@@ -164,6 +173,8 @@ _OTHER_OLMO_KEYS: dict[str, tuple[str, ...]] = {  # handled one by one below
     "data": ("datasets", "memmap_dtype", "instance_filter", "generate_doc_lengths", "seed"),
     "speed_monitor": ("gpu_flops_available",),
 }
+# the model's keys a run's data depends on: the instance length, and the ids a token may hold
+_DATA_MODEL_KEYS = ("max_sequence_length", "vocab_size", "embedding_size")
 _OURS = {"": TrainConfig, "model": ModelConfig, "optimizer": OptimizerConfig, "scheduler": SchedulerConfig}
 _OURS.update({"data": DataConfig, "wandb": WandbConfig})
 _OUR_SCHEDULES = ("constant", "constant_with_warmup", "linear_with_warmup", "cosine_with_warmup")
@@ -171,11 +182,13 @@ _OUR_SCHEDULES = ("constant", "constant_with_warmup", "linear_with_warmup", "cos
 
 def _olmo_keys(section: str) -> set[str]:
     if section == "":
-        return {*_TOP_SAME, *_TOP_NOT_APPLICABLE, *(k for k, _, _ in _TOP_REQUIRED), *_TOP_SPECIAL}
+        required = (*_TOP_REQUIRED, *_TOP_TRAINING_ONLY)
+        return {*_TOP_SAME, *_TOP_NOT_APPLICABLE, *(k for k, _, _ in required), *_TOP_SPECIAL}
     if section == "model":
         return {*OLMO_DEFAULTS, *IGNORED}
+    tables = (*_REQUIRED.get(section, ()), *_TRAINING_ONLY.get(section, ()))
     return {*_SAME.get(section, ()), *_NOT_APPLICABLE.get(section, ()), *_OTHER_OLMO_KEYS.get(section, ())} | {
-        k for k, _, _ in _REQUIRED.get(section, ())
+        k for k, _, _ in tables
     }
 
 
@@ -199,11 +212,14 @@ def olmo_form_key(raw: dict[str, Any]) -> str | None:
 @dataclass
 class Translation:
     """A config in our form, and what of OLMo's the run will not do: infrastructure keys, named in one log line at
-    start (`summary`). Downstream evaluators are run (olmo_train/train/downstream)."""
+    start (`summary`), and the settings this trainer cannot train with (`untrainable`: refusals, each naming its
+    key, that only training raises: the data tools read the run's batches whatever they say). Downstream
+    evaluators are run (olmo_train/train/downstream)."""
 
     config: dict[str, Any]
     trigger: str  # the OLMo-only key the form was recognised by
     not_applicable: list[str] = field(default_factory=list)
+    untrainable: list[str] = field(default_factory=list)
 
     def summary(self, source: str) -> str:
         parts = [f"{source}: OLMo's config form (it has {self.trigger!r})"]
@@ -217,12 +233,13 @@ def translate(raw: dict[str, Any], source: str) -> Translation:
     ConfigError naming the key and value."""
     trigger = olmo_form_key(raw) or "?"
     reader = _Reader(source)
+    form = f"(read as OLMo's config form: it has {trigger!r})"
     try:
-        reader.read(resolve_interpolations(raw))
+        reader.read(resolve_interpolations(raw, reader.untrainable))
     except ConfigError as e:
-        raise ConfigError(f"{e} (read as OLMo's config form: it has {trigger!r})") from e
+        raise ConfigError(f"{e} {form}") from e
     to_numbers(TrainConfig, reader.out)
-    return Translation(reader.out, trigger, reader.na)
+    return Translation(reader.out, trigger, reader.na, [f"{why} {form}" for why in reader.untrainable])
 
 
 def _leaves(key: str, value: Any) -> list[str]:
@@ -237,6 +254,7 @@ class _Reader:
         self.out: dict[str, Any] = {}
         self.origin: dict[str, str] = {}
         self.na: list[str] = []
+        self.untrainable: list[str] = []
 
     def put(self, ours: str, value: Any, theirs: str | None = None) -> None:
         """Set our dotted key; two of the file's keys landing on one of ours is refused, naming both."""
@@ -256,6 +274,16 @@ class _Reader:
     def require(self, prefix: str, values: dict[str, Any], given: dict[str, Any], table: Any) -> None:
         refuse_unless(values, given, table, self.source, "is supported here", prefix)
 
+    def trainable(self, check: Callable[[], None]) -> bool:
+        """Run a check that only training needs: its refusal is kept for training to raise (Translation's
+        `untrainable`), and False tells the caller to leave the refused value out of our config."""
+        try:
+            check()
+        except ConfigError as e:
+            self.untrainable.append(str(e))
+            return False
+        return True
+
     def section(self, name: str, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the section with OLMo's defaults, as given); its plain keys mapped, its infrastructure noted, its
         requirements checked, and keys that are ours only (or nobody's: the builder names them) passed on."""
@@ -264,6 +292,7 @@ class _Reader:
             raise ConfigError(f"config key {name!r}: expected a mapping of keys, got {shown(given)}")
         values = {**_SECTION_DEFAULTS.get(name, {}), **given}
         self.require(f"{name}.", values, given, _REQUIRED.get(name, ()))
+        self.trainable(lambda: self.require(f"{name}.", values, given, _TRAINING_ONLY.get(name, ())))
         for key, value in given.items():
             if key in _NOT_APPLICABLE.get(name, ()):
                 self.not_applicable(f"{name}.{key}", value)
@@ -277,6 +306,7 @@ class _Reader:
     def read(self, raw: dict[str, Any]) -> None:
         top = {**_TOP_DEFAULTS, **raw}
         self.require("", top, raw, _TOP_REQUIRED)
+        self.trainable(lambda: self.require("", top, raw, _TOP_TRAINING_ONLY))
         for key, value in raw.items():
             if key in _TOP_NOT_APPLICABLE:
                 self.not_applicable(key, value)
@@ -385,8 +415,20 @@ class _Reader:
             elif key in MODEL_NOT_APPLICABLE or key == "block_group_size":
                 self.not_applicable(f"model.{key}", value)
         olmo = {**OLMO_DEFAULTS, **TRAINING_DEFAULTS, **mine}
-        refuse_unless(olmo, mine, TRAINING_REQUIRED, self.source, "can be trained")
-        for key, value in model_values_from_olmo(mine, self.source, "trained").items():
+        # what the model computes and how it starts matter to training only; its sizes (the instance length is
+        # max_sequence_length) to every reader
+        if self.trainable(lambda: refuse_unless(olmo, mine, TRAINING_REQUIRED, self.source, "can be trained")):
+            self.trainable(lambda: refuse_other_model(mine, self.source, "trained"))
+        try:
+            values = model_values(mine, self.source)
+        except ConfigError as e:  # a shape ours cannot build (OLMo's amd_compatible norm, say): the sizes only
+            self.untrainable.append(str(e))
+            full = {**OLMO_DEFAULTS, **mine}
+            full["embedding_size"] = full["embedding_size"] or full["vocab_size"]
+            values = {k: as_kind(full[k], int, f"{self.source}: model.{k}") for k in _DATA_MODEL_KEYS}
+            if values["embedding_size"] == values["vocab_size"]:
+                values["embedding_size"] = None
+        for key, value in values.items():
             self.put(f"model.{key}", value, f"model.{key}")
         self.put("model.flash_attention", bool(olmo["flash_attention"]))
         if "eos_token_id" in mine:
@@ -398,17 +440,22 @@ class _Reader:
         legacy = values.get("no_decay_norm_and_bias")
         if legacy is not None:
             self.put("optimizer.decay_norm_and_bias", not legacy, "optimizer.no_decay_norm_and_bias")
-        self.put("optimizer.name", values["name"])
+        if values["name"] == "adamw":  # any other is refused when training starts (_TRAINING_ONLY)
+            self.put("optimizer.name", values["name"])
 
     def scheduler(self, raw: dict[str, Any], learning_rate: float) -> None:
         values, _ = self.section("scheduler", raw)
         name = values.get("name", "cosine_with_warmup")
-        if name not in _OUR_SCHEDULES:
-            raise ConfigError(
-                f"{self.source}: scheduler.name is {yaml_text(name)}; this trainer's schedules are "
-                f"{', '.join(_OUR_SCHEDULES)}"
-            )
-        self.put("scheduler.name", name)
+
+        def ours() -> None:
+            if name not in _OUR_SCHEDULES:
+                raise ConfigError(
+                    f"{self.source}: scheduler.name is {yaml_text(name)}; this trainer's schedules are "
+                    f"{', '.join(_OUR_SCHEDULES)}"
+                )
+
+        if self.trainable(ours):
+            self.put("scheduler.name", name)
         low = values["warmup_min_lr"]  # OLMo's warm-up starts at a tenth of the peak unless told
         self.put("scheduler.warmup_min_lr", 0.1 * learning_rate if low is None else low)
 

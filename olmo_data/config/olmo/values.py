@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
+import os
 import types
 import typing
 from typing import Any
@@ -19,16 +21,20 @@ _ENTRY = 16  # an entry of a section or list costs more than a character to hold
 MAX_DEPTH = 100  # references followed one inside another, or nested in one another's names
 
 
-def resolve_interpolations(raw: dict[str, Any]) -> dict[str, Any]:
+def resolve_interpolations(raw: dict[str, Any], untrainable: list[str] | None = None) -> dict[str, Any]:
     """`raw` with OmegaConf's `${key}` and `${a.b}` replaced by the values they name, as OLMo's loader does. A
     reference that is a whole value takes that value (an int stays an int); one inside a string is replaced by
     its text; a reference inside a reference's name (`${model.${seed}}`) is resolved first, as OmegaConf does.
     Each key is resolved once and remembered (as OmegaConf does), so keys that double one another cost linear
     time, and a resolved value over MAX_RESOLVED characters is refused by key: a config that doubles a string
     thirty times would otherwise need gigabytes before anything else is checked. A cycle is refused naming its
-    keys; resolvers (`${oc.env:X}`, OLMo's `${path.glob:...}`) and relative references are refused too (write
-    the value out), and so is a `${` left in a value after resolution (an unclosed one, or an escaped `\\${`)."""
-    return _Resolver(raw).resolve(raw, "", ())[0]
+    keys. The resolvers OLMo's published configs use are OLMo's: `${oc.env:NAME,default}`, `${path.choose:a,b}`
+    (the first path that exists, or a URL) and `${path.glob:pattern,...}`; a `path.choose` of which no path
+    exists resolves to "" as OLMo's loader does when it does not validate paths, which is enough to read a run's
+    data, and its message goes to `untrainable` (training refuses it, as OLMo's trainer does). Other resolvers and
+    relative references are refused (write the value out), and so is a `${` left in a value after resolution (an
+    unclosed one, or an escaped `\\${`)."""
+    return _Resolver(raw, untrainable).resolve(raw, "", ())[0]
 
 
 def _join(where: str, key: object) -> str:
@@ -78,9 +84,10 @@ def _size(value: Any) -> int:
 class _Resolver:
     """Resolves each key once: `memo` holds every resolved key's value and size."""
 
-    def __init__(self, root: dict[str, Any]) -> None:
+    def __init__(self, root: dict[str, Any], untrainable: list[str] | None = None) -> None:
         self.root = root
         self.memo: dict[str, tuple[Any, int]] = {}
+        self.untrainable = untrainable if untrainable is not None else []
 
     def resolve(self, node: Any, where: str, chain: tuple[str, ...]) -> tuple[Any, int]:
         """(value, size) of `node`, the value at key `where`, reached through the references in `chain`."""
@@ -141,6 +148,10 @@ class _Resolver:
         return text
 
     def target(self, path: str, where: str, chain: tuple[str, ...]) -> tuple[Any, int]:
+        name, colon, args = path.partition(":")
+        if colon and name.strip() in _RESOLVERS:
+            value = self.resolver(name.strip(), args, path, where)
+            return value, _size(value)
         if not path or ":" in path or path.startswith("."):
             raise ConfigError(
                 f"config key {where!r}: ${{{path}}} is an OmegaConf resolver or relative reference; only references "
@@ -163,6 +174,40 @@ class _Resolver:
         value, size = self.resolve(node, path, chain)
         # a section or list is copied, so that changing one place (to_numbers works in place) changes no other
         return (copy.deepcopy(value) if isinstance(value, (dict, list)) else value), size
+
+    def resolver(self, name: str, args: str, path: str, where: str) -> Any:
+        """OLMo's resolvers (olmo/config.py registers the path ones; OmegaConf has oc.env), on their arguments
+        split at commas, spaces and quotes around each removed."""
+        parts = [a.strip().strip("'\"") for a in args.split(",")]
+        if name == "oc.env":
+            if len(parts) > 2 or not parts[0]:
+                raise ConfigError(f"config key {where!r}: ${{{path}}}: oc.env takes a variable's name and a default")
+            if parts[0] in os.environ:
+                return os.environ[parts[0]]
+            if len(parts) == 1:
+                raise ConfigError(
+                    f"config key {where!r}: ${{{path}}}: the environment variable {parts[0]} is not set (and the "
+                    "reference gives no default): set it, or write the value out"
+                )
+            return None if parts[1] == "null" else parts[1]
+        if name == "path.choose":
+            for part in parts:
+                if "://" in part or os.path.exists(part):
+                    return part
+            self.untrainable.append(
+                f"config key {where!r}: ${{{path}}}: none of {', '.join(parts)} exists (OLMo's path.choose needs "
+                "one of them to train)"
+            )
+            return ""
+        matches = [m for part in parts for m in sorted(glob.glob(part))]
+        if not matches:
+            raise ConfigError(f"config key {where!r}: ${{{path}}}: {', '.join(parts)} matches no file or folder")
+        return matches
+
+
+# OmegaConf's and OLMo's resolvers that OLMo's published configs use (path.last_checkpoint is refused: it asks a
+# save folder which checkpoint is newest, which is the run's business, not its config's)
+_RESOLVERS = ("oc.env", "path.choose", "path.glob")
 
 
 # ---- numbers as YAML 1.1 reads them ----------------------------------------------------------------------------

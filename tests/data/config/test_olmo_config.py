@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from olmo_data.config import ConfigError, config_to_dict, load_config, save_config
+from olmo_data.config import ConfigError, config_to_dict, load_config, read_run_config, save_config
 from olmo_data.config.olmo import olmo_form_key, resolve_interpolations
 
 REPO = Path(__file__).resolve().parents[3]
@@ -338,7 +338,10 @@ def test_interpolation() -> None:
         ({"m": {"k": "${m}"}}, r"config key 'm\.k': interpolation cycle m\.k -> m$"),
         ({"a": "${b.c}", "b": {"c": "${d}"}, "d": "${a}"}, r"interpolation cycle a -> b\.c -> d -> a$"),
         ({"a": "${nope}"}, r"config key 'a': \$\{nope\} names no key of the config"),
-        ({"a": "${oc.env:HOME}"}, r"config key 'a': \$\{oc\.env:HOME\} is an OmegaConf resolver"),
+        ({"a": "${oc.decode:1}"}, r"config key 'a': \$\{oc\.decode:1\} is an OmegaConf resolver"),
+        ({"a": "${path.last_checkpoint:runs}"}, r"\$\{path\.last_checkpoint:runs\} is an OmegaConf resolver"),
+        ({"a": "${oc.env:OLMO_TEST_UNSET_VARIABLE}"}, r"environment variable OLMO_TEST_UNSET_VARIABLE is not set"),
+        ({"a": "${path.glob:/nonexistent/*.npy}"}, r"/nonexistent/\*\.npy matches no file or folder"),
         ({"a": "${.b}", "b": 1}, r"relative reference"),
         ({"a": "x${m}", "m": {"k": 1}}, r"config key 'a': a reference inside a string names a section"),
     ],
@@ -462,6 +465,23 @@ def test_what_this_trainer_cannot_honour_is_refused_by_key(case: str, tmp_path: 
     with pytest.raises(ConfigError, match=match) as e:
         load_config(olmo_file(tmp_path, shaped(**changes)))
     assert "\n" not in str(e.value)
+
+
+# what only training refuses: the data tools read the run's data whatever these say (issue 41)
+DATA_SIDE_REFUSED = ("moe-key", "data-seed", "two-dtypes", "fp16")
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_the_data_tools_read_what_only_training_refuses(case: str, tmp_path: Path) -> None:
+    changes, match = REFUSED[case]
+    path = olmo_file(tmp_path, shaped(**changes))
+    if case in DATA_SIDE_REFUSED:  # these change the run's data, or are not OLMo's at all: refused alike
+        with pytest.raises(ConfigError, match=match):
+            read_run_config(str(path))
+        return
+    cfg = read_run_config(str(path))
+    assert (cfg.model.max_sequence_length, cfg.model.vocab_size) == (4096, 100278)
+    assert cfg.global_train_batch_size == load_config(olmo_file(tmp_path, shaped())).global_train_batch_size
 
 
 def test_multi_query_attention_is_one_kv_head(tmp_path: Path) -> None:
