@@ -43,6 +43,7 @@ __all__ = [
     "DOCUMENT_TOKENS",
     "MIN_TOKENS",
     "BatchReport",
+    "Busy",
     "ChainTrace",
     "DataError",
     "DatasetStats",
@@ -100,11 +101,26 @@ def read_metrics(path: str) -> dict[int, dict[str, Any]]:
     return out
 
 
-class RunAnswers:
-    """One run's answers, its data opened once and kept warm. The server's threads share it and ask one question at
-    a time (the document index and the tokenizer are not made for concurrent use; each answer takes milliseconds)."""
+class Busy(Exception):
+    """Every slot for a costly answer (a trace, a document's steps) is taken: asked again later, not queued, so a
+    page elsewhere that asks for traces in a loop never holds the threads the Run page is answered by."""
 
-    def __init__(self, run: str, *, window: int = 20, z: float = 3.0) -> None:
+    def __init__(self, retry_after: int = 5) -> None:
+        super().__init__("the view is computing as many traces as it computes at once; retry in a few seconds")
+        self.retry_after = retry_after
+
+
+class RunAnswers:
+    """One run's answers, its data opened once and kept warm, shared by the server's threads.
+
+    Safe from several threads at once: what is kept is guarded by a lock that is never held while an answer is
+    computed (a 10 s trace must not hold up the Run page), a value kept for the server's life is computed once
+    (the others asking wait for it), and at most `costly` traces or document lookups compute at once (`Busy`
+    past that). What the answers share underneath is safe to share: the instance index is read-only after it is
+    opened (memory maps and `pread`), the document index locks its own building, the tokenizer only decodes, and
+    `trace_spans`/`trace_chain` open what they search per call."""
+
+    def __init__(self, run: str, *, window: int = 20, z: float = 3.0, costly: int = 2) -> None:
         self.run = run
         self.config, self.folder = run_files(run)
         self.cfg = read_run_config(self.config)
@@ -116,9 +132,13 @@ class RunAnswers:
         self.metrics = read_metrics(self.metrics_path)
         self._metrics_seen = _stamp(self.metrics_path)
         self.global_batch_size = self.cfg.global_train_batch_size
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the kept values below; never held while computing one
+        self._follow_lock = threading.Lock()  # one thread re-reads a grown metrics.jsonl
+        self._generation = 0  # bumped when the metrics change: a value computed before is not kept
         self._once: dict[str, Any] = {}
+        self._making: dict[str, threading.Lock] = {}  # per key kept for the server's life: its one maker
         self._recent: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._costly = threading.BoundedSemaphore(max(1, costly))
 
     @property
     def name(self) -> str:
@@ -127,36 +147,62 @@ class RunAnswers:
     # -- kept for the server's life ---------------------------------------------------------------------------
 
     def _cached(self, key: str, make: Callable[[], T]) -> T:
+        self._follow()
         with self._lock:
-            self._follow()
-            if key not in self._once:
-                self._once[key] = make()
-            return self._once[key]  # type: ignore[no-any-return]
+            if key in self._once:
+                return self._once[key]  # type: ignore[no-any-return]
+            maker = self._making.setdefault(key, threading.Lock())
+        with maker:  # one thread computes it; the others asking meanwhile wait for that answer
+            with self._lock:
+                if key in self._once:
+                    return self._once[key]  # type: ignore[no-any-return]
+                generation = self._generation
+            value = make()
+            with self._lock:
+                if generation == self._generation:
+                    self._once[key] = value
+            return value
 
-    def _recently(self, key: tuple[Any, ...], make: Callable[[], T], keep: int = 16) -> T:
-        """The answer to a question asked lately (a step paged through, a text traced again), else a new one."""
+    def _recently(self, key: tuple[Any, ...], make: Callable[[], T], keep: int = 16, costly: bool = False) -> T:
+        """The answer to a question asked lately (a step paged through, a text traced again), else a new one
+        (`costly`: one of the answers of which only so many compute at once, else `Busy`)."""
+        self._follow()
         with self._lock:
-            self._follow()
             if key in self._recent:
                 self._recent.move_to_end(key)
                 return self._recent[key]  # type: ignore[no-any-return]
+            generation = self._generation
+        if costly and not self._costly.acquire(blocking=False):
+            raise Busy()
+        try:
             value = make()
-            self._recent[key] = value
-            while len(self._recent) > keep:
-                self._recent.popitem(last=False)
-            return value
+        finally:
+            if costly:
+                self._costly.release()
+        with self._lock:
+            if generation == self._generation:
+                self._recent[key] = value
+                while len(self._recent) > keep:
+                    self._recent.popitem(last=False)
+        return value
 
     def _follow(self) -> None:
         """A run still training appends to metrics.jsonl (and its loss record): when the file changed, the curves,
         spikes and steps are asked again, so a reload of a page shows the steps logged since."""
-        stamp = _stamp(self.metrics_path)
-        if stamp == self._metrics_seen:
+        if _stamp(self.metrics_path) == self._metrics_seen:
             return
-        self.metrics = read_metrics(self.metrics_path)
-        self._metrics_seen = stamp
-        for key in ("curves", "spikes"):
-            self._once.pop(key, None)
-        self._recent.clear()
+        with self._follow_lock:
+            stamp = _stamp(self.metrics_path)
+            if stamp == self._metrics_seen:
+                return  # another thread read it meanwhile
+            metrics = read_metrics(self.metrics_path)
+            with self._lock:
+                self.metrics = metrics
+                self._metrics_seen = stamp
+                self._generation += 1
+                for key in ("curves", "spikes"):
+                    self._once.pop(key, None)
+                self._recent.clear()
 
     def warm(self) -> None:
         """Answer the questions every visit asks (spikes, stages, data statistics) ahead of the first page."""
@@ -258,7 +304,7 @@ class RunAnswers:
     def spans(self, text: str, min_tokens: int = MIN_TOKENS) -> SpansReport:
         """`olmo-data trace CONFIG --spans TEXT --min-tokens N`."""
         return self._recently(
-            ("spans", text, min_tokens), lambda: trace_spans(self.config, text, min_tokens=min_tokens)
+            ("spans", text, min_tokens), lambda: trace_spans(self.config, text, min_tokens=min_tokens), costly=True
         )
 
     def document(self, doc_id: str) -> tuple[ChainTrace, str | None, int]:
@@ -276,7 +322,7 @@ class RunAnswers:
             ids = self.source.read_tokens(f.path, f.dtype, t.start, min(t.end - t.start, DOCUMENT_TOKENS))
             return chain, self.tokenizer().decode(np.asarray(ids).tolist()), t.end - t.start
 
-        return self._recently(("document", doc_id), answer)
+        return self._recently(("document", doc_id), answer, costly=True)
 
 
 def _stamp(path: str) -> tuple[float, int] | None:
