@@ -6,10 +6,12 @@ One process trains in this one (as `python -m olmo_train`); N > 1 are launched a
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -51,10 +53,32 @@ def train(ctx: click.Context, config: str, nproc: int, overrides: tuple[str, ...
         env.setdefault("LOGLEVEL", "INFO")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     command += ["-m", "olmo_train", *args]
-    launcher = subprocess.Popen(command, env=env)
+    launcher = subprocess.Popen(command, env=env, preexec_fn=_tied_to(os.getpid()))
     try:
         sys.exit(launcher.wait())
     finally:  # stopped here (Ctrl-C, SIGTERM): torchrun passes the signal on to its ranks, which save and exit
         if launcher.poll() is None:
             launcher.send_signal(signal.SIGTERM)
             launcher.wait()
+
+
+def _tied_to(parent: int) -> Callable[[], None] | None:
+    """What torchrun's process runs before it starts (Linux): SIGTERM to it when this process dies, however it
+    dies (`kill -9`, the out-of-memory killer), so that it stops its ranks (each saves and exits, as when
+    preempted) instead of training on unseen; a torchrun whose launcher died before this ran exits at once."""
+    if not sys.platform.startswith("linux"):
+        return None  # elsewhere the ranks' own watch (olmo_train/__main__.py) still ends them once torchrun is gone
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: nothing to load after the fork
+    except (OSError, AttributeError):
+        return None
+
+    def tie() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return tie
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

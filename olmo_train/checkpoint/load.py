@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -28,9 +29,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from olmo_data.errors import DataError
+from olmo_data.config import ModelConfig, load_config
+from olmo_data.errors import DataError, shown
 from olmo_train.checkpoint import integrity, safety
 from olmo_train.checkpoint.layout import (
+    CONFIG,
     DCP_METADATA,
     EXACT_FILE,
     MODEL_FILE,
@@ -104,9 +107,11 @@ def load_checkpoint(
     *,
     restore_rng: bool = True,
     hooks: LoadHooks = PLAIN,
+    model_config: ModelConfig | None = None,
 ) -> TrainerState:
     """Load weights (and optimizer state unless `optim` is None) from a sharded or unsharded checkpoint, once its
-    files are checked (`check_files`); no file of it is unpickled freely."""
+    files are checked (`check_files`) and its tensors' shapes are the model's (`model_config`, the config's model
+    section, lets a refusal name the setting that differs); no file of it is unpickled freely."""
     state = integrity.read_trainer_state(path)
     if is_unsharded(path) and optim is not None and not (path / OPTIM_FILE).is_file():
         # weights only (`unshard --model-only`, a soup, an import); an OLMo-form YAML sets reset_optimizer_state:
@@ -128,6 +133,7 @@ def load_checkpoint(
         if optim is not None and (path / EXACT_FILE).is_file():  # a resume takes the exact state over the merged
             model_sd = {**model_sd, **torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)}
         _refuse_extra_tensors(path, set(model_sd), set(model.state_dict()))
+        check_shapes(path, _shapes(model_sd), _shapes(get_model_state_dict(model)), model_config)
         set_model_state_dict(model, model_sd, options=opts)
         if optim is not None:
             optim_sd = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
@@ -135,11 +141,13 @@ def load_checkpoint(
     elif optim is None:
         model_sd = get_model_state_dict(model)
         _refuse_extra_tensors(path, _stored_model_keys(path), set(model_sd))
+        raise_together(lambda: check_shapes(path, _stored_shapes(path), _shapes(model_sd), model_config))
         safety.load_sharded(path, {"model": model_sd})
         set_model_state_dict(model, model_sd)
     else:
         model_sd, optim_sd = get_state_dict(model, optim)
         _refuse_extra_tensors(path, _stored_model_keys(path), set(model_sd))
+        raise_together(lambda: check_shapes(path, _stored_shapes(path), _shapes(model_sd), model_config))
         safety.load_sharded(path, {"model": model_sd, "optim": optim_sd})
         set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
     rng_path = path / rng_file(d.rank)
@@ -174,3 +182,64 @@ def _refuse_extra_tensors(path: Path, stored: set[str], wanted: set[str]) -> Non
             "all), so it would load in part; it is a checkpoint of another model config (a ReLoRA run's needs its "
             "relora settings; olmo_train.convert.read_model_state gives any checkpoint's plain weights)"
         )
+
+
+# the model settings that shape its tensors, named first when a checkpoint's differ (the rest in the schema's order)
+_SHAPING: tuple[str, ...] = ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "vocab_size")
+_SHAPING += ("embedding_size", "weight_tying", "attention_layer_norm", "layer_norm_type", "layer_norm_with_affine")
+
+
+def _shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The full shape of each tensor of a state dict (a DTensor's is the whole tensor's, not this rank's shard)."""
+    return {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _stored_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The model tensors a sharded checkpoint holds, with their full shapes, from its metadata alone."""
+    stored = safety.read_metadata(path / DCP_METADATA).state_dict_metadata
+    return {
+        k.removeprefix("model."): tuple(v.size)
+        for k, v in stored.items()
+        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
+    }
+
+
+def check_shapes(
+    path: Path, stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]], config: ModelConfig | None
+) -> None:
+    """Refuse a checkpoint whose tensors are not the model's shape (another model's, copied into a save folder or
+    named by load_path) before anything is read into the model: DCP would end in a multi-line traceback of its
+    own. The message names the first model setting that differs from the checkpoint's config.yaml (when the
+    checkpoint has one and `config` is given), and the first tensor that differs."""
+    missing = sorted(set(wanted) - set(stored))
+    resized = sorted(k for k in set(wanted) & set(stored) if wanted[k] != stored[k])
+    if not missing and not resized:
+        return
+    if resized:
+        name = resized[0]
+        tensor = f"tensor {name} is {list(stored[name])} there, {list(wanted[name])} in this model"
+    else:
+        tensor = f"it has no tensor {missing[0]} ({len(missing)} of this model's are missing)"
+    setting = _differing_setting(path, config)
+    raise DataError(
+        f"{path}: a checkpoint of another model shape: {setting + '; ' if setting else ''}{tensor}. Train with the "
+        "model settings it was saved with, or use another save_folder (or load_path)"
+    )
+
+
+def _differing_setting(path: Path, config: ModelConfig | None) -> str | None:
+    """'model.KEY is A in CHECKPOINT/config.yaml, B in the config' for the first model setting (those that shape
+    tensors first) on which the checkpoint's own config.yaml and `config` differ; None when unknown or equal."""
+    recorded = path / CONFIG
+    if config is None or not recorded.is_file():
+        return None
+    try:
+        theirs = load_config(recorded, require_data=False, training=False).model
+    except DataError:  # an unreadable config.yaml: the tensors alone are named
+        return None
+    names = [*_SHAPING, *(k for k in vars(config) if k not in _SHAPING)]
+    for name in names:
+        a, b = getattr(theirs, name, None), getattr(config, name, None)
+        if a != b:
+            return f"model.{name} is {shown(a)} in {recorded}, {shown(b)} in the config"
+    return None

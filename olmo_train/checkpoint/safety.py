@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import io
 import pathlib
@@ -28,8 +29,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.futures import Future
 
 from olmo_data.errors import DataError
 
@@ -208,6 +210,34 @@ class SafeFileSystemReader(FileSystemReader):
         assert metadata.storage_meta is not None
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """DCP's reads, one shard file at a time, so that a shard whose bytes are not what DCP wrote (garbage of
+        the right length in a checkpoint without checksums.json) is named in one line instead of torch's
+        multi-line unpickling message (which even suggests loading it unsafely)."""
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in per_file.items():
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner).wait()
+            except DataError:
+                raise
+            except Exception as e:
+                shard = Path(str(self.path)) / name
+                raise DataError(f"{shard}: not readable as a checkpoint shard ({_reason(e)}); copy it again") from e
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
+def _reason(e: BaseException) -> str:
+    """What went wrong reading damaged bytes, in a few words: torch's unpickling errors run to several lines of
+    advice (to load the file with `weights_only=False`, which a damaged or crafted file must never be)."""
+    if isinstance(e, pickle.UnpicklingError):
+        return "its bytes are not tensors as torch.save writes them"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
 
 
 def _load_plain(planner: DefaultLoadPlanner, source: Path, read_item: ReadItem, value: io.BytesIO) -> None:

@@ -21,7 +21,6 @@ the same way (`finish_save`) once they are written: the same files, checksums an
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -47,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from olmo_data.config import TrainConfig, save_config
 from olmo_data.errors import DataError
-from olmo_train.checkpoint import integrity
+from olmo_train.checkpoint import integrity, links
 from olmo_train.checkpoint.layout import (
     CHECKSUMS,
     CONFIG,
@@ -180,19 +179,11 @@ def finish_save(
         os.replace(tmp, final)
         shutil.rmtree(replaced, ignore_errors=True)
         guard.what = f"the link {pointer}"
-        _point(folder / pointer, name)
+        links.point(folder / pointer, name)
         _prune(folder, unsharded=unsharded, keep=keep)
 
     guard.together(complete)  # also the point where rank 0 has made the checkpoint complete
     return final
-
-
-def _point(link: Path, target: str) -> None:
-    tmp = link.with_name(f"{TMP_PREFIX}{link.name}")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(target)
-    os.replace(tmp, link)
 
 
 def _prune(folder: Path, unsharded: bool, keep: int) -> None:
@@ -386,9 +377,10 @@ class BackgroundSaves:
 
 
 def remove_stale_temporaries(folder: Path) -> None:
-    """Leftovers of a run killed while saving. A `.tmp-` directory may be unfinished: delete it. A `.replaced-`
-    one is a complete checkpoint moved aside for a new save of the same step: delete it if the new one made it
-    into place, else put it back, since it is then the only complete copy of that step."""
+    """Leftovers of a run killed while saving, and `latest` links that a copy of the folder made directories
+    (links.py). A `.tmp-` directory may be unfinished: delete it. A `.replaced-` one is a complete checkpoint moved
+    aside for a new save of the same step: delete it if the new one made it into place, else put it back, since it
+    is then the only complete copy of that step."""
     for p in folder.glob(f"{REPLACED_PREFIX}step*"):
         final = folder / p.name[len(REPLACED_PREFIX) :]
         if (final / TRAINER_STATE).is_file():
@@ -407,3 +399,4 @@ def remove_stale_temporaries(folder: Path) -> None:
             p.unlink(missing_ok=True)
     for p in folder.glob(f"step*{SAVING_SUFFIX}"):
         p.unlink(missing_ok=True)
+    links.restore_links(folder)  # `latest` made a directory by a copy (object storage, cp -rL): the link again

@@ -259,7 +259,7 @@ def resume(
         log.info("resuming from %s", own)
         state = ckpt.read_trainer_state(own)
         check_resumable(state, cfg, data, own)
-        state = ckpt.load_checkpoint(own, model, optim, d, hooks=RELORA_LOAD)
+        state = ckpt.load_checkpoint(own, model, optim, d, hooks=RELORA_LOAD, model_config=cfg.model)
     elif cfg.load_path:  # OLMo's restart keys say what comes from it besides the weights (restart.py)
         path = ckpt.localize(cfg.load_path, d)
         if restart.plan(cfg).counters:
@@ -339,9 +339,8 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
         lock.acquire()
 
     raise_together(claim)  # a refusal on rank 0 ends every rank with its line
-    if d.is_main:
-        ckpt.remove_stale_temporaries(save_folder)
-    barrier()
+    # leftovers of a killed save, `latest` made a directory by a copy: a refusal (an unverifiable copy) on every rank
+    raise_together(lambda: ckpt.remove_stale_temporaries(save_folder) if d.is_main else None)
     seed_everything(cfg.seed)
     try:
         data = TrainData(cfg, d)  # with document_masking, it also resolves model.eos_token_id (saved below)

@@ -80,7 +80,8 @@ def start_from(
     else:
         why = "reset_trainer_state" if cfg.reset_trainer_state else "restore_dataloader: false"
         log.info("loading %s from %s (%s): a fresh run, first trained step 1", p.describe(), path, why)
-    loaded = ckpt.load_checkpoint(path, model, optim if p.optimizer else None, d, restore_rng=p.rng, hooks=hooks)
+    optimizer = optim if p.optimizer else None
+    loaded = ckpt.load_checkpoint(path, model, optimizer, d, restore_rng=p.rng, hooks=hooks, model_config=cfg.model)
     given = str(cfg.load_path)
     record = ckpt.lineage.parent_record("checkpoint", given, given, path, parent, continued=p.counters)
     if p.counters:
