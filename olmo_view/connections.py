@@ -151,7 +151,7 @@ class PooledHTTPServer:
         self.socket = socket.create_server(address, family=family, backlog=1024)
         self.server_address: tuple[str, int] = self.socket.getsockname()[:2]
         self.max_connections = max(8, min(limits.connections, _descriptor_limit() - 64))
-        self._queue: queue.Queue[tuple[_Conn, bytes, tuple[int, str] | None] | None] = queue.Queue(limits.queue)
+        self._queue: queue.Queue[tuple[_Conn, bytes, tuple[int, str] | None] | None] = queue.Queue()
         self._returned: list[tuple[_Conn, bool]] = []
         self._returned_lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -175,16 +175,19 @@ class PooledHTTPServer:
         for w in workers:
             w.start()
         paused_until = 0.0  # accepting paused (out of file descriptors, nothing idle to close) until then
+        sweep = 0.0  # when the connections are next checked against their deadlines (not at every event)
         try:
             while not self._stop:
                 now = time.monotonic()
-                for conn in [c for c in self.conns.values() if c.deadline(self.limits) <= now]:
-                    self._expire(sel, conn)
+                if now >= sweep:
+                    for conn in [c for c in self.conns.values() if c.deadline(self.limits) <= now]:
+                        self._expire(sel, conn)
+                    soonest = min([c.deadline(self.limits) for c in self.conns.values()] + [now + 0.5])
+                    sweep = max(soonest, now + 0.05)
                 if paused_until and now >= paused_until:
                     sel.register(self.socket, selectors.EVENT_READ, "listen")
                     paused_until = 0.0
-                wait = min([c.deadline(self.limits) for c in self.conns.values()] + [now + 0.5]) - now
-                for key, _ in sel.select(max(0.01, wait)):
+                for key, _ in sel.select(max(0.01, sweep - now)):
                     if key.data == "listen":
                         if not self._accept(sel):
                             sel.unregister(self.socket)
@@ -196,9 +199,12 @@ class PooledHTTPServer:
                     else:
                         self._read(sel, key.data)
         finally:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    if (item := self._queue.get_nowait()) is not None:
+                        self._close(sel, item[0])
             for _ in workers:
-                with contextlib.suppress(queue.Full):
-                    self._queue.put_nowait(None)  # a worker answering still finishes, then stops
+                self._queue.put(None)  # a worker answering still finishes, then stops
             for conn in list(self.conns.values()):
                 self._close(sel, conn)
             sel.close()
@@ -298,12 +304,12 @@ class PooledHTTPServer:
         del conn.buf[:used]
         conn.need = None
         sel.unregister(conn.sock)
-        try:
-            self._queue.put_nowait((conn, raw, refusal))
-            conn.busy = True
-        except queue.Full:
+        if self._queue.qsize() >= self.limits.queue:  # (only this thread adds: it never grows past the bound)
             self._answer_here(conn, 503, "The view is busy answering other requests; retry in a moment.", True)
             self._finish(sel, conn)
+            return
+        conn.busy = True
+        self._queue.put((conn, raw, refusal))
 
     def _answer_here(self, conn: _Conn, status: int, text: str, retry: bool) -> None:
         """A short plain-text answer sent by the loop itself (best effort: it never waits on the client)."""
