@@ -3,8 +3,11 @@ each text's k-grams occur, and how far each match goes, as `trace --spans` finds
 
 All the texts' k-grams are hashed into one sorted table. Each data position whose next k tokens all occur in some
 text (a table lookup and a running sum) is hashed, matched against the table, then confirmed and extended token by
-token to the end of their text (`common_prefix`, the index's own comparison, in growing blocks). A pool of
-processes reads the texts from a temporary folder, so no task carries them.
+token to the end of their text (`common_prefix`, the index's own comparison, in growing blocks). The matches are
+reduced as they are found (`Places`: per start of a text the longest match, how many places hold it, and the first
+`keep` of those by file and offset), so memory follows the texts and `keep`, not the number of places, and a span's
+places are cut as the index cuts them. A pool of processes reads the texts from a temporary folder, so no task
+carries them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -103,38 +105,103 @@ def _prepared(key: str) -> _Prepared:
     return _PREPARED[key]
 
 
-def _spans_of(
-    texts: TextSet, matches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int, keep: int, paths: list[str]
-) -> dict[int, list[SpanPlaces]]:
-    """{text: its maximal spans, their first `keep` places and their count} from the scan's matches, for the texts
-    that have any (what `find_spans` gives for each). The places are cut as the index cuts them: the first `keep`
-    over the whole run, taking the files in `paths` order (the run's) and each file's places by offset; a cut per
-    file would name other documents and steps than the index does once a span has more than `keep` places."""
-    by_text: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
-    for path, (pos, start, lcp) in matches.items():
-        order = np.argsort(start, kind="stable")
-        pos, start, lcp = pos[order], start[order], lcp[order]
-        text_of = np.searchsorted(texts.offsets, start, side="right") - 1
-        for m in np.unique(text_of).tolist():
-            a, b = np.searchsorted(text_of, [m, m + 1])
-            by_text.setdefault(m, {})[path] = (pos[a:b], start[a:b] - texts.offsets[m], lcp[a:b])
+class Places:
+    """The scan's matches reduced, for a bounded memory whatever the number of places: per start of `joined` that
+    some match begins at (`starts`, sorted), the longest match (`best`) and how many places hold it (`count`); and
+    of those places at most `keep` a start, the smallest keys (a key is the file's rank in the run's order << 40 |
+    the offset), none where best(i) < best(i - 1) (such a start's longest match extends one start earlier whatever
+    the rest of the scan finds, so it begins no span; best only grows). A span's places are then listed as the
+    index lists them: the first `keep` over the whole run, by file then offset, and counted in all."""
+
+    def __init__(self, *arrays: np.ndarray) -> None:
+        starts, best, count, at, length, key = arrays or (_NONE,) * 6
+        self.starts: np.ndarray = starts  # per start: the start (in `joined`), its longest match, the places of it
+        self.best: np.ndarray = best
+        self.count: np.ndarray = count
+        self.at: np.ndarray = at  # per place kept: its start, its match's length, its key
+        self.length: np.ndarray = length
+        self.key: np.ndarray = key
+
+    @classmethod
+    def of(cls, start: np.ndarray, length: np.ndarray, key: np.ndarray, keep: int) -> Places:
+        """Matches (start, length, key), each a place, as a reduction."""
+        return cls.merged([cls(start, length, np.ones(len(start), dtype=np.int64), start, length, key)], keep)
+
+    @classmethod
+    def merged(cls, parts: list[Places], keep: int) -> Places:
+        """Reductions of the same texts over disjoint places as one."""
+        starts, best, count, at, length, key = (np.concatenate([getattr(r, n) for r in parts]) for n in _FIELDS)
+        if not len(starts):
+            return cls()
+        order = np.lexsort((-best, starts))  # by start, the longest first
+        starts, best, count = starts[order], best[order], count[order]
+        first = np.flatnonzero(np.concatenate([[True], starts[1:] != starts[:-1]]))
+        group = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(starts))))
+        top = best[first]
+        count = np.add.reduceat(np.where(best == top[group], count, 0), first)
+        starts, best = starts[first], top
+        row = np.searchsorted(starts, at)
+        before = np.searchsorted(starts, at - 1)
+        held = before < len(starts)
+        previous = np.where(held, best[np.minimum(before, len(starts) - 1)], 0)
+        previous[held] = np.where(starts[before[held]] == at[held] - 1, previous[held], 0)
+        ok = (length == best[row]) & (best[row] >= previous)
+        at, length, key = at[ok], length[ok], key[ok]
+        order = np.lexsort((key, at))
+        at, length, key = at[order], length[order], key[order]
+        within = np.arange(len(at)) - np.searchsorted(at, at, side="left")
+        ok = within < keep
+        return cls(starts, best, count, at[ok], length[ok], key[ok])
+
+    def size(self) -> int:
+        return len(self.starts) + len(self.at)
+
+    def with_rank(self, rank: int) -> Places:
+        """The same places, their keys (offsets in one file) made keys of the run: the file's rank in front."""
+        return Places(self.starts, self.best, self.count, self.at, self.length, self.key + (rank << 40))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+_FIELDS = ("starts", "best", "count", "at", "length", "key")
+_COMPACT = 1 << 22  # places gathered before they are reduced (more, where the reduction itself is larger)
+
+
+class _Reducing:
+    """Reductions gathered and merged whenever they outgrow the last merge (and `_COMPACT`): memory follows the
+    reduction's size, never the number of places; the cost of merging stays in proportion to what was added."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep, self.done, self.pending, self.size = keep, Places(), list[Places](), 0
+
+    def add(self, part: Places) -> None:
+        self.pending.append(part)
+        self.size += part.size()
+        if self.size > max(_COMPACT, self.done.size()):
+            self.result()
+
+    def result(self) -> Places:
+        if self.pending:
+            self.done, self.pending, self.size = Places.merged([self.done, *self.pending], self.keep), [], 0
+        return self.done
+
+
+def _spans_of(texts: TextSet, places: Places, k: int, paths: list[str]) -> dict[int, list[SpanPlaces]]:
+    """{text: its maximal spans, their first places and their count} from the scan's reduction, for the texts that
+    have any (what `find_spans` gives for each): the places cut as the index cuts them, the first `keep` over the
+    whole run by file in `paths` order (the run's) then offset; a cut per file would name other documents and steps
+    than the index does once a span has more than `keep` places."""
+    best = np.zeros(len(texts.joined), dtype=np.int64)
+    best[places.starts] = places.best
     out: dict[int, list[SpanPlaces]] = {}
-    for m, rows in by_text.items():
-        length = int(texts.offsets[m + 1] - texts.offsets[m]) - 1
-        longest = np.zeros(length - k + 1, dtype=np.int64)
-        for _, s, c in rows.values():
-            np.maximum.at(longest, s, c)
+    for m in np.unique(np.searchsorted(texts.offsets, places.starts, side="right") - 1).tolist():
+        first, length = int(texts.offsets[m]), int(texts.offsets[m + 1] - texts.offsets[m]) - 1
         out[m] = []
-        for i, j in maximal_spans(longest, k):
-            listed: dict[str, np.ndarray] = {}
-            count = 0
-            for path in paths:
-                if path in rows:
-                    p, s, c = rows[path]
-                    held = np.unique(p[(s == i) & (c >= j - i)])  # sorted: by offset
-                    listed[path] = held[: max(0, keep - count)]  # `count` is still the places of earlier files
-                    count += len(held)
-            out[m].append((i, j, listed, count))
+        for i, j in maximal_spans(best[first : first + length - k + 1], k):
+            g = first + i
+            keys = places.key[np.searchsorted(places.at, g, "left") : np.searchsorted(places.at, g, "right")]
+            listed = {path: keys[keys >> 40 == r] & ((1 << 40) - 1) for r, path in enumerate(paths)}
+            count = int(places.count[np.searchsorted(places.starts, g)])
+            out[m].append((i, j, {path: v for path, v in listed.items() if len(v)}, count))
     return out
 
 
@@ -146,25 +213,22 @@ def estimate_scan(source: InstanceSource, texts: TextSet, k: int, processes: int
     probe = min(n, PROBE_TOKENS)
     with _shared(texts, pooled=False) as key:
         t0 = time.perf_counter()
-        _scan_chunk((path, dtype, 0, probe, key, k))
+        _scan_chunk((path, dtype, 0, probe, key, k, MAX_PLACES))
         seconds = (time.perf_counter() - t0) * total / max(probe, 1)
     return seconds / max(1, processes) if pooled(processes, total) else seconds
 
 
 def _scan_all(
-    source: InstanceSource, texts: TextSet, k: int, *, processes: int, progress: bool | None
-) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per token file, (position, start in `joined`, match length) of every place that holds a k-gram of a text."""
+    source: InstanceSource, texts: TextSet, k: int, keep: int, *, processes: int, progress: bool | None
+) -> Places:
+    """Every place of the token files that holds a k-gram of a text, extended, as one reduction (`Places`)."""
     files = scanned_files(source)
-    parts: dict[str, list[np.ndarray]] = {p: [] for p in files}
+    rank = {path: r for r, path in enumerate(files)}
+    reducing = _Reducing(keep)
     with _shared(texts, pooled=pooled(processes, scanned_tokens(files))) as key:
-        for path, found in scan(source, _scan_chunk, (key, k), processes=processes, progress=progress):
-            parts[path].append(found)
-    out = {}
-    for path, pieces in parts.items():
-        rows = np.concatenate(pieces) if pieces else np.zeros((0, 3), dtype=np.int64)
-        out[path] = (rows[:, 0], rows[:, 1], rows[:, 2])
-    return out
+        for path, found in scan(source, _scan_chunk, (key, k, keep), processes=processes, progress=progress):
+            reducing.add(found.with_rank(rank[path]))
+    return reducing.result()
 
 
 def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
@@ -180,16 +244,17 @@ def _hashes(tokens: np.ndarray, starts: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def _scan_chunk(task: tuple[str, str, int, int, str, int]) -> Any:
-    """(position, start, length) rows for the places in tokens [lo, hi) of one file that begin a k-gram of a text,
-    `_BLOCK` positions at a time (bounded memory whatever the chunk)."""
-    path, dtype, lo, hi, key, k = task
+def _scan_chunk(task: tuple[str, str, int, int, str, int, int]) -> tuple[str, int, Places]:
+    """The places in tokens [lo, hi) of one file that begin a k-gram of a text, as one reduction (keys: offsets in
+    the file), `_BLOCK` positions at a time (bounded memory whatever the chunk)."""
+    path, dtype, lo, hi, key, k, keep = task
     tokens = token_array(path, dtype)
     texts = _prepared(key)
-    found = [np.zeros((0, 3), dtype=np.int64)]
+    reducing = _Reducing(keep)
     for a in range(lo, hi, _BLOCK):
-        found.append(_scan_block(tokens, a, min(a + _BLOCK, hi), texts, k))
-    return path, hi - lo, np.concatenate(found)
+        pos, start, length = _scan_block(tokens, a, min(a + _BLOCK, hi), texts, k).T
+        reducing.add(Places.of(start, length, pos, keep))
+    return path, hi - lo, reducing.result()
 
 
 def _scan_block(tokens: np.ndarray, lo: int, hi: int, texts: _Prepared, k: int) -> np.ndarray:
@@ -237,4 +302,4 @@ def scan_texts(
     run (by token file in the run's order, then offset) and how many hold it}, for the texts found anywhere, from
     one scan of every token file."""
     paths = list(scanned_files(source))
-    return _spans_of(texts, _scan_all(source, texts, k, processes=processes, progress=progress), k, keep, paths)
+    return _spans_of(texts, _scan_all(source, texts, k, keep, processes=processes, progress=progress), k, paths)
