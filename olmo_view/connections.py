@@ -55,6 +55,10 @@ class Limits:
     body_bytes: int = 64 * 1024  # a body is read and discarded up to this; larger: 413
     connections: int = 4096  # open at once (also kept under the file-descriptor limit); past it the most idle goes
 
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.queue < 0 or min(self.idle_s, self.request_s, self.send_s) <= 0:
+            raise ValueError(f"{self}: at least one worker, a queue of 0 or more, and times above 0")
+
 
 class _Conn:
     """A client connection as the loop sees it."""

@@ -257,7 +257,7 @@ def test_a_flood_is_refused_quickly_rather_than_queued_without_bound(
         try:
             for s in socks:
                 s.sendall(request(server, "/", headers="Connection: close\r\n"))
-                time.sleep(0.05)
+                time.sleep(0.2)  # the worker has taken the first before the second comes
             t0 = time.monotonic()
             answers = []
             for s in socks[2:]:  # one answered by the worker, one queued, the rest refused at once
@@ -314,3 +314,10 @@ def test_concurrent_pages_answer_as_one_at_a_time_does(view_run: ViewRun) -> Non
             t.join(60)
     for p in paths:
         assert len(got[p]) == 8 and all(a == alone[p] for a in got[p]), p
+
+
+def test_limits_that_would_answer_nothing_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one worker"):
+        Limits(workers=0)
+    with pytest.raises(ValueError, match="times above 0"):
+        Limits(idle_s=0)
