@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from olmo_cli.options import Command, backend_option, progress_option
-from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_chat
+from olmo_data.chat import DEFAULT_PACK_WINDOW, ChatOptions, prepare_chat
 
 
 @click.command("prepare-tulu", cls=Command)
@@ -22,7 +22,15 @@ from olmo_data.chat import DEFAULT_PACK_WINDOW, TEMPLATES, ChatOptions, prepare_
 @click.option("--tokenizer", "-t", required=True, help="tokenizer.json path, directory, or Hugging Face hub id.")
 @click.option("--destination", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--sequence-length", type=int, required=True, help="Tokens per instance (the model's sequence length).")
-@click.option("--template", type=click.Choice(TEMPLATES), default="olmo", show_default=True, help="Layout.")
+@click.option(
+    "--template",
+    default="olmo",
+    show_default=True,
+    metavar="olmo|tulu|tokenizer|PATH",
+    help="Layout: olmo or tulu (docs/data.md), or a chat template rendered by transformers' apply_chat_template: "
+    "`tokenizer` (the --tokenizer's chat_template.jinja or tokenizer_config.json beside tokenizer.json) or the "
+    "PATH of a Jinja file, a tokenizer_config.json or a directory holding either (needs olmo-data[hf]).",
+)
 @click.option("--eos-token-id", type=int, default=None, help="Default: the tokenizer's EOS token.")
 @click.option("--pad-token-id", type=int, default=None, help="Default: the tokenizer's pad token, else the EOS id.")
 @click.option("--pack", is_flag=True, help="Pack several conversations per instance (never split one).")
@@ -64,6 +72,8 @@ def prepare_tulu(
     Examples:
       olmo-data prepare-tulu -d runs/demo/chat/tulu.jsonl -t runs/demo/tokenizer.json \\
           --sequence-length 128 --destination runs/sft-data
+      olmo-data prepare-tulu -d chat.jsonl -t models/olmo3/ --template tokenizer \\
+          --sequence-length 4096 --destination runs/sft-data
     """
     options = ChatOptions(
         tokenizer=tokenizer,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data import __version__
+from olmo_data.chat.hf_template import ChatTemplate, TemplateEncoder, resolve_template
 from olmo_data.chat.packing import (
     BOUNDARIES,
     DOC_METADATA,
@@ -35,7 +36,7 @@ from olmo_data.chat.packing import (
     OUTPUT_FILES,
     InstanceWriter,
 )
-from olmo_data.chat.rows import RowChunk, count_rows, is_hub_dataset, parse_rows, row_chunks
+from olmo_data.chat.rows import BAD_ROW_HINT, Conversation, RowChunk, count_rows, is_hub_dataset, parse_rows, row_chunks
 from olmo_data.chat.templates import TEMPLATES, encode_conversations
 from olmo_data.dataset import MANIFEST_NAME, MANIFEST_VERSION, read_manifest, smallest_dtype
 from olmo_data.display import progress_bar
@@ -139,25 +140,60 @@ class _Chunk:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(options: ChatOptions, eos: int, tok: Tokenizer | None = None) -> None:
+def _init_worker(
+    options: ChatOptions,
+    eos: int,
+    template: ChatTemplate | None,
+    tok: Tokenizer | None = None,
+    encoder: TemplateEncoder | None = None,
+) -> None:
     if tok is None:  # a worker process: N processes on N cores, so no thread pools inside each
         quiet_worker()  # SIGTERM and Ctrl-C are the parent's to handle: it ends the pool
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
         tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
-    _worker.update(tok=tok, options=options, eos=eos)
+        if template is not None:
+            encoder = TemplateEncoder(template, options.tokenizer, eos)
+    _worker.update(tok=tok, options=options, eos=eos, encoder=encoder)
+
+
+def _encode_with_template(
+    encoder: TemplateEncoder, task: RowChunk, conversations: list[Conversation], bad: list[str], options: ChatOptions
+) -> tuple[list[Conversation], list[tuple[list[int], list[bool], int]]]:
+    """A tokenizer's chat template: a row it fails to render (a Jinja error, a role it refuses, a template that
+    rewrites earlier turns) is a bad row, named with the template."""
+    kept, texts, spans = [], [], []
+    for c in conversations:
+        try:
+            text, turns = encoder.turns(c.messages)
+        except ValueError as e:
+            where = f"{c.source}:{c.row}" if task.jsonl else f"{c.source}: row {c.row}"
+            message = f"{where}: chat template {encoder.template.source}: {e}"
+            if not options.skip_bad_rows:
+                raise DataError(message + BAD_ROW_HINT) from None
+            bad.append(message)
+            continue
+        kept.append(c)
+        texts.append(text)
+        spans.append(turns)
+    encoded = encoder.encode(texts, spans)
+    L = options.seq_len
+    return kept, [(ids[:L], mask[:L], len(ids)) for ids, mask in encoded]
 
 
 def _process(task: RowChunk) -> _Chunk:
     options: ChatOptions = _worker["options"]
     conversations, bad = parse_rows(task, options.skip_bad_rows)
-    encoded = encode_conversations(
-        _worker["tok"],
-        [c.messages for c in conversations],
-        template=options.template,
-        eos_token_id=_worker["eos"],
-        seq_len=options.seq_len,
-    )
+    if _worker["encoder"] is not None:
+        conversations, encoded = _encode_with_template(_worker["encoder"], task, conversations, bad, options)
+    else:
+        encoded = encode_conversations(
+            _worker["tok"],
+            [c.messages for c in conversations],
+            template=options.template,
+            eos_token_id=_worker["eos"],
+            seq_len=options.seq_len,
+        )
     lengths = [len(ids) for ids, _, _ in encoded]
     total = sum(lengths)
     return _Chunk(
@@ -172,15 +208,21 @@ def _process(task: RowChunk) -> _Chunk:
 
 
 def _processed(
-    tasks: Iterator[RowChunk], options: ChatOptions, eos: int, tok: Tokenizer, processes: int
+    tasks: Iterator[RowChunk],
+    options: ChatOptions,
+    eos: int,
+    tok: Tokenizer,
+    processes: int,
+    encoder: TemplateEncoder | None = None,
 ) -> Generator[_Chunk, None, None]:
     """Processed chunks in input order; at most 2 x processes chunks in flight, so memory stays bounded."""
     if processes == 1:
-        _init_worker(options, eos, tok)
+        _init_worker(options, eos, None, tok, encoder)
         yield from map(_process, tasks)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizer thread pools do not survive fork
-    pool = ProcessPoolExecutor(processes, ctx, initializer=_init_worker, initargs=(options, eos))
+    template = encoder.template if encoder is not None else None
+    pool = ProcessPoolExecutor(processes, ctx, initializer=_init_worker, initargs=(options, eos, template))
     try:
         pending: deque[Future[_Chunk]] = deque()
         for task in tasks:
@@ -243,10 +285,14 @@ def _place_all(
             bar.total = bar.n
 
 
-def _resolve_ids(options: ChatOptions, tok: Tokenizer) -> tuple[int, int, str]:
+def _resolve_ids(options: ChatOptions, tok: Tokenizer, encoder: TemplateEncoder | None = None) -> tuple[int, int, str]:
     """(eos, pad, dtype). Pad defaults to the tokenizer's pad token, else EOS: padding sits after the last
-    real token of an instance and is never trained, so under causal attention its value changes nothing."""
+    real token of an instance and is never trained, so under causal attention its value changes nothing. With a
+    tokenizer's chat template, the template writes its own end-of-turn tokens; EOS is then only recorded (and the
+    pad default), and transformers' EOS is the fallback."""
     eos = options.eos_token_id if options.eos_token_id is not None else tok.eos_token_id
+    if eos is None and encoder is not None:
+        eos = encoder.hf.eos_token_id
     if eos is None:
         raise DataError(
             f"{options.tokenizer}: the tokenizer has no recognisable EOS token (<|endoftext|>, </s>, ...); "
@@ -259,12 +305,11 @@ def _resolve_ids(options: ChatOptions, tok: Tokenizer) -> tuple[int, int, str]:
     for name, value in (("--eos-token-id", eos), ("--pad-token-id", pad)):
         if value < 0 or value >= 2**32:
             raise DataError(f"{name} {value} is not a valid token id (0 <= id < 2**32)")
-    return eos, pad, smallest_dtype(max(tok.vocab_size, eos + 1, pad + 1))
+    vocab = max(tok.vocab_size, encoder.vocab_size if encoder is not None else 0)  # transformers may add tokens
+    return eos, pad, smallest_dtype(max(vocab, eos + 1, pad + 1))
 
 
 def _check_options(options: ChatOptions, processes: int) -> None:
-    if options.template not in TEMPLATES:
-        raise DataError(f"unknown template {options.template!r}; expected one of {', '.join(TEMPLATES)}")
     if options.seq_len < 1:
         raise DataError(f"--sequence-length must be a positive number of tokens, got {options.seq_len}")
     if options.pack_window < 1:
@@ -315,11 +360,19 @@ def prepare_chat(
         {"path": p, "split": options.split, "size": None} if is_hub_dataset(p) else {"path": p, "size": file_size(p)}
         for p in paths
     ]
+    template = None if options.template in TEMPLATES else resolve_template(options.template, options.tokenizer)
     tok = load_tokenizer(options.tokenizer, options.backend)  # type: ignore[arg-type]
-    eos, pad, dtype = _resolve_ids(options, tok)
+    encoder = None
+    if template is not None:
+        given_eos = options.eos_token_id if options.eos_token_id is not None else tok.eos_token_id
+        encoder = TemplateEncoder(template, options.tokenizer, -1 if given_eos is None else given_eos)
+        encoder.check()
+    eos, pad, dtype = _resolve_ids(options, tok, encoder)
     identity = {k: v for k, v in tok.identity().items() if k != "backend"}
+    recorded_template = None if template is None else {"source": template.source, "sha256": template.sha256}
+    key = [_recorded_options(options), identity, eos, pad, dtype, recorded_inputs]
     run_key = hashlib.sha256(
-        json.dumps([_recorded_options(options), identity, eos, pad, dtype, recorded_inputs], sort_keys=True).encode()
+        json.dumps(key + [recorded_template] if template is not None else key, sort_keys=True).encode()
     ).hexdigest()
     dest = Path(destination)
     existing = read_manifest(str(dest)) if dest.is_dir() else None
@@ -336,7 +389,7 @@ def prepare_chat(
     remove_stale_temporaries(dest)  # what a killed run left under `.tmp-` names
 
     counts = _Counts()
-    chunks = _processed(row_chunks(paths, options.split, CHUNK_CONVERSATIONS), options, eos, tok, processes)
+    chunks = _processed(row_chunks(paths, options.split, CHUNK_CONVERSATIONS), options, eos, tok, processes, encoder)
     try:
         with contextlib.ExitStack() as stack:
             tmp = {name: stack.enter_context(atomic_path(dest / name)) for name in OUTPUT_FILES}
@@ -390,6 +443,7 @@ def prepare_chat(
         "pad_token_id": pad,
         "sequence_length": L,
         "template": options.template,
+        **({"chat_template": template.record()} if template is not None else {}),
         "pack": options.pack,
         "options": _recorded_options(options),
         "inputs": recorded_inputs,

@@ -294,7 +294,10 @@ def test_tulu_template_matches_open_instruct_reference_on_gpt_neox() -> None:
 
 def test_unknown_template_is_refused(demo_tokenizer: str, tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"messages": MULTI_TURN}])
-    with pytest.raises(DataError, match="unknown template 'chatml'; expected one of olmo, tulu"):
+    with pytest.raises(
+        DataError,
+        match="unknown template 'chatml'; expected olmo, tulu, tokenizer, or the path of a chat-template file",
+    ):
         prepare_chat([src], tmp_path / "out", ChatOptions(demo_tokenizer, seq_len=64, template="chatml"))
 
 
