@@ -81,10 +81,7 @@ def read_stored_model(path: Path) -> dict[str, torch.Tensor]:
     kind = checkpoint_kind(path)
     check_files(path, weights_only=True)  # against checksums.json; a sharded one's metadata read safely
     if kind == "unsharded":
-        try:
-            state = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise DataError(f"{path / MODEL_FILE}: cannot be read as a model state ({type(e).__name__}: {e})") from e
+        state = safety.load_file(path / MODEL_FILE, "a model state")
         if not isinstance(state, dict):
             raise DataError(f"{path / MODEL_FILE}: expected a dict of tensors, got {type(state).__name__}")
         return state

@@ -129,14 +129,14 @@ def load_checkpoint(
         pass  # weights only, into or out of ReLoRA: merged, adapters afresh
     elif is_unsharded(path):
         opts = StateDictOptions(full_state_dict=True)
-        model_sd = torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+        model_sd = safety.load_file(path / MODEL_FILE, "a model state")
         if optim is not None and (path / EXACT_FILE).is_file():  # a resume takes the exact state over the merged
-            model_sd = {**model_sd, **torch.load(path / EXACT_FILE, map_location="cpu", weights_only=True)}
+            model_sd = {**model_sd, **safety.load_file(path / EXACT_FILE, "a model state")}
         _refuse_extra_tensors(path, set(model_sd), set(model.state_dict()))
         check_shapes(path, _shapes(model_sd), _shapes(get_model_state_dict(model)), model_config)
         set_model_state_dict(model, model_sd, options=opts)
         if optim is not None:
-            optim_sd = torch.load(path / OPTIM_FILE, map_location="cpu", weights_only=True)
+            optim_sd = safety.load_file(path / OPTIM_FILE, "an optimizer state")
             set_optimizer_state_dict(model, optim, optim_sd, options=opts)
     elif optim is None:
         model_sd = get_model_state_dict(model)
@@ -211,8 +211,8 @@ def check_shapes(
     named by load_path) before anything is read into the model: DCP would end in a multi-line traceback of its
     own. The message names the first model setting that differs from the checkpoint's config.yaml (when the
     checkpoint has one and `config` is given), and the first tensor that differs."""
-    missing = sorted(set(wanted) - set(stored))
-    resized = sorted(k for k in set(wanted) & set(stored) if wanted[k] != stored[k])
+    missing = [k for k in wanted if k not in stored]  # in the model's order: the embedding first
+    resized = [k for k in wanted if k in stored and wanted[k] != stored[k]]
     if not missing and not resized:
         return
     if resized:

@@ -240,6 +240,17 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
 
 
+def load_file(path: Path, what: str = "a checkpoint file") -> Any:
+    """A file `torch.save` wrote (model.pt, optim.pt), loaded as plain data only; a damaged one (no checksums.json
+    caught it) is named in one line, not in torch's multi-line unpickling message."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: missing; the checkpoint is incomplete (copy it again)") from e
+    except Exception as e:
+        raise DataError(f"{path}: not readable as {what} ({_reason(e)}); copy it again") from e
+
+
 def _load_plain(planner: DefaultLoadPlanner, source: Path, read_item: ReadItem, value: io.BytesIO) -> None:
     """A non-tensor entry (an optimizer hyperparameter, a step count), loaded as plain data only."""
     fqn = read_item.dest_index.fqn

@@ -190,29 +190,48 @@ def test_another_shape_without_a_recorded_config_names_the_tensor(runs: dict[str
     assert "a checkpoint of another model shape: tensor " in line and " in this model" in line
 
 
-@pytest.mark.parametrize("damage", ["garbage", "garbage, no checksums.json", "cut, no checksums.json"])
+@pytest.mark.parametrize(
+    "damage",
+    ["garbage", "garbage, no checksums.json", "cut, no checksums.json", "model.pt garbage, no checksums.json"],
+)
 def test_a_damaged_shard_is_named_in_one_line(runs: dict[str, Path], tmp_path: Path, damage: str) -> None:
     """Garbage of the right length in a shard of a checkpoint without checksums.json ended in torch's 5-line
-    unpickling message (advising an unsafe load); with checksums it is caught by them; cut, by the metadata."""
+    unpickling message (advising an unsafe load); with checksums it is caught by them; cut, by the metadata; an
+    unsharded checkpoint's model.pt likewise."""
     folder = tmp_path / "folder"
     folder.mkdir()
-    shutil.copytree(runs["run"] / "step2", folder / "step2")
-    shard = folder / "step2" / "__0_0.distcp"
+    kind = "step2-unsharded" if damage.startswith("model.pt") else "step2"
+    shutil.copytree(runs["run"] / kind, folder / kind)
+    shard = folder / kind / ("model.pt" if kind == "step2-unsharded" else "__0_0.distcp")
     size = shard.stat().st_size
-    if damage.startswith("garbage"):
+    if "garbage" in damage:
         shard.write_bytes(np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes())
     else:
         shard.write_bytes(shard.read_bytes()[: size // 2])
     if "no checksums" in damage:
-        (folder / "step2" / "checksums.json").unlink()
-    line = one_line_error(train(runs["config"], f"--save_folder={folder}", "--stop_at=4"), "__0_0.distcp")
+        (folder / kind / "checksums.json").unlink()
+    line = one_line_error(train(runs["config"], f"--save_folder={folder}", "--stop_at=4"), shard.name)
+    unreadable = "(its bytes are not tensors as torch.save writes them); copy it again"
     expected = {
         "garbage": f"{shard}: sha256 ",  # ... differs from the checksums.json record
-        "garbage, no checksums.json": f"{shard}: not readable as a checkpoint shard (its bytes are not tensors",
+        "garbage, no checksums.json": f"{shard}: not readable as a checkpoint shard {unreadable}",
         "cut, no checksums.json": "shard file __0_0.distcp is truncated",
+        "model.pt garbage, no checksums.json": f"{shard}: not readable as a model state {unreadable}",
     }
     assert expected[damage] in line
-    assert sorted(p.name for p in folder.iterdir()) == ["step2"]
+    assert sorted(p.name for p in folder.iterdir()) == [kind]
+
+
+def test_unshard_names_a_damaged_shard_in_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The commands that read a checkpoint outside training go through the same reader."""
+    shutil.copytree(runs["run"] / "step2", tmp_path / "step2")
+    shard = tmp_path / "step2" / "__0_0.distcp"
+    shard.write_bytes(np.random.default_rng(1).integers(0, 256, shard.stat().st_size, dtype=np.uint8).tobytes())
+    (tmp_path / "step2" / "checksums.json").unlink()
+    cmd = [sys.executable, "-m", "olmo_cli.train_main", "unshard", str(tmp_path / "step2")]
+    proc = subprocess.run([*cmd, "--destination", str(tmp_path / "out")], cwd=REPO, text=True, capture_output=True)
+    one_line_error(proc, f"{shard}: not readable as a checkpoint shard")
+    assert not (tmp_path / "out").exists()
 
 
 def children(pid: int) -> list[int]:
