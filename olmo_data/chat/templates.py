@@ -12,6 +12,7 @@ Templates (docs/data.md shows the token layouts):
         it and the `<|assistant|>\n` after it, i.e. the assistant replies and their EOS; a mask boundary inside
         a string falls after as many tokens as the text before it encodes to.
 Both insert EOS by id. Conversations are truncated on the right to the sequence length.
+A tokenizer's own chat template (`--template tokenizer` or PATH) is `hf_template`'s.
 """
 
 from __future__ import annotations

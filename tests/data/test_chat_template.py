@@ -288,3 +288,29 @@ def test_worker_processes_give_the_same_bytes(tokenizers_dir: dict[str, Path], t
     prepare(src, str(tokenizers_dir["chatml"]), tmp_path / "two", pack=True, processes=2)
     for name in ("input_ids.npy", "label_mask.npy", "metadata.jsonl"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+CHATML_MARKED = (  # ChatML with transformers' {% generation %} markers around each reply and its end of turn
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_the_mask_equals_transformers_assistant_tokens_mask(tokenizers_dir: dict[str, Path], tmp_path: Path) -> None:
+    """Where a template marks its assistant turns with {% generation %}, transformers' own
+    return_assistant_tokens_mask agrees with the mask found by prefix renders (which needs no markers). Not on a
+    reply that opens with spaces: transformers maps characters to tokens through trimmed offsets and finds no
+    token for it (an all-false mask), which is why the prefix renders use untrimmed ones."""
+    jinja = tmp_path / "marked.jinja"
+    jinja.write_text(CHATML_MARKED)
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": c} for c in CONVERSATIONS[:3]])
+    prepare(src, str(tokenizers_dir["chatml"]), tmp_path / "out", template=str(jinja))
+    hf = transformers.AutoTokenizer.from_pretrained(str(tokenizers_dir["chatml"]))
+    for conversation, (ids, mask) in zip(CONVERSATIONS[:3], examples(tmp_path / "out")[0], strict=True):
+        ref = hf.apply_chat_template(
+            conversation, chat_template=CHATML_MARKED, return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert ids == list(ref["input_ids"]) and mask == [bool(m) for m in ref["assistant_masks"]]
+        assert any(mask)
