@@ -44,6 +44,17 @@ def olmo_core_form(config: Any) -> dict[str, Any] | None:
                 f.seek(0)
                 text = f.read().decode("utf-8")
             raw = json.loads(text) if head == b"{" else yaml.safe_load(text)
+        except RecursionError as e:  # no reader can parse it: say so in one line, not as a traceback
+            raise ConfigError(
+                f"{path}: nested too deeply to read (objects or arrays inside each other thousands of levels deep); "
+                "not a config any trainer saves"
+            ) from e
+        except json.JSONDecodeError as e:
+            if path.endswith(".json"):  # an OLMo-core config.json cut short: where it stops, in one line
+                raise ConfigError(
+                    f"{path}: not valid JSON: {e.msg} (line {e.lineno}, column {e.colno}; a truncated copy?)"
+                ) from e
+            return None
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
             return None
     return raw if is_olmo_core_form(raw) else None

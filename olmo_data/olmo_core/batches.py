@@ -16,7 +16,7 @@ import numpy as np
 
 from olmo_data.dataset import batch_fingerprint
 from olmo_data.errors import DataError
-from olmo_data.olmo_core.config import OlmoCoreRun, read_olmo_core_config
+from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
@@ -68,7 +68,9 @@ class OlmoCoreData:
     def __init__(self, run: OlmoCoreRun, dataset: OlmoCoreDataset | None = None) -> None:
         self.run = run
         self.dataset = dataset or open_core_dataset(run)
-        self.walk = StepWalk(len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes)
+        self.walk = StepWalk(
+            len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes, source=run.source
+        )
         self._orders: dict[int, EpochOrder] = {}
         self.raw: dict[str, Any] = {}  # the config.json's keys, when read from one (its trainer section: max_duration)
 
@@ -84,11 +86,23 @@ class OlmoCoreData:
     def slot(self, step: int) -> StepSlot:
         return self.walk.slot(step)
 
+    def epochs_of(self, first: int, last: int) -> range:
+        """The epochs steps `first..last` read, refused past MAX_EPOCHS of them: each is walked with its order
+        whole (read or rebuilt), so a hostile max_duration or --steps must not make that work without bound."""
+        first_epoch, last_epoch = self.walk.slot(first).epoch, self.walk.slot(last).epoch
+        if last_epoch - first_epoch + 1 > MAX_EPOCHS:
+            raise DataError(
+                f"{self.run.source}: steps {first:,}..{last:,} span epochs {first_epoch:,}..{last_epoch:,} of "
+                f"OLMo-core's run; at most {MAX_EPOCHS:,} epochs are walked (each one's order whole): give --steps "
+                "A..B within fewer epochs, or check trainer.max_duration"
+            )
+        return range(first_epoch, last_epoch + 1)
+
     def instances(self, step: int) -> tuple[StepSlot, np.ndarray, str]:
         """Step `step`'s global batch: its slot, OLMo-core instance numbers (batch-position order), order note."""
         slot = self.walk.slot(step)
         order = self.epoch_order(slot.epoch)
-        return slot, np.asarray(order.order[slot.start : slot.start + slot.instances], dtype=np.int64), order.note
+        return slot, order.entries(slot.start, slot.start + slot.instances), order.note
 
     def batch(self, step: int, rank: int | None = None, world_size: int = 1, *, read: bool = True) -> OlmoCoreBatch:
         """The batch of training step `step` (1-based); with `read`, its tokens and the global fingerprint."""
@@ -135,9 +149,8 @@ class OlmoCoreData:
         if not 0 <= instance < len(self.dataset):
             raise DataError(f"instance {instance} is out of range: OLMo-core's dataset has {len(self.dataset)}")
         out: list[TrainedAt] = []
-        last_epoch = self.walk.slot(last_step).epoch
-        for epoch in range(1, last_epoch + 1):
-            hit = np.flatnonzero(self.epoch_order(epoch).order == instance)
+        for epoch in self.epochs_of(1, last_step):
+            hit = np.flatnonzero(self.epoch_order(epoch).whole() == instance)
             if not hit.size:
                 continue  # a chunked order leaves the dataset's last partial chunk out
             position = int(hit[0])

@@ -22,7 +22,7 @@ import numpy as np
 
 from olmo_data.dataset import RepetitionFilter
 from olmo_data.errors import DataError, shown
-from olmo_data.io import expand_patterns, read_bytes
+from olmo_data.io import expand_patterns, file_size, read_bytes
 
 CLASS_KEY = "_CLASS_"
 FSL = "NumpyFSLDatasetConfig"
@@ -38,6 +38,14 @@ REFUSED_DATASETS = {
 }
 REFUSED_CALLBACKS = {"SequenceLengthSchedulerCallback": "a sequence-length warm-up changes every instance's tokens"}
 # OLMo-core's NumpyDatasetDType, smallest first (it picks the first that holds vocab_size - 1)
+# Bounds on what a config.json may ask for: far past any OLMo-core run, and small enough that a hostile number is
+# refused by its key instead of making a command allocate or loop without end.
+MAX_CONFIG_BYTES = 64 << 20  # OLMo 2's largest configs (thousands of data paths) are a few MB
+MAX_SEQUENCE_LENGTH = 1 << 24  # tokens in an instance
+MAX_BATCH_TOKENS = 1 << 30  # tokens in a global batch (a batch is read whole: 8 bytes a token)
+MAX_EPOCHS = 10_000  # epochs a run may last (each epoch's order is rebuilt when it is walked)
+MAX_REPETITION_RATIO = 1_000  # a mixture source's max_repetition_ratio (its file list is repeated that often)
+MAX_INT = (1 << 63) - 1  # every other whole number: it must fit numpy's int64
 NUMPY_DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {
     "uint8": np.uint8,
     "uint16": np.uint16,
@@ -98,6 +106,8 @@ class OlmoCoreRun:
     batch_sizes: tuple[BatchSizeChange, ...] = field(default_factory=tuple)
     instance_filter: RepetitionFilter | None = None  # OLMo-core's instance_filter_config (its batches' instance_mask)
     source: str = ""  # the config file read, for messages
+    max_duration: tuple[int, str] | None = None  # trainer.max_duration: (value, unit), None when the file gives none
+    dtype_from: str = ""  # the key that decided `dtype`, as a message names it ("dataset.dtype uint32", ...)
 
     @property
     def chunk_size(self) -> int:
@@ -124,15 +134,16 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     where = "config"
     if isinstance(config, str):
         where = config
-        try:
-            config = json.loads(read_bytes(config))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e}); give the config.json an OLMo-core run saved") from e
+        config = read_config_json(config)
     if not isinstance(config, dict):
         raise DataError(f"{where}: expected a JSON object with dataset, data_loader and trainer sections")
     dataset = _section(config, "dataset", where)
     loader = _section(config, "data_loader", where)
-    trainer = config.get("trainer") or {}
+    trainer = config.get("trainer")
+    if trainer is None:
+        trainer = {}
+    if not isinstance(trainer, dict):
+        raise DataError(f"{where}: trainer is {shown(trainer)}; expected OLMo-core's TrainerConfig (a JSON object)")
     ds_class = _class_name(dataset, "dataset", where)
     if ds_class in REFUSED_DATASETS:
         raise DataError(
@@ -150,20 +161,23 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     tokenizer = dataset.get("tokenizer")
     if not isinstance(tokenizer, dict):
         raise DataError(f"{where}: dataset.tokenizer is missing; OLMo-core's config names the token ids there")
-    vocab_size = _int(tokenizer, "vocab_size", "dataset.tokenizer", where)
-    seq_len = _int(dataset, "sequence_length", "dataset", where)
-    if seq_len <= 0:
-        raise DataError(f"{where}: dataset.sequence_length must be positive, got {seq_len}")
+    vocab_size = _int(tokenizer, "vocab_size", "dataset.tokenizer", where, lo=1)
+    seq_len = _int(dataset, "sequence_length", "dataset", where, lo=1, hi=MAX_SEQUENCE_LENGTH)
     mtsl = dataset.get("max_target_sequence_length")
     if mtsl is not None:
-        mtsl = _int(dataset, "max_target_sequence_length", "dataset", where)
+        mtsl = _int(dataset, "max_target_sequence_length", "dataset", where, lo=1, hi=MAX_SEQUENCE_LENGTH * 64)
     if mtsl is not None and (mtsl < seq_len or mtsl % seq_len):
         raise DataError(
             f"{where}: dataset.max_target_sequence_length ({mtsl}) must be a multiple of sequence_length ({seq_len})"
         )
     dtype = _dtype(dataset.get("dtype"), vocab_size, where)
-    gbs = _int(loader, "global_batch_size", "data_loader", where)
-    if gbs <= 0 or gbs % seq_len:
+    dtype_from = (
+        f"dataset.dtype {dtype}"
+        if dataset.get("dtype") is not None
+        else f"dataset.tokenizer.vocab_size {vocab_size} (OLMo-core's rule: {dtype} tokens)"
+    )
+    gbs = _int(loader, "global_batch_size", "data_loader", where, lo=1, hi=MAX_BATCH_TOKENS)
+    if gbs % seq_len:
         raise DataError(
             f"{where}: data_loader.global_batch_size ({gbs} tokens) must be a positive multiple of "
             f"dataset.sequence_length ({seq_len})"
@@ -187,7 +201,9 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         dtype=dtype,
         pad_token_id=_int(tokenizer, "pad_token_id", "dataset.tokenizer", where),
         eos_token_id=_int(tokenizer, "eos_token_id", "dataset.tokenizer", where),
-        bos_token_id=int(tokenizer["bos_token_id"]) if tokenizer.get("bos_token_id") is not None else None,
+        bos_token_id=_int(tokenizer, "bos_token_id", "dataset.tokenizer", where)
+        if tokenizer.get("bos_token_id") is not None
+        else None,
         vocab_size=vocab_size,
         global_batch_size=gbs,
         seed=_int(loader, "seed", "data_loader", where),
@@ -197,7 +213,52 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         batch_sizes=_batch_schedule(trainer, seq_len, where),
         instance_filter=_instance_filter(dataset.get("instance_filter_config"), where),
         source=where,
+        max_duration=_duration(trainer.get("max_duration"), where),
+        dtype_from=dtype_from,
     )
+
+
+def read_config_json(path: str) -> Any:
+    """A config.json's parsed keys, or one line naming the file and what is wrong with it: too large, not UTF-8,
+    not JSON (where it stops: a truncated copy), or nested too deeply for Python's parser (a hostile file)."""
+    try:
+        size = file_size(path)
+    except (OSError, DataError) as e:
+        raise DataError(f"{path}: cannot read the config ({e})") from e
+    if size > MAX_CONFIG_BYTES:
+        raise DataError(
+            f"{path}: {size:,} bytes; an OLMo-core config.json is at most a few MB (read up to "
+            f"{MAX_CONFIG_BYTES >> 20} MB): is this the run's config.json?"
+        )
+    try:
+        return json.loads(read_bytes(path).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text at byte {e.start}; give the config.json an OLMo-core run saved") from e
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}: not valid JSON: {e.msg} (line {e.lineno}, column {e.colno}; a truncated copy?); give the "
+            "config.json an OLMo-core run saved"
+        ) from e
+    except RecursionError as e:
+        raise DataError(
+            f"{path}: JSON nested too deeply to read (objects or arrays inside each other thousands of levels "
+            "deep); not a config.json OLMo-core saves"
+        ) from e
+
+
+def _duration(value: Any, where: str) -> tuple[int, str] | None:
+    """trainer.max_duration (OLMo-core's Duration: value and unit), checked; None when the file gives none."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "value" not in value:
+        raise DataError(
+            f"{where}: trainer.max_duration is {shown(value)}; expected OLMo-core's Duration ({{value, unit}})"
+        )
+    unit = value.get("unit", "steps")
+    if unit not in ("steps", "tokens", "epochs"):
+        raise DataError(f"{where}: trainer.max_duration.unit is {shown(unit)}; expected steps, tokens or epochs")
+    hi = MAX_EPOCHS if unit == "epochs" else MAX_INT
+    return _int(value, "value", "trainer.max_duration", where, lo=0, hi=hi), str(unit)
 
 
 def _section(config: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -219,11 +280,35 @@ def _class_name(section: dict[str, Any], key: str, where: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _int(section: dict[str, Any], key: str, what: str, where: str) -> int:
-    value = section.get(key)
+def _int(section: dict[str, Any], key: str, what: str, where: str, *, lo: int = 0, hi: int = MAX_INT) -> int:
+    """A whole number from `lo` to `hi`, or one line naming the key (a string, a float, a bool or a number out of
+    range would fail later as a traceback, or make a command work without bound)."""
+    return _whole(section.get(key), f"{what}.{key}", where, lo=lo, hi=hi)
+
+
+def _whole(value: Any, key: str, where: str, *, lo: int = 0, hi: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DataError(f"{where}: {what}.{key} is {shown(value)}; expected a whole number")
+        raise DataError(f"{where}: {key} is {shown(value)}; expected a whole number")
+    if not lo <= value <= hi:
+        raise DataError(f"{where}: {key} is {value}; expected a whole number from {lo:,} to {hi:,}")
     return value
+
+
+def _number(
+    section: dict[str, Any], key: str, what: str, where: str, default: float | None, lo: float, hi: float
+) -> float:
+    """A finite number from `lo` to `hi` (its default when the key is absent), or one line naming the key."""
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise DataError(f"{where}: {what}.{key} is {shown(value)}; expected a number from {lo:g} to {hi:g}")
+    return float(value)
+
+
+def _strings(value: Any, what: str, where: str) -> list[str]:
+    """A list of paths (strings), or one line naming the key."""
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise DataError(f"{where}: {what} is {shown(value)}; expected a list of paths")
+    return list(value)
 
 
 def _dtype(value: Any, vocab_size: int, where: str) -> str:
@@ -259,19 +344,23 @@ def _paths(dataset: dict[str, Any], where: str) -> tuple[tuple[str, ...], tuple[
     raw = dataset.get("paths")
     if not isinstance(raw, list) or not raw:
         raise DataError(f"{where}: dataset.paths is missing or empty (and no source_mixture_config)")
+    raw = _strings(raw, "dataset.paths", where)
     raw_masks = dataset.get("label_mask_paths")
+    if raw_masks is not None:
+        raw_masks = _strings(raw_masks, "dataset.label_mask_paths", where)
     if dataset.get("expand_glob"):
-        paths = _expand([str(p) for p in raw], where, "dataset.paths")
-        masks = _expand([str(p) for p in raw_masks], where, "dataset.label_mask_paths") if raw_masks else None
+        paths = _expand(raw, where, "dataset.paths")
+        masks = _expand(raw_masks, where, "dataset.label_mask_paths") if raw_masks else None
     else:
-        paths = [str(p) for p in raw]
-        masks = [str(p) for p in raw_masks] if raw_masks else None
+        paths = list(raw)
+        masks = list(raw_masks) if raw_masks else None
     if masks is not None and len(masks) != len(paths):
         raise DataError(
             f"{where}: dataset.label_mask_paths has {len(masks)} files for {len(paths)} token files; one per file"
         )
     perm_seed = dataset.get("source_permutation_seed")
     if perm_seed is not None:
+        perm_seed = _int(dataset, "source_permutation_seed", "dataset", where)
         order = list(range(len(paths)))
         random.Random(perm_seed).shuffle(order)
         paths = [paths[i] for i in order]
@@ -282,36 +371,38 @@ def _paths(dataset: dict[str, Any], where: str) -> tuple[tuple[str, ...], tuple[
 def _mixture(section: Any, where: str) -> Mixture | None:
     if section is None:
         return None
-    if not isinstance(section, dict) or section.get(CLASS_KEY, "").rsplit(".", 1)[-1] != MIXTURE:
-        raise DataError(f"{where}: dataset.source_mixture_config is not OLMo-core's {MIXTURE}")
-    source_list = section.get("source_list") or {}
+    what = "dataset.source_mixture_config"
+    if not isinstance(section, dict) or str(section.get(CLASS_KEY, "")).rsplit(".", 1)[-1] != MIXTURE:
+        raise DataError(f"{where}: {what} is not OLMo-core's {MIXTURE}")
+    source_list = section.get("source_list")
+    listed = source_list.get("sources") if isinstance(source_list, dict) else None
+    if not isinstance(listed, list) or not listed:
+        raise DataError(f"{where}: {what}.source_list.sources is {shown(listed)}; expected a list of sources")
     sources = []
-    for i, s in enumerate(source_list.get("sources") or []):
-        what = f"dataset.source_mixture_config.source_list.sources[{i}]"
+    for i, s in enumerate(listed):
+        at = f"{what}.source_list.sources[{i}]"
         if not isinstance(s, dict) or not s.get("paths"):
-            raise DataError(f"{where}: {what} has no paths")
-        if isinstance(s.get("target_ratio"), bool) or not isinstance(s.get("target_ratio"), (int, float)):
-            raise DataError(f"{where}: {what}.target_ratio is {shown(s.get('target_ratio'))}; expected a number")
+            raise DataError(f"{where}: {at} has no paths")
+        name = s.get("source_name", i)
+        if not isinstance(name, (str, int)) or isinstance(name, bool):
+            raise DataError(f"{where}: {at}.source_name is {shown(name)}; expected a name")
         sources.append(
             MixtureSource(
-                name=str(s.get("source_name", i)),
-                target_ratio=float(s["target_ratio"]),
-                paths=tuple(_expand([str(p) for p in s["paths"]], where, f"{what}.paths")),
-                max_repetition_ratio=float(s.get("max_repetition_ratio", 1.0)),
-                max_source_fraction=float(s.get("max_source_fraction", 1.0)),
+                name=str(name),
+                target_ratio=_number(s, "target_ratio", at, where, None, 0.0, 1.0),
+                paths=tuple(_expand(_strings(s["paths"], f"{at}.paths", where), where, f"{at}.paths")),
+                max_repetition_ratio=_number(s, "max_repetition_ratio", at, where, 1.0, 0.0, MAX_REPETITION_RATIO),
+                max_source_fraction=_number(s, "max_source_fraction", at, where, 1.0, 0.0, 1.0),
             )
         )
-    if not sources:
-        raise DataError(f"{where}: dataset.source_mixture_config.source_list.sources is empty")
     total = sum(s.target_ratio for s in sources)
     if not np.isclose(total, 1.0):
         raise DataError(f"{where}: the mixture's target_ratio values sum to {total}, not 1 (OLMo-core refuses it)")
-    what = "dataset.source_mixture_config"
     return Mixture(
         sources=tuple(sources),
-        requested_tokens=_int(section, "requested_tokens", what, where),
-        global_batch_size=_int(section, "global_batch_size", what, where),
-        seed=int(section.get("seed", 42)),
+        requested_tokens=_int(section, "requested_tokens", what, where, lo=1),
+        global_batch_size=_int(section, "global_batch_size", what, where, lo=1, hi=MAX_BATCH_TOKENS),
+        seed=_whole(section.get("seed", 42), f"{what}.seed", where),
     )
 
 
@@ -326,9 +417,13 @@ def _instance_filter(section: Any, where: str) -> RepetitionFilter | None:
         k: section.get(k, d)
         for k, d in (("repetition_max_period", 13), ("repetition_min_period", 1), ("repetition_max_count", 32))
     }
-    for k, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise DataError(f"{where}: {what}.{k} is {shown(v)}; expected a whole number")
+    for k in values:
+        _int(values, k, what, where, lo=1, hi=MAX_SEQUENCE_LENGTH)
+    if values["repetition_min_period"] > values["repetition_max_period"]:
+        raise DataError(
+            f"{where}: {what}.repetition_min_period {values['repetition_min_period']} is more than its "
+            f"repetition_max_period {values['repetition_max_period']}"
+        )
     return RepetitionFilter(
         max_period=values["repetition_max_period"],
         min_period=values["repetition_min_period"],
@@ -338,39 +433,60 @@ def _instance_filter(section: Any, where: str) -> RepetitionFilter | None:
 
 def _batch_schedule(trainer: dict[str, Any], seq_len: int, where: str) -> tuple[BatchSizeChange, ...]:
     """The trainer's enabled BatchSizeSchedulerCallback, checked as OLMo-core checks it; refused callbacks named."""
-    callbacks = trainer.get("callbacks") or {}
+    callbacks = trainer.get("callbacks")
+    if callbacks is None:
+        callbacks = {}
+    if not isinstance(callbacks, dict):
+        raise DataError(
+            f"{where}: trainer.callbacks is {shown(callbacks)}; expected OLMo-core's mapping of callback names to "
+            "callbacks"
+        )
     found: tuple[BatchSizeChange, ...] = ()
     for name, cb in callbacks.items():
         if not isinstance(cb, dict):
             continue
+        at = f"trainer.callbacks.{name}"
         cls = str(cb.get(CLASS_KEY, "")).rsplit(".", 1)[-1]
-        if cls in REFUSED_CALLBACKS and cb.get("enabled", True):
-            raise DataError(
-                f"{where}: trainer.callbacks.{name} is OLMo-core's {cls} ({REFUSED_CALLBACKS[cls]}); not covered"
-            )
-        if cls != BATCH_SIZE_SCHEDULER or not cb.get("enabled", True) or not cb.get("schedule"):
+        enabled = cb.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise DataError(f"{where}: {at}.enabled is {shown(enabled)}; expected true or false")
+        if cls in REFUSED_CALLBACKS and enabled:
+            raise DataError(f"{where}: {at} is OLMo-core's {cls} ({REFUSED_CALLBACKS[cls]}); not covered")
+        if cls != BATCH_SIZE_SCHEDULER or not enabled or not cb.get("schedule"):
             continue
         if found:
             raise DataError(f"{where}: trainer.callbacks has two {BATCH_SIZE_SCHEDULER}s; OLMo-core's run is ambiguous")
-        sizes, schedule = cb.get("batch_sizes") or [], cb.get("schedule") or []
-        if len(sizes) != len(schedule):
-            raise DataError(f"{where}: trainer.callbacks.{name}: batch_sizes and schedule differ in length")
-        changes = [
-            BatchSizeChange(int(b), int(d["value"]), str(d["unit"])) for b, d in zip(sizes, schedule, strict=True)
-        ]
-        if len({c.unit for c in changes}) > 1 or changes[0].start != 0:
-            raise DataError(f"{where}: trainer.callbacks.{name}: a schedule starts at 0, in one unit")
-        for a, b in zip(changes, changes[1:], strict=False):
-            big, small = max(a.tokens, b.tokens), min(a.tokens, b.tokens)
-            if b.start <= a.start or big % small or big == small:
-                raise DataError(
-                    f"{where}: trainer.callbacks.{name}: batch sizes change by whole factors at increasing points"
-                )
-        for c in changes:
-            if c.tokens % seq_len or c.unit not in ("steps", "tokens", "epochs"):
-                raise DataError(f"{where}: trainer.callbacks.{name}: batch size {c.tokens} ({c.unit}) not usable")
-        found = tuple(changes)
+        found = _schedule(cb, at, seq_len, where)
     return found
+
+
+def _schedule(cb: dict[str, Any], at: str, seq_len: int, where: str) -> tuple[BatchSizeChange, ...]:
+    """A BatchSizeSchedulerCallback's batch sizes (tokens) and the Durations they start at, checked by key."""
+    sizes, schedule = cb.get("batch_sizes"), cb.get("schedule")
+    if not isinstance(sizes, list) or not isinstance(schedule, list) or len(sizes) != len(schedule):
+        raise DataError(f"{where}: {at}: batch_sizes and schedule must be lists of one length")
+    changes = []
+    for i, (b, d) in enumerate(zip(sizes, schedule, strict=True)):
+        tokens = _whole(b, f"{at}.batch_sizes[{i}]", where, lo=1, hi=MAX_BATCH_TOKENS)
+        if not isinstance(d, dict):
+            raise DataError(f"{where}: {at}.schedule[{i}] is {shown(d)}; expected a Duration ({{value, unit}})")
+        unit = d.get("unit")
+        if unit not in ("steps", "tokens", "epochs"):
+            raise DataError(f"{where}: {at}.schedule[{i}].unit is {shown(unit)}; expected steps, tokens or epochs")
+        hi = MAX_EPOCHS if unit == "epochs" else MAX_INT
+        changes.append(BatchSizeChange(tokens, _int(d, "value", f"{at}.schedule[{i}]", where, hi=hi), unit))
+    if len({c.unit for c in changes}) > 1 or changes[0].start != 0:
+        raise DataError(f"{where}: {at}: a schedule starts at 0, in one unit")
+    for a, b in zip(changes, changes[1:], strict=False):
+        big, small = max(a.tokens, b.tokens), min(a.tokens, b.tokens)
+        if b.start <= a.start or big % small or big == small:
+            raise DataError(f"{where}: {at}: batch sizes change by whole factors at increasing points")
+    for c in changes:
+        if c.tokens % seq_len:
+            raise DataError(
+                f"{where}: {at}: batch size {c.tokens} tokens is not a multiple of dataset.sequence_length {seq_len}"
+            )
+    return tuple(changes)
 
 
 def local_path(path: str) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from olmo_data.dataset import LABEL_MASK_DTYPE, read_arrays
+from olmo_data.dataset import LABEL_MASK_DTYPE, MANIFEST_NAME, Manifests, read_arrays
 from olmo_data.errors import DataError
 from olmo_data.io import file_size, open_file
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
@@ -113,35 +113,77 @@ class OlmoCoreDataset:
 
 
 def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
-    """The dataset of an OLMo-core run: its files sized (and, for a mixture, allocated) as OLMo-core does."""
+    """The dataset of an OLMo-core run: its files sized (and, for a mixture, allocated) as OLMo-core does, each
+    checked to be a file (OLMo-core would count a directory's 4,096 bytes as tokens) whose directory's manifest,
+    when it has one of ours, agrees with the dtype the config implies."""
     itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
     sizes: dict[str, int] = {}
 
-    def size_of(path: str) -> int:
+    def size_of(path: str, what: str = "token file", key: str = "dataset.paths") -> int:
         if path not in sizes:
+            if local_path(path) and os.path.isdir(path):
+                raise DataError(
+                    f"{run.source}: {key} names {path}, a directory; OLMo-core reads each entry as one {what} "
+                    "(list the directory's .npy files, or a glob with expand_glob: true)"
+                )
             try:
                 sizes[path] = file_size(path)
             except (OSError, DataError) as e:
-                raise DataError(f"{run.source}: token file {path} cannot be read ({e}); check dataset.paths") from e
+                raise DataError(f"{run.source}: {what} {path} cannot be read ({e}); check {key}") from e
         return sizes[path]
 
     if run.mixture is not None:
-        files = allocate_mixture(run.mixture, run.sequence_length, lambda p: size_of(p) // itemsize, where=run.source)
+        key = "dataset.source_mixture_config"
+        files = allocate_mixture(
+            run.mixture, run.sequence_length, lambda p: size_of(p, key=key) // itemsize, where=run.source
+        )
+        check_manifests(run, [f.path for f in files], sizes)
         return OlmoCoreDataset(
             run, [f.path for f in files], [f.tokens for f in files], sources=[f.source for f in files]
         )
     paths = list(run.paths)
     tokens = [size_of(p) // itemsize for p in paths]
+    check_manifests(run, paths, sizes)
     if run.label_mask_paths is not None:
         for p, m, t in zip(paths, run.label_mask_paths, tokens, strict=True):
-            if size_of(m) != t:
+            entries = size_of(m, "label mask", "dataset.label_mask_paths")
+            if entries != t:
                 raise DataError(
-                    f"{run.source}: label mask {m} has {size_of(m)} entries but its token file {p} has {t} tokens"
+                    f"{run.source}: label mask {m} has {entries} entries but its token file {p} has {t} tokens"
                 )
     if run.kind != "padded":
         return OlmoCoreDataset(run, paths, tokens)
     documents = [padded_instances(run, p, size_of(p)) for p in paths]
     return OlmoCoreDataset(run, paths, tokens, documents=documents)
+
+
+def check_manifests(run: OlmoCoreRun, paths: list[str], sizes: dict[str, int]) -> None:
+    """Refuse a token file whose directory's manifest (written by `olmo-data tokenize`) says another dtype than the
+    config implies, or another token count than the file holds: read as the config says, every token id, every
+    instance and every document offset would be wrong (a uint16 file read as uint32 has half the tokens, each two
+    ids in one). Files without a manifest are read as the config says, as OLMo-core reads them."""
+    manifests = Manifests()
+    for path in dict.fromkeys(paths):
+        directory, _, name = path.rpartition("/")
+        manifest = manifests.get(directory or ".")
+        listed = {e.get("path"): e for e in (manifest or {}).get("files", []) if isinstance(e, dict)}
+        if manifest is None or name not in listed:
+            continue
+        where = f"{directory or '.'}/{MANIFEST_NAME}"
+        recorded = str(manifest.get("dtype"))
+        if recorded != run.dtype:
+            raise DataError(
+                f"{run.source}: {run.dtype_from or 'dataset.dtype ' + run.dtype} disagrees with {where}, which says "
+                f"{name} holds {recorded} tokens; set dataset.dtype to {recorded} (or fix dataset.tokenizer), or "
+                "check dataset.paths"
+            )
+        tokens = listed[name].get("tokens")
+        itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
+        if isinstance(tokens, int) and path in sizes and sizes[path] != tokens * itemsize:
+            raise DataError(
+                f"{path}: {sizes[path]:,} bytes, but {where} says it holds {tokens:,} {recorded} tokens "
+                f"({tokens * itemsize:,} bytes); the file changed after it was tokenized"
+            )
 
 
 def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_bytes: int) -> str:

@@ -20,6 +20,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData, TrainedAt
 from olmo_data.olmo_core.config import read_olmo_core_config
+from olmo_data.olmo_core.steps import StepWalk
 
 
 def olmo_core_of(config: Any, *, work_dir: str | None = None) -> OlmoCoreData | None:
@@ -82,11 +83,9 @@ def data_fingerprint(data: OlmoCoreData) -> str:
 def run_length(data: OlmoCoreData) -> int | None:
     """The steps OLMo-core's Trainer trains (its trainer.max_duration: steps; tokens, stopping once the tokens
     seen reach it; epochs, every batch of epochs 1..N); None when the config gives no max_duration."""
-    trainer = data.raw.get("trainer") or {}
-    duration = trainer.get("max_duration")
-    if not isinstance(duration, dict) or "value" not in duration:
+    if data.run.max_duration is None:
         return None
-    value, unit = int(duration["value"]), str(duration.get("unit", "steps"))
+    value, unit = data.run.max_duration
     if unit == "steps":
         return value
     walk = data.walk
@@ -94,8 +93,15 @@ def run_length(data: OlmoCoreData) -> int | None:
         return -(-value // walk.global_batch_size)
     if unit == "epochs" and not walk.schedule:
         return value * walk.batches_per_epoch()
-    if unit not in ("tokens", "epochs"):
-        raise DataError(f"{data.run.source}: trainer.max_duration.unit {unit!r} is not one of steps, tokens, epochs")
+    try:
+        return _last_step(walk, value, unit)
+    except DataError as e:
+        raise DataError(f"{e}: check trainer.max_duration ({value:,} {unit})") from e
+
+
+def _last_step(walk: StepWalk, value: int, unit: str) -> int:
+    """The last step before a run of `value` `unit` (tokens or epochs) is done, with a batch-size schedule: found
+    by bisection over the schedule's replay (which refuses to go past MAX_EPOCHS)."""
 
     def done(step: int) -> bool:  # the Trainer stops before drawing a batch once the duration is due
         slot = walk.slot(step)
@@ -141,8 +147,8 @@ def trained_at(
     if not len(wanted) or last < first:
         return out
     walk = data.walk
-    for epoch in range(walk.slot(first).epoch, walk.slot(last).epoch + 1):
-        order = np.asarray(data.epoch_order(epoch).order)
+    for epoch in data.epochs_of(first, last):
+        order = data.epoch_order(epoch).whole()
         for position in np.flatnonzero(np.isin(order, wanted)).tolist():
             for step in walk.steps_of(epoch, position, last):
                 if step < first:

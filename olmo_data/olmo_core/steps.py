@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from olmo_data.errors import DataError
-from olmo_data.olmo_core.config import BatchSizeChange
+from olmo_data.olmo_core.config import MAX_EPOCHS, BatchSizeChange
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,9 @@ class StepWalk:
         sequence_length: int,
         global_batch_size: int,
         schedule: tuple[BatchSizeChange, ...] = (),
+        source: str = "config",
     ) -> None:
+        self.source = source  # the config file, for messages
         self.dataset_size = int(dataset_size)
         self.sequence_length = int(sequence_length)
         self.global_batch_size = int(global_batch_size)
@@ -77,9 +79,9 @@ class StepWalk:
         for tokens in [self.global_batch_size] + [c.tokens for c in self.schedule]:
             if tokens // self.sequence_length > self.dataset_size:
                 raise DataError(
-                    f"a global batch of {tokens} tokens ({tokens // self.sequence_length} instances) is larger than "
-                    f"the dataset ({self.dataset_size} instances of {self.sequence_length} tokens): OLMo-core would "
-                    "train no batch"
+                    f"{source}: a global batch of {tokens} tokens ({tokens // self.sequence_length} instances) is "
+                    f"larger than the dataset ({self.dataset_size} instances of {self.sequence_length} tokens): "
+                    "OLMo-core would train no batch"
                 )
         self._segments: list[Segment] = []
         self._starts: list[int] = []  # first step of each segment
@@ -122,6 +124,11 @@ class StepWalk:
             left = self.dataset_size // per_batch - drawn
             if left <= 0:  # the epoch is over: the next one starts, and the schedule is asked again
                 epoch, drawn = epoch + 1, 0
+                if epoch > MAX_EPOCHS:
+                    raise DataError(
+                        f"{self.source}: trainer.callbacks' batch-size schedule is replayed over at most "
+                        f"{MAX_EPOCHS:,} epochs, and step {step:,} ends the last of them"
+                    )
                 continue
             count = min([left] + self._steps_to_event(gbs, drawn, step, tokens, epoch))
             yield Segment(step + 1, count, epoch, drawn, per_batch, tokens)

@@ -23,6 +23,7 @@ from olmo_data.dataset import DatasetStats, DocIndex, FileStats, SourceStats
 from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData
+from olmo_data.olmo_core.config import MAX_EPOCHS
 from olmo_data.olmo_core.order import build_olmo_core_order, order_file_name, write_olmo_core_order
 from olmo_data.olmo_core.runs import run_length
 
@@ -84,7 +85,7 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     per_batch = data.slot(1).instances
     per_epoch = data.walk.batches_per_epoch(per_batch * L)
     steps = run_length(data)
-    duration = data.raw.get("trainer", {}).get("max_duration") or {}
+    duration = run.max_duration
     documents = [f.documents for f in files]
     stats = DatasetStats(
         sequence_length=L,
@@ -97,7 +98,7 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
         global_batch_size=per_batch,
         batches_per_epoch=per_epoch,
         dropped_per_epoch=n - per_epoch * per_batch,
-        duration=f"{duration.get('value')} {duration.get('unit')}" if duration else None,
+        duration=f"{duration[0]} {duration[1]}" if duration else None,
         steps=steps,
         epochs=(data.slot(steps).epoch - 1 + (data.slot(steps).batch + 1) / per_epoch) if steps and per_epoch else None,
     )
@@ -125,20 +126,21 @@ def build_olmo_core_orders(
     `destination` (default: its loader's work_dir); one line per epoch says what was done."""
     if first_epoch < 1:
         raise DataError(f"--first-epoch {first_epoch}: OLMo-core counts epochs from 1")
-    if epochs < 1:
-        raise DataError(f"--epochs {epochs}: expected 1 or more")
+    if not 1 <= epochs <= MAX_EPOCHS:
+        raise DataError(f"--epochs {epochs}: expected 1 to {MAX_EPOCHS:,}")
     run, n = data.run, len(data.dataset)
     folder = destination or run.work_dir
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise DataError(f"{folder}: not a directory; OLMo-core's order files go into a work_dir (--destination DIR)")
     lines = []
     for epoch in range(first_epoch, first_epoch + epochs):
         path = os.path.join(folder, order_file_name(n, epoch, run.seed, run.chunk_size))
-        if os.path.isfile(path):
-            want = build_olmo_core_order(n, run.seed, epoch, run.chunk_size).astype("<u4")
-            if not np.array_equal(np.fromfile(path, dtype="<u4"), want):
-                raise DataError(
-                    f"{path}: not the order OLMo-core builds for epoch {epoch} (seed {run.seed}, {n} instances); "
-                    "remove it, or check the run's dataset and seed"
-                )
+        if os.path.isdir(path):
+            raise DataError(
+                f"{path}: a directory where OLMo-core's order of epoch {epoch} goes; remove it and build again"
+            )
+        if os.path.exists(path):
+            _check_identical(path, build_olmo_core_order(n, run.seed, epoch, run.chunk_size), epoch, run.seed, n)
             lines.append(f"epoch {epoch}: {path} is there, identical to OLMo-core's order (kept)")
             continue
         write_olmo_core_order(folder, n, run.seed, epoch, run.chunk_size)
@@ -147,3 +149,27 @@ def build_olmo_core_orders(
             "and bytes, read as its own by its loader with this work_dir"
         )
     return lines
+
+
+COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time (16 MiB of it)
+
+
+def _check_identical(path: str, want: np.ndarray, epoch: int, seed: int, n: int) -> None:
+    """An order file already there is the order OLMo-core builds, byte for byte: its size first (a file of
+    gigabytes under the order's name is refused without reading it), then a block at a time."""
+    size = os.path.getsize(path)
+    differs = f"not the order OLMo-core builds for epoch {epoch} (seed {seed}, {n} instances)"
+    if size != 4 * len(want):
+        raise DataError(
+            f"{path}: {size:,} bytes, {differs}: that is {4 * len(want):,} bytes; remove it, or check the run's "
+            "dataset and seed"
+        )
+    stored = np.memmap(path, dtype="<u4", mode="r") if len(want) else np.zeros(0, dtype="<u4")
+    for lo in range(0, len(want), COMPARE_ENTRIES):
+        a, b = stored[lo : lo + COMPARE_ENTRIES], want[lo : lo + COMPARE_ENTRIES]
+        if not np.array_equal(a, b):
+            at = lo + int(np.argmax(a != b))
+            raise DataError(
+                f"{path}: {differs}: entry {at:,} is {int(stored[at]):,}, OLMo-core's is {int(want[at]):,}; remove it, "
+                "or check the run's dataset and seed"
+            )
