@@ -236,8 +236,8 @@ def _reason(e: BaseException) -> str:
     advice (to load the file with `weights_only=False`, which a damaged or crafted file must never be)."""
     if isinstance(e, pickle.UnpicklingError):
         return "its bytes are not tensors as torch.save writes them"
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first[:160]}" if first else type(e).__name__
+    first = str(e).strip().splitlines()[0].split(". ")[0].rstrip(".") if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:120]}" if first else type(e).__name__
 
 
 def load_file(path: Path, what: str = "a checkpoint file") -> Any:

@@ -243,7 +243,7 @@ def test_a_corrupt_shard_is_named_before_anything_is_written(sharded_copy: Path,
     shard.write_bytes(bytes(data))
     refused(sharded_copy, tmp_path / "out", f"{shard}: sha256 ")
     (sharded_copy / "checksums.json").unlink()
-    refused(sharded_copy, tmp_path / "out", f"{sharded_copy}: cannot read the sharded checkpoint's 'optim' state")
+    refused(sharded_copy, tmp_path / "out", f"{shard}: not readable as a checkpoint shard (RuntimeError: ")
 
 
 # ---- 2 processes under torchrun, FSDP: the real thing --------------------------------------------------------
