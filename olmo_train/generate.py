@@ -35,41 +35,81 @@ log = logging.getLogger(__name__)
 
 
 class KVCache:
-    """Every layer's keys and values, preallocated for `max_len` tokens: a decode step writes one column per layer
-    instead of concatenating (and copying) the whole history."""
+    """Every layer's keys and values, preallocated: a decode step writes one column per layer instead of
+    concatenating (and copying) the whole history. A full-attention layer holds `max_len` tokens; a layer with a
+    window of w tokens only the w - 1 before the current ones, which are all a new token can see, in a buffer of
+    w - 1 + SLACK columns that is compacted (its last w - 1 moved to the front) once every SLACK tokens."""
+
+    SLACK = 256
 
     def __init__(self, model: Transformer, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
         cfg = model.cfg
-        heads = cfg.n_kv_heads or cfg.n_heads
-        shape = (cfg.n_layers, batch, heads, max_len, cfg.d_model // cfg.n_heads)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.length = 0  # tokens stored, the same for every layer once a forward pass is complete
-        self.layers = [_Layer(self, i) for i in range(cfg.n_layers)]
+        heads, head_dim = cfg.n_kv_heads or cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.length = 0  # tokens seen, the same for every layer once a forward pass is complete
+        self.layers = [
+            _Layer(
+                self,
+                i,
+                (batch, heads, max_len if w is None else min(max_len, w - 1 + self.SLACK), head_dim),
+                None if w is None else w - 1,
+                dtype,
+                device,
+            )
+            for i, w in enumerate(model.windows)
+        ]
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep (and duplicate) the rows a beam search step selected: row j becomes old row rows[j]. Only the
         filled part is copied, except when the number of rows changes (the prompt's row becoming its beams)."""
-        if rows.numel() != self.k.shape[1]:
-            self.k, self.v = self.k.index_select(1, rows), self.v.index_select(1, rows)
-            return
-        n = self.length
-        self.k[:, :, :, :n] = self.k[:, rows, :, :n]
-        self.v[:, :, :, :n] = self.v[:, rows, :, :n]
+        for layer in self.layers:
+            layer.reorder(rows)
 
 
 class _Layer:
-    def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache, self.index = cache, index
+    """One layer's keys and values: columns start..end of its buffers, in the order of the tokens."""
+
+    def __init__(
+        self,
+        cache: KVCache,
+        index: int,
+        shape: tuple[int, int, int, int],
+        keep: int | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.cache, self.index, self.keep = cache, index, keep  # keep: the tokens a windowed layer keeps (w - 1)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.start = self.end = 0
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        c, i = self.cache, self.index
-        start, end = c.length, c.length + k.shape[2]
-        c.k[i, :, :, start:end] = k
-        c.v[i, :, :, start:end] = v
-        if i == len(c.layers) - 1:
-            c.length = end
-        return c.k[i, :, :, :end], c.v[i, :, :, :end]
+        """Store this call's keys/values; return the earlier ones this layer keeps followed by these."""
+        new = k.shape[2]
+        if self.end + new <= self.k.shape[2]:
+            self.k[:, :, self.end : self.end + new] = k
+            self.v[:, :, self.end : self.end + new] = v
+            self.end += new
+            keys, values = self.k[:, :, self.start : self.end], self.v[:, :, self.start : self.end]
+        else:  # a windowed layer's buffer is full: keep its last w - 1 tokens at the front
+            keys = torch.cat([self.k[:, :, self.start : self.end], k], dim=2)
+            values = torch.cat([self.v[:, :, self.start : self.end], v], dim=2)
+            kept = min(keys.shape[2], self.keep or 0)
+            self.k[:, :, :kept] = keys[:, :, keys.shape[2] - kept :]
+            self.v[:, :, :kept] = values[:, :, values.shape[2] - kept :]
+            self.start, self.end = 0, kept
+        if self.keep is not None:
+            self.start = max(self.start, self.end - self.keep)
+        if self.index == len(self.cache.layers) - 1:
+            self.cache.length += new
+        return keys, values
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        if rows.numel() != self.k.shape[0]:
+            self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+            return
+        a, b = self.start, self.end
+        self.k[:, :, a:b] = self.k[rows, :, a:b]
+        self.v[:, :, a:b] = self.v[rows, :, a:b]
 
 
 class Sampler(Protocol):

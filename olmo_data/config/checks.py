@@ -119,7 +119,39 @@ def problems(cfg: Any) -> list[str]:
         out.append(
             f"config key 'eval_subset_num_batches': -1 (every batch) or N >= 1, got {cfg.eval_subset_num_batches}"
         )
+    out += window_and_rope_problems(cfg.model)
     for i, ev in enumerate(cfg.evaluators):
         if ev.max_batches is not None and ev.max_batches < 1:
             out.append(f"config key 'evaluators[{i}].max_batches': must be positive, got {ev.max_batches}")
+    return out
+
+
+def window_and_rope_problems(model: Any) -> list[str]:
+    """The attention windows (each layer's, by either form: `ModelConfig.attention_windows`) and the YaRN settings
+    of a ModelConfig, as messages naming the key."""
+    from olmo_data.config.schema import ConfigError
+
+    try:
+        model.attention_windows()
+        yarn = model.yarn()
+    except ConfigError as e:
+        return [str(e)]
+    if yarn is None:
+        return []
+    key = "model.rope.scaling" if model.rope is not None and model.rope.scaling is not None else "model.rope_scaling"
+    out = []
+    if yarn.rope_type != "yarn":
+        out.append(f"config key '{key}.rope_type': got {shown(yarn.rope_type)}; only yarn is computed")
+    if not yarn.factor >= 1:
+        out.append(f"config key '{key}.factor': must be 1 or more (the context's extension), got {yarn.factor}")
+    if yarn.original_max_position_embeddings < 1:
+        name = "old_context_len" if key == "model.rope.scaling" else "original_max_position_embeddings"
+        out.append(f"config key '{key}.{name}': must be positive, got {yarn.original_max_position_embeddings}")
+    if not yarn.beta_fast > yarn.beta_slow > 0:
+        out.append(
+            f"config key '{key}.beta_fast': beta_fast ({yarn.beta_fast}) must be above beta_slow ({yarn.beta_slow}), "
+            "and both above 0"
+        )
+    if yarn.attention_factor is not None and not yarn.attention_factor > 0:
+        out.append(f"config key '{key}.attention_factor': must be above 0, got {yarn.attention_factor}")
     return out

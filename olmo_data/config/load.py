@@ -242,6 +242,9 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
+        sections = [option for option in options if dataclasses.is_dataclass(option)]
+        if isinstance(value, dict) and len(sections) == 1:  # a mapping is that section: its own message on a typo
+            return _coerce(sections[0], value, key)
         errors = []
         for option in options:
             if option is type(None):

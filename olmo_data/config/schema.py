@@ -15,6 +15,52 @@ class ConfigError(DataError):
 
 
 @dataclass
+class SlidingWindowConfig:
+    """OLMo-core's attention windows (its SlidingWindowAttentionConfig: the same keys and defaults). `pattern` is
+    each layer's window in tokens, repeated over the layers, -1 for full attention; the first and the last layer
+    can be held at full attention whatever the pattern says (the pattern then starts at the second layer). A
+    window of w tokens: each token attends to itself and the w - 1 before it, as in OLMo-core and transformers.
+    OLMo 3 is pattern [4096, 4096, 4096, -1] with force_full_attention_on_first_layer false."""
+
+    pattern: list[int] = field(default_factory=list)  # window per layer, repeated; -1: full attention
+    force_full_attention_on_first_layer: bool = True  # OLMo-core's default; OLMo 3 sets it false
+    force_full_attention_on_last_layer: bool = True  # the last layer attends to everything
+
+
+@dataclass
+class RopeScalingConfig:
+    """YaRN RoPE scaling in transformers' `rope_scaling` keys (OLMo 3's long-context models: factor 8, original
+    context 8192, beta_fast 32, beta_slow 1), applied on the full-attention layers only, as transformers' Olmo3 and
+    OLMo-core's `with_rope_scaling` apply it. The attention factor multiplies cos and sin (both q and k)."""
+
+    rope_type: str = "yarn"  # yarn (the only one computed)
+    factor: float = 8.0  # context extension: the low frequencies are divided by it
+    original_max_position_embeddings: int = 8192  # the context the model was pretrained with
+    beta_fast: float = 32.0  # rotations where the ramp from extrapolation starts
+    beta_slow: float = 1.0  # rotations where it ends (fully interpolated)
+    attention_factor: float | None = None  # None: 0.1 ln(factor) + 1, or from mscale and mscale_all_dim
+    mscale: float | None = None  # DeepSeek's form of the attention factor (with mscale_all_dim)
+    mscale_all_dim: float | None = None
+
+
+@dataclass
+class YaRNScalingConfig:
+    """OLMo-core's YaRNRoPEScalingConfig (its keys and defaults): YaRN with the attention factor 0.1 ln(factor) + 1."""
+
+    factor: float = 8.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    old_context_len: int = 8192  # transformers' original_max_position_embeddings
+
+
+@dataclass
+class RopeConfig:
+    """OLMo-core's `rope` section, where its RoPE scaling lives (`rope: {scaling: {...}}`); the base is rope_theta."""
+
+    scaling: YaRNScalingConfig | None = None  # YaRN on the full-attention layers
+
+
+@dataclass
 class ModelConfig:
     """An OLMo-2-style decoder. Defaults are OLMo-2's choices (RMSNorm, reordered norm, QK-norm, no biases, no
     tying). OLMo-1 is `layer_norm_type: layer_norm`, `layer_norm_with_affine: false`, `layer_norm_eps: 1e-5`,
@@ -44,6 +90,65 @@ class ModelConfig:
     document_positions: bool = False  # with document_masking: rotary positions restart at each document
     eos_token_id: int | None = None  # ends a document, for document_masking; None: the data manifests' eos_token_id
     document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/nn/documents
+    # attention windows (olmo_train/nn/windows): OLMo-core's {pattern, force_full_attention_on_*_layer}, or
+    # transformers' window in tokens for the layers that layer_types names sliding_attention
+    sliding_window: int | SlidingWindowConfig | None = None  # None: every layer attends to all earlier tokens
+    layer_types: list[str] | None = None  # transformers' form: sliding_attention | full_attention, one per layer
+    rope_scaling: RopeScalingConfig | None = None  # YaRN in transformers' keys, on the full-attention layers
+    rope: RopeConfig | None = None  # OLMo-core's form of the same: {scaling: {factor, beta_fast, ...}}
+
+    def attention_windows(self) -> list[int | None]:
+        """Each layer's window in tokens (None: full attention), from whichever form the config gives: OLMo-core's
+        pattern with its first/last-layer rule, or transformers' layer_types and sliding_window."""
+        n, sw = self.n_layers, self.sliding_window
+        if isinstance(sw, SlidingWindowConfig):
+            if self.layer_types is not None:
+                raise ConfigError(
+                    "config key 'model.layer_types': set with OLMo-core's model.sliding_window.pattern, which gives "
+                    "the layers itself; use one of the two forms"
+                )
+            if not sw.pattern or any(w < 1 and w != -1 for w in sw.pattern):
+                raise ConfigError(
+                    f"config key 'model.sliding_window.pattern': got {sw.pattern}; expected window sizes (>= 1 "
+                    "tokens) or -1 (full attention), at least one"
+                )
+            first, last = sw.force_full_attention_on_first_layer, sw.force_full_attention_on_last_layer
+            out: list[int | None] = []
+            for i in range(n):
+                w = sw.pattern[(i - 1 if first else i) % len(sw.pattern)]
+                full = (first and i == 0) or (last and i == n - 1) or w == -1
+                out.append(None if full else w)
+            return out
+        if self.layer_types is None:
+            if sw is not None:
+                raise ConfigError(
+                    f"config key 'model.sliding_window': a window of {sw} tokens needs model.layer_types (which "
+                    "layers use it), or OLMo-core's form {pattern: [...]}"
+                )
+            return [None] * n
+        kinds = ("sliding_attention", "full_attention")
+        bad = [t for t in self.layer_types if t not in kinds]
+        if bad or len(self.layer_types) != n:
+            what = f"got {bad[0]!r}" if bad else f"{len(self.layer_types)} entries for {n} layers"
+            raise ConfigError(f"config key 'model.layer_types': {what}; expected one of {list(kinds)} per layer")
+        if "sliding_attention" in self.layer_types and (sw is None or sw < 1):
+            raise ConfigError(
+                f"config key 'model.sliding_window': layer_types has sliding_attention layers, so it must be a "
+                f"window of 1 or more tokens, got {sw}"
+            )
+        return [sw if t == "sliding_attention" else None for t in self.layer_types]
+
+    def yarn(self) -> RopeScalingConfig | None:
+        """The YaRN scaling of the full-attention layers in transformers' keys, from either form (None: unscaled)."""
+        if self.rope is not None and self.rope.scaling is not None:
+            if self.rope_scaling is not None:
+                raise ConfigError(
+                    "config key 'model.rope.scaling': set together with model.rope_scaling; give YaRN's settings in "
+                    "one of the two forms"
+                )
+            y = self.rope.scaling
+            return RopeScalingConfig("yarn", y.factor, y.old_context_len, y.beta_fast, y.beta_slow)
+        return self.rope_scaling
 
 
 @dataclass

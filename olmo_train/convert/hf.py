@@ -24,6 +24,7 @@ import torch
 from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError, shown
 from olmo_train.convert.hf_files import CONFIG_JSON, local_model_dir, read_hf_weights, read_json, tokenizer_vocab_size
+from olmo_train.convert.hf_olmo3 import needs_olmo3, olmo3_fields, read_olmo3
 from olmo_train.convert.tables import ConfigField, TensorTable, expected_shapes, renamer, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
 
@@ -74,25 +75,25 @@ class ModelType:
     fixed: tuple[tuple[str, Any], ...] = ()  # config fields this type has that must take these values
     # the config key of the norms' epsilon, or the value their code fixes (OlmoLayerNorm: 1e-5, no config key)
     norm_eps: str | float = "rms_norm_eps"
+    windows: bool = False  # layer types, a sliding window and RoPE per layer type (hf_olmo3)
 
 
+_OLMO2_BLOCK = Block("rms", layer_norm_with_affine=True, norm_after=True, attention_layer_norm=True)
+_OLMO2_TENSORS = TensorTable(
+    (
+        *_COMMON,
+        _FINAL_NORM,
+        ("blocks.{i}.attention.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
+        ("blocks.{i}.attention.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
+        ("blocks.{i}.attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+        ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
+    )
+)
 MODEL_TYPES: dict[str, ModelType] = {
     # OLMo-2: norm of each sublayer's output (post_attention / post_feedforward), QK-norm over the whole projection
-    "olmo2": ModelType(
-        name="olmo2",
-        architecture="Olmo2ForCausalLM",
-        block=Block("rms", layer_norm_with_affine=True, norm_after=True, attention_layer_norm=True),
-        tensors=TensorTable(
-            (
-                *_COMMON,
-                _FINAL_NORM,
-                ("blocks.{i}.attention.q_norm.weight", "model.layers.{i}.self_attn.q_norm.weight"),
-                ("blocks.{i}.attention.k_norm.weight", "model.layers.{i}.self_attn.k_norm.weight"),
-                ("blocks.{i}.attention_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
-                ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_feedforward_layernorm.weight"),
-            )
-        ),
-    ),
+    "olmo2": ModelType(name="olmo2", architecture="Olmo2ForCausalLM", block=_OLMO2_BLOCK, tensors=_OLMO2_TENSORS),
+    # OLMo 3: OLMo-2's block and tensors, with attention windows on the sliding layers and YaRN on the others
+    "olmo3": ModelType("olmo3", "Olmo3ForCausalLM", _OLMO2_BLOCK, _OLMO2_TENSORS, windows=True),
     # Llama: pre-norm; its `post_attention_layernorm` is the norm *before* the MLP (after attention)
     "llama": ModelType(
         name="llama",
@@ -125,7 +126,10 @@ def _rope_theta(hf: dict[str, Any]) -> Any:
     """transformers 5 reads `rope_parameters.rope_theta`, 4.x the top-level `rope_theta`; a config with neither
     runs at transformers' default base, 10000, so that is what the model is."""
     params = hf.get("rope_parameters") or {}
-    return params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):  # olmo3: per layer type
+        params = params["full_attention"]
+    default = 500_000.0 if hf.get("model_type") == "olmo3" else 10000.0  # Olmo3Config's default_theta
+    return params.get("rope_theta", hf.get("rope_theta", default))
 
 
 CONFIG_FIELDS: tuple[ConfigField, ...] = (
@@ -155,9 +159,9 @@ FIXED_FIELDS: tuple[tuple[str, Any], ...] = (("hidden_act", "silu"), ("attention
 
 def model_type_for(model: ModelConfig) -> ModelType:
     """The transformers type whose block is ours, or a refusal naming the config keys that decide it."""
-    block = Block.of(model)
+    block, windows = Block.of(model), needs_olmo3(model)
     for mt in MODEL_TYPES.values():
-        if mt.block != block:
+        if mt.block != block or mt.windows != windows:
             continue
         if isinstance(mt.norm_eps, float) and model.layer_norm_eps != mt.norm_eps:
             raise DataError(
@@ -165,7 +169,12 @@ def model_type_for(model: ModelConfig) -> ModelType:
                 f"have their epsilon fixed at {mt.norm_eps:g}"
             )
         return mt
-    types = "; ".join(f"{mt.name} is {mt.block.describe()}" for mt in MODEL_TYPES.values())
+    if windows:
+        raise DataError(
+            f"attention windows or RoPE scaling with {block.describe()}: transformers has them as olmo3, which is "
+            f"OLMo-2's block ({_OLMO2_BLOCK.describe()})"
+        )
+    types = "; ".join(f"{mt.name} is {mt.block.describe()}" for mt in MODEL_TYPES.values() if not mt.windows)
     raise DataError(f"{block.describe()} has no transformers equivalent: {types}")
 
 
@@ -186,6 +195,8 @@ def hf_config(
         out[mt.norm_eps] = float(model.layer_norm_eps)
     out["head_dim"] = model.d_model // model.n_heads
     out["rope_parameters"] = {"rope_type": "default", "rope_theta": out["rope_theta"]}
+    if mt.windows:
+        out.update(olmo3_fields(model))
     out.update(FIXED_FIELDS)
     out.update(mt.fixed)
     out.update(attention_dropout=0.0, use_cache=True, torch_dtype=dtype, dtype=dtype)
@@ -199,13 +210,13 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
     if model_type not in MODEL_TYPES:
         raise DataError(
             f"{source}: model_type {model_type!r} is not supported; import takes {', '.join(MODEL_TYPES)} "
-            "(OLMo-2, Llama-style and OLMo-1 decoders)"
+            "(OLMo-2, OLMo 3, Llama-style and OLMo-1 decoders)"
         )
     mt = MODEL_TYPES[model_type]
     for key, value in FIXED_FIELDS + mt.fixed:
         if key in hf and hf[key] not in (value, None):
             raise DataError(f"{source}: {key} is {hf[key]!r}; only {value!r} is supported (our block has no other)")
-    for key in ("rope_scaling", "rope_parameters"):
+    for key in () if mt.windows else ("rope_scaling", "rope_parameters"):  # olmo3's: read_olmo3
         rope = hf.get(key) or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -247,6 +258,8 @@ def model_config_from_hf(hf: dict[str, Any], source: str = CONFIG_JSON) -> Model
             f"{source}: num_attention_heads {heads} must be a multiple of num_key_value_heads {kv_heads}, and the head "
             f"size {head_dim} even"
         )
+    if mt.windows:
+        values.update(read_olmo3(hf, values["n_layers"], source))
     return ModelConfig(**values, **dataclasses.asdict(mt.block))
 
 

@@ -2,11 +2,12 @@
 
 Modules: `model` (the decoder: norms, rotary attention, MLP, blocks; reads like nanoGPT), `loss` (the chunked
 cross-entropy and z-loss computed inside the forward), `documents` (masks and positions that keep packed documents
-apart), `recompute` (activation checkpointing policies), `float8` (fp8 linears through torchao), `lora` (the
-adapter module and the arithmetic that merges adapters into a state dict).
+apart), `windows` (attention windows: blocked attention, window masks), `rope` (rotary tables, plain or YaRN),
+`recompute` (activation checkpointing policies), `float8` (fp8 linears through torchao), `lora` (the adapter module
+and the arithmetic that merges adapters into a state dict).
 """
 
-from olmo_train.nn import float8, lora
+from olmo_train.nn import float8, lora, rope, windows
 from olmo_train.nn.documents import (
     attention_mask,
     check_trainable,
@@ -33,8 +34,10 @@ __all__ = [
     "float8",
     "lora",
     "mlp_hidden_size",
+    "rope",
     "token_loss_rows",
     "token_loss_sum",
     "token_loss_sums",
     "use_flex",
+    "windows",
 ]

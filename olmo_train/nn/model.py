@@ -5,7 +5,8 @@ weight tying. `norm_after=True` is OLMo-2's reordered norm (the sublayer's outpu
 joins the residual stream, which keeps the residual stream's scale in check at scale); `norm_after=False` is
 the classic pre-norm block. OLMo-1 is the pre-norm block with LayerNorm instead of RMSNorm, without learned
 scales and without QK-norm (`layer_norm_type: layer_norm`, `layer_norm_with_affine: false`). Attention is
-torch's SDPA, or flash-attn when it is installed and the model runs on a GPU in bf16.
+torch's SDPA, or flash-attn when it is installed and the model runs on a GPU in bf16. OLMo 3 adds attention windows on
+some layers (`olmo_train/nn/windows`) and YaRN-scaled rotary tables on the others (`olmo_train/nn/rope`).
 
 For generation (`olmo_train/generate.py`) the forward also takes explicit positions, an attention mask and a
 key/value cache; training passes none of them. Rotary tables are extended on demand, so a model runs on sequences
@@ -23,9 +24,11 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from olmo_data.config import CHOICES, ModelConfig
-from olmo_train.nn.documents import attention_mask, document_positions, use_flex
+from olmo_train.nn.documents import document_positions, use_flex
 from olmo_train.nn.loss import token_loss_rows, token_loss_sum, token_loss_sums
 from olmo_train.nn.recompute import checkpointed
+from olmo_train.nn.rope import apply_rotary, rotary_tables
+from olmo_train.nn.windows import DocumentIds, layer_masks, window_attention
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -73,20 +76,6 @@ def build_norm(cfg: ModelConfig, size: int, affine: bool | None = None) -> Norm:
     return Norm(size, cfg.layer_norm_eps, cfg.layer_norm_type, with_scale)
 
 
-def rotary_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, head_dim/2)
-    angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim), rotate-half layout as in OLMo / GPT-NeoX
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, D); cos/sin: (T, D), or (B, 1, T, D) when each row has its own positions."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
 class LayerCache(Protocol):
     """Keys and values of one layer for the tokens before the current ones (see generate.KVCache)."""
 
@@ -96,8 +85,9 @@ class LayerCache(Protocol):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None = None) -> None:
         super().__init__()
+        self.window = window  # attend to the last `window` tokens only (olmo_train/nn/windows); None: all
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
@@ -116,12 +106,12 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | BlockMask | None = None,
+        mask: torch.Tensor | BlockMask | DocumentIds | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """`mask`: bool (B, 1, T, S), True where a query may attend to a key, or a FlexAttention block mask
-        (document masking, `olmo_train.nn.documents`); None is plain causal attention. `cache`: earlier tokens'
-        keys/values, extended with this call's."""
+        (document masking, `olmo_train.nn.documents`); a windowed layer's document rule comes as `DocumentIds`.
+        None is plain causal attention. `cache`: earlier tokens' keys/values, extended with this call's."""
         B, T, C = x.shape
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None and self.k_norm is not None:
@@ -132,29 +122,43 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
-        plain = mask is None and cache is None
+        y = self.attend(q, k, v, mask, plain=mask is None and cache is None)
+        return self.w_out(y.transpose(1, 2).reshape(B, T, C))  # type: ignore[no-any-return]
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | BlockMask | DocumentIds | None,
+        plain: bool,
+    ) -> torch.Tensor:
+        """(B, H, T, D) queries against (B, H_kv, S, D) keys, by the fastest path the mask and device allow."""
+        T, S, gqa = q.shape[2], k.shape[2], self.n_kv_heads != self.n_heads
         if isinstance(mask, BlockMask):
             flex = _compiled_flex if q.is_cuda and _compiled_flex is not None else flex_attention
-            y = flex(q, k, v, block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
-            y = y.transpose(1, 2).reshape(B, T, C)
-        elif plain and self.use_flash and x.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            return flex(q, k, v, block_mask=mask, enable_gqa=gqa)  # type: ignore[no-any-return]
+        if plain and self.use_flash and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             y = flash_attn_func(
                 q.transpose(1, 2),
                 k.transpose(1, 2),
                 v.transpose(1, 2),
                 causal=True,
+                window_size=(-1, -1) if self.window is None else (self.window - 1, 0),  # w - 1 before, w with itself
                 deterministic=torch.are_deterministic_algorithms_enabled(),  # `deterministic: true`
             )
-            y = y.reshape(B, T, C)
-        else:
-            S = k.shape[2]
-            if mask is None and T > 1 and S > T:  # new tokens after cached ones: causal, aligned at the end
-                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.n_kv_heads != self.n_heads
-            )
-            y = y.transpose(1, 2).reshape(B, T, C)
-        return self.w_out(y)  # type: ignore[no-any-return]
+            return y.transpose(1, 2)  # type: ignore[no-any-return]
+        if self.window is not None and (S > self.window or isinstance(mask, DocumentIds)):
+            # some keys lie outside the window (or documents apply): blocks of queries, no T x T mask
+            if isinstance(mask, DocumentIds):
+                return window_attention(q, k, v, self.window, doc_ids=mask.ids)
+            return window_attention(q, k, v, self.window, mask)
+        assert not isinstance(mask, DocumentIds)
+        if mask is not None and mask.shape[-1] > S:  # a windowed layer's cache keeps the last S keys only
+            mask = mask[..., -S:]
+        if mask is None and T > 1 and S > T:  # new tokens after cached ones: causal, aligned at the end
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=gqa)
 
 
 _compiled_flex: Any = None
@@ -186,10 +190,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None = None) -> None:
         super().__init__()
         self.norm_after = cfg.norm_after
-        self.attention = Attention(cfg)
+        self.attention = Attention(cfg, window)
         self.attention_norm = build_norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
         self.mlp_norm = build_norm(cfg, cfg.d_model)
@@ -203,7 +207,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | BlockMask | None = None,
+        mask: torch.Tensor | BlockMask | DocumentIds | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         if self.recompute is not None and self.training and cache is None and torch.is_grad_enabled():
@@ -215,7 +219,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | BlockMask | None = None,
+        mask: torch.Tensor | BlockMask | DocumentIds | None = None,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         if self.norm_after:  # OLMo-2: x + norm(f(x))
@@ -231,16 +235,20 @@ class Transformer(nn.Module):
         self.cfg = cfg
         embedding_size = cfg.embedding_size or cfg.vocab_size
         self.embeddings = nn.Embedding(embedding_size, cfg.d_model)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        # per layer: its attention window (None: full attention), and whether its rotary tables are YaRN's (the
+        # full-attention layers', as transformers' Olmo3 and OLMo-core's with_rope_scaling have it)
+        self.windows, self.yarn = cfg.attention_windows(), cfg.yarn()
+        self.scaled = [self.yarn is not None and w is None for w in self.windows]
+        self.blocks = nn.ModuleList([Block(cfg, w) for w in self.windows])
         self.norm = build_norm(cfg, cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, embedding_size, bias=False)
         if cfg.weight_tying:
             self.lm_head.weight = self.embeddings.weight
-        cos, sin = rotary_tables(cfg.d_model // cfg.n_heads, cfg.max_sequence_length, cfg.rope_theta)
         self.rope_cos: torch.Tensor
         self.rope_sin: torch.Tensor
-        self.register_buffer("rope_cos", cos, persistent=False)  # derived from the config: not checkpointed
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.yarn_cos: torch.Tensor | None
+        self.yarn_sin: torch.Tensor | None
+        self._make_rotary(cfg.max_sequence_length)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -280,21 +288,27 @@ class Transformer(nn.Module):
         evaluation passes `logits_at` (B, K), the positions of each row whose logits it scores (B, K, vocab).
         """
         T = input_ids.shape[1]
+        flex = doc_ids is not None and use_flex(self.cfg.document_attention, input_ids.device)
         if doc_ids is not None:
-            flex = use_flex(self.cfg.document_attention, input_ids.device)
-            mask = attention_mask(doc_ids, flex)
             if flex and input_ids.is_cuda:
                 compiled_flex_attention()
             if self.cfg.document_positions:
                 positions = document_positions(doc_ids)
+        masks = layer_masks(self.windows, mask, doc_ids, flex)  # by window: one per kind of layer
         self._extend_rotary(T if positions is None else int(positions.max()) + 1)
-        if positions is None:
-            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        else:
-            cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        tables = {False: (self.rope_cos, self.rope_sin), True: (self.yarn_cos, self.yarn_sin)}
+        rotary = {}
+        for scaled in dict.fromkeys(self.scaled):
+            cos, sin = tables[scaled]
+            assert cos is not None and sin is not None
+            if positions is None:
+                rotary[scaled] = cos[:T], sin[:T]
+            else:
+                rotary[scaled] = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
         x = self.embeddings(input_ids)
         for i, block in enumerate(self.blocks):  # with activation checkpointing, each block recomputes itself
-            x = block(x, cos, sin, mask, cache[i] if cache is not None else None)
+            cos, sin = rotary[self.scaled[i]]
+            x = block(x, cos, sin, masks[self.windows[i]], cache[i] if cache is not None else None)
         if labels is not None:
             hidden, chunk = self.norm(x[:, :-1]), self.cfg.loss_chunk_tokens
             if instance_losses:
@@ -308,15 +322,23 @@ class Transformer(nn.Module):
             x = x.gather(1, logits_at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         return self.lm_head(self.norm(x))  # type: ignore[no-any-return]
 
+    def _make_rotary(self, length: int) -> None:
+        """The rotary tables for `length` positions: plain, and YaRN's for the full-attention layers when the config
+        scales them (buffers derived from the config: not checkpointed)."""
+        head_dim, theta = self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta
+        device = self.rope_cos.device if hasattr(self, "rope_cos") else torch.get_default_device()
+        cos, sin = rotary_tables(head_dim, length, theta)
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
+        ycos, ysin = rotary_tables(head_dim, length, theta, self.yarn) if self.yarn is not None else (None, None)
+        self.register_buffer("yarn_cos", None if ycos is None else ycos.to(device), persistent=False)
+        self.register_buffer("yarn_sin", None if ysin is None else ysin.to(device), persistent=False)
+
     def _extend_rotary(self, length: int) -> None:
         """Grow the rotary tables to `length` positions (doubling), for sequences past the trained length."""
         have = self.rope_cos.shape[0]
-        if length <= have:
-            return
-        new_len = max(length, 2 * have)
-        cos, sin = rotary_tables(self.cfg.d_model // self.cfg.n_heads, new_len, self.cfg.rope_theta)
-        self.rope_cos = cos.to(self.rope_cos.device)
-        self.rope_sin = sin.to(self.rope_sin.device)
+        if length > have:
+            self._make_rotary(max(length, 2 * have))
 
     def num_params(self, include_embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())  # a tied weight is counted once
@@ -325,9 +347,10 @@ class Transformer(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 * non-embedding params (with the output head) + attention's
-        12*l*d*T."""
+        """Training FLOPs per token: 6 * non-embedding params (with the output head) + attention's 12*d*T per
+        layer, T capped at a windowed layer's window."""
         non_embedding = sum(p.numel() for p in self.parameters()) - self.embeddings.weight.numel()
         if self.cfg.weight_tying:
             non_embedding += self.embeddings.weight.numel()  # the tied head still does its matmul
-        return 6.0 * non_embedding + 12.0 * self.cfg.n_layers * self.cfg.d_model * seq_len
+        keys = sum(seq_len if w is None else min(w, seq_len) for w in self.windows)
+        return 6.0 * non_embedding + 12.0 * self.cfg.d_model * keys

@@ -365,7 +365,7 @@ def test_bad_transformers_models_are_refused(exported: dict[str, tuple[Path, Pat
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 2}))
     cases = {
-        str(gpt2): r"model_type 'gpt2' is not supported; import takes olmo2, llama, olmo",
+        str(gpt2): r"model_type 'gpt2' is not supported; import takes olmo2, olmo3, llama, olmo",
         variant("gelu", hidden_act="gelu"): r"hidden_act is 'gelu'; only 'silu' is supported",
         variant("bias", attention_bias=True): r"attention_bias is True; only False is supported",
         variant("mlp-bias", mlp_bias=True): r"mlp_bias is True; only False is supported",

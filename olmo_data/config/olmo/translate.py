@@ -204,7 +204,9 @@ def olmo_form_key(raw: dict[str, Any]) -> str | None:
             continue
         ours = {f.name for f in dataclasses.fields(cls)}
         for key in node:
-            if key in _olmo_keys(section) and key not in ours:
+            # OLMo's `model.rope: true` is its own; ours is OLMo-core's section `rope: {scaling: ...}`
+            olmo_rope = (section, key) == ("model", "rope") and isinstance(node[key], bool)
+            if key in _olmo_keys(section) and (key not in ours or olmo_rope):
                 return _join(section, key)
     return None
 

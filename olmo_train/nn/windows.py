@@ -1,0 +1,114 @@
+"""Attention windows: layers whose tokens attend only to the last `window` tokens (OLMo 3's sliding-window layers).
+
+A window of w tokens: query t sees the keys of tokens t-w+1 .. t, itself and the w - 1 before it. That is
+transformers' rule (`kv_idx > q_idx - sliding_window`) and OLMo-core's (flash-attn's `window_size=(w - 1, 0)`,
+both ends inclusive); which layers have one is `ModelConfig.attention_windows` (OLMo-core's pattern with its
+first/last-layer rule, or transformers' `layer_types`). Windows combine with document masking: a token sees the
+tokens of its own document within its window.
+
+Paths, the fastest first (`Attention.forward` picks):
+- flash-attn (GPU, bf16, no document masking, no cache): its own `window_size`;
+- FlexAttention (document masking on GPUs): the window joins the document rule in the block mask, so the blocks
+  outside the band are skipped, not computed;
+- everywhere else, `window_attention`: SDPA over one block of B queries at a time, each block against the only
+  keys its window reaches (B + w - 1 of them). No T x T mask exists: a block holds a (B, B + w - 1) boolean mask,
+  and what autograd keeps of the masks for backward is T x (B + w - 1) bytes per row (torch's CPU and GPU SDPA
+  kernels are flash-style: the scores are not kept). The document rule is read from the (B, T) ids block by
+  block too. Compute is (B + w - 1) / w of the band's own, against T / w for a masked full attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from olmo_train.nn.documents import attention_mask, compiled_create_block_mask
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+
+@dataclass(frozen=True)
+class DocumentIds:
+    """A windowed layer's document rule kept as each token's document (B, T) rather than a (B, 1, T, T) mask, so
+    that `window_attention` builds only the blocks of it that its windows reach."""
+
+    ids: torch.Tensor
+
+
+def query_block(window: int) -> int:
+    """Queries per SDPA call: half the window, between 128 (fewer calls) and 1024 (a block's mask small)."""
+    return min(1024, max(128, window // 2))
+
+
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    mask: torch.Tensor | None = None,
+    doc_ids: torch.Tensor | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """Causal attention within `window` tokens, a block of queries at a time.
+
+    q (B, H, T, D) are the last T of the S tokens whose keys and values k, v (B, H_kv, S, D) hold (training: S == T;
+    generation: the cached keys first). `mask` (B or 1, 1, T, S' >= S), bool: a further rule over the last S' keys
+    (generation's padding), of which k holds the last S. `doc_ids` (B, T), with S == T: the document rule. Each
+    query must be allowed to see itself (every rule here lets it), else its row has no key and gives NaN.
+    """
+    T, S = q.shape[2], k.shape[2]
+    offset = S - T  # the key index of query 0
+    step = block or query_block(window)
+    gqa = k.shape[1] != q.shape[1]
+    outputs = []
+    for start in range(0, T, step):
+        end = min(T, start + step)
+        k0, k1 = max(0, offset + start - window + 1), offset + end  # the keys any query of the block can see
+        qi = torch.arange(offset + start, offset + end, device=q.device)[:, None]
+        kj = torch.arange(k0, k1, device=q.device)[None, :]
+        allowed = (kj <= qi) & (kj > qi - window)  # (Bq, Kb): causal and within the window
+        if doc_ids is not None:
+            allowed = allowed & (doc_ids[:, start:end, None] == doc_ids[:, None, k0:k1]).unsqueeze(1)
+        if mask is not None:
+            first = mask.shape[-1] - S  # mask's column of key 0
+            allowed = allowed & mask[..., start:end, first + k0 : first + k1]
+        y = F.scaled_dot_product_attention(
+            q[:, :, start:end], k[:, :, k0:k1], v[:, :, k0:k1], attn_mask=allowed, enable_gqa=gqa
+        )
+        outputs.append(y)
+    return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+
+def window_block_mask(doc_ids: torch.Tensor | None, window: int, batch: int, T: int, device: torch.device) -> BlockMask:
+    """FlexAttention's block mask of the window rule (and the document rule when `doc_ids` is given)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def in_window(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        band = (q >= k) & (q - k < window)
+        return band if doc_ids is None else band & (doc_ids[b, q] == doc_ids[b, k])
+
+    build = compiled_create_block_mask() if device.type == "cuda" else create_block_mask
+    return build(in_window, batch, None, T, T, device=device)  # type: ignore[no-any-return]
+
+
+def layer_masks(
+    windows: list[int | None], mask: Any, doc_ids: torch.Tensor | None, flex: bool
+) -> dict[int | None, Any]:
+    """What each kind of layer attends through, by its window (None: full attention), built once per forward and
+    shared by the layers of that kind: the given `mask` (generation) without documents; with `doc_ids`, the full
+    layers' document mask (`olmo_train.nn.documents`) and the windowed layers' block mask (flex) or ids."""
+    out: dict[int | None, Any] = {}
+    for w in dict.fromkeys(windows):
+        if doc_ids is None:
+            out[w] = mask
+        elif w is None:
+            out[w] = attention_mask(doc_ids, flex)
+        elif flex:
+            out[w] = window_block_mask(doc_ids, w, doc_ids.shape[0], doc_ids.shape[1], doc_ids.device)
+        else:
+            out[w] = DocumentIds(doc_ids)
+    return out
