@@ -151,10 +151,30 @@ def resolve_template(spec: str, tokenizer: str) -> ChatTemplate:
     raise DataError(f"unknown template {spec!r}; expected olmo, tulu, tokenizer, or the path of a chat-template file")
 
 
+def _special_tokens(directory: str | None) -> dict[str, str]:
+    """The special tokens (`bos_token`, `eos_token`, ...) of a tokenizer_config.json in `directory`, for a
+    tokenizer file that `AutoTokenizer` would not load by itself (one not named tokenizer.json)."""
+    path = os.path.join(directory, CONFIG_FILE) if directory else ""
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: cannot be read as a tokenizer_config.json ({e})") from None
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = config.get(key) if isinstance(config, dict) else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
 def _hf_tokenizer(tokenizer: str, eos: int) -> Any:
     """The transformers tokenizer that `AutoTokenizer.from_pretrained` gives for the --tokenizer (so the ids are
-    the ones a user's `apply_chat_template` gives); a lone tokenizer.json file is wrapped with its EOS (and BOS) as
-    the template's `eos_token` (`bos_token`)."""
+    the ones a user's `apply_chat_template` gives); another tokenizer file is wrapped with the special tokens of a
+    tokenizer_config.json beside it, else with its EOS as the template's `eos_token`."""
     transformers = _transformers()
     local = os.path.expanduser(tokenizer)
     directory = tokenizer_dir(tokenizer)
@@ -167,8 +187,8 @@ def _hf_tokenizer(tokenizer: str, eos: int) -> Any:
             hf = transformers.AutoTokenizer.from_pretrained(directory or tokenizer)
         else:
             file = local if os.path.isfile(local) else os.path.join(local, "tokenizer.json")
-            hf = transformers.PreTrainedTokenizerFast(tokenizer_file=file)
-            if eos >= 0:
+            hf = transformers.PreTrainedTokenizerFast(tokenizer_file=file, **_special_tokens(directory))
+            if eos >= 0 and hf.eos_token is None:
                 hf.eos_token = hf.convert_ids_to_tokens(eos)
     except Exception as e:
         raise DataError(f"{tokenizer}: transformers could not load this tokenizer ({type(e).__name__}: {e})") from None

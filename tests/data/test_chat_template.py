@@ -314,3 +314,22 @@ def test_the_mask_equals_transformers_assistant_tokens_mask(tokenizers_dir: dict
         )
         assert ids == list(ref["input_ids"]) and mask == [bool(m) for m in ref["assistant_masks"]]
         assert any(mask)
+
+
+def test_a_tokenizer_file_of_another_name_takes_the_special_tokens_beside_it(
+    tokenizers_dir: dict[str, Path], tmp_path: Path
+) -> None:
+    """--tokenizer DIR/other.json with a tokenizer_config.json beside it: the template's eos_token is the config's
+    (ChatML's <|im_end|>), not the <|endoftext|> the vocabulary also has."""
+    directory = tmp_path / "tok"
+    shutil.copytree(tokenizers_dir["chatml"], directory)
+    (directory / "tokenizer.json").rename(directory / "other.json")
+    template = CHATML.replace("'<|im_end|>\\n'", "eos_token + '\\n'")
+    config = json.loads((directory / "tokenizer_config.json").read_text()) | {"chat_template": template}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATIONS[2]}])
+    prepare(src, str(directory / "other.json"), tmp_path / "out")
+    ids, mask = examples(tmp_path / "out")[0][0]
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "other.json"), eos_token="<|im_end|>")
+    assert ids == list(hf.apply_chat_template(CONVERSATIONS[2], chat_template=template, return_dict=False))
+    assert [t for trained, t in runs(hf, ids, mask) if trained] == [CONVERSATIONS[2][1]["content"] + "<|im_end|>\n"]
