@@ -22,6 +22,7 @@ from olmo_data.olmo_core.config import (
     MixtureSource,
     OlmoCoreRun,
     is_olmo_core_config,
+    read_config_json,
     read_olmo_core_config,
 )
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
@@ -74,6 +75,7 @@ __all__ = [
     "open_olmo_core",
     "open_trained_on",
     "order_file_name",
+    "read_config_json",
     "read_olmo_core_config",
     "run_length",
     "trained_at",

@@ -196,12 +196,33 @@ def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray
     """(n, 2) start and end of each padded instance of `path`: OLMo-core's file when found, else rebuilt."""
     stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes)
     if os.path.isfile(stored):
-        return np.fromfile(stored, dtype="<u4").astype(np.int64).reshape(-1, 2)
+        return stored_instances(stored, path, size_bytes // np.dtype(NUMPY_DTYPES[run.dtype]).itemsize, run)
     docs = document_spans(run, path, size_bytes)
     if len(docs) == 0:
         raise DataError(f"{path}: no documents (OLMo-core refuses a padded dataset file without any)")
     docs[:, 1] = docs[:, 0] + np.minimum(docs[:, 1] - docs[:, 0], run.sequence_length)
     return docs
+
+
+def stored_instances(stored: str, path: str, n_tokens: int, run: OlmoCoreRun) -> np.ndarray:
+    """The instance boundaries OLMo-core wrote for `path` (uint32 start, end pairs), checked before any is used:
+    a damaged or foreign file would otherwise read other tokens, or fail as if the token file had shrunk."""
+    size = os.path.getsize(stored)
+    if size % 8 or size > 8 * max(n_tokens, 1):
+        raise DataError(
+            f"{stored}: {size:,} bytes is not OLMo-core's instance boundaries for {path} (start, end pairs of uint32, "
+            f"at most one pair per token of its {n_tokens:,}); remove it to find the documents again"
+        )
+    spans = np.fromfile(stored, dtype="<u4").astype(np.int64).reshape(-1, 2)
+    lengths = spans[:, 1] - spans[:, 0]
+    bad = np.flatnonzero((lengths <= 0) | (lengths > run.sequence_length) | (spans[:, 1] > n_tokens))
+    if len(spans) == 0 or bad.size:
+        what = "holds no instance" if len(spans) == 0 else f"instance {int(bad[0])} is tokens {spans[bad[0]].tolist()}"
+        raise DataError(
+            f"{stored}: {what}, not an instance of at most {run.sequence_length} of the {n_tokens:,} tokens of "
+            f"{path}; the file is damaged or another run's: remove it to find the documents again"
+        )
+    return spans
 
 
 def document_spans(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:

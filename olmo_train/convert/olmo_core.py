@@ -16,7 +16,6 @@ state as plain data and numpy's RNG arrays only. OLMo-core's library is not need
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -30,6 +29,7 @@ from olmo_data.config import ModelConfig, OptimizerConfig
 from olmo_data.display import Stages
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
+from olmo_data.olmo_core import read_config_json
 from olmo_train import checkpoint as ckpt
 from olmo_train.checkpoint import DCP_METADATA, OPTIM_FILE, TRAINER_STATE, safety
 from olmo_train.convert.hf_tokenizer import import_tokenizer, write_tokenizer
@@ -121,10 +121,7 @@ def _locate(spec: str, config: str | None) -> tuple[Path, Path, Path]:
 def read_olmo_core_config(spec: str, config: str | None = None) -> tuple[ModelConfig, dict[str, Any]]:
     """Our ModelConfig for the OLMo-core checkpoint at `spec`, and its whole config.json."""
     _, _, config_file = _locate(spec, config)
-    try:
-        raw = json.loads(config_file.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{config_file}: not valid JSON ({e})") from e
+    raw = read_config_json(str(config_file))
     if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
         raise DataError(f"{config_file}: no `model` section; not the config.json of an OLMo-core run")
     return model_config_from_olmo_core(raw, str(config_file)), raw
@@ -132,9 +129,34 @@ def read_olmo_core_config(spec: str, config: str | None = None) -> tuple[ModelCo
 
 def _stored(dcp: Path) -> set[str]:
     """The top-level entries (model, optim) the DCP folder holds, checked and read from its metadata safely."""
+    return {key.split(".", 1)[0] for key in _stored_shapes(dcp)}
+
+
+def _stored_shapes(dcp: Path) -> dict[str, list[int]]:
+    """Every tensor the DCP folder holds (`model.…`, `optim.…`) and its shape, from its metadata read safely."""
     metadata = safety.read_metadata(dcp / DCP_METADATA)
     safety.check_shard_files(dcp / DCP_METADATA, metadata)
-    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+    return {k: list(getattr(m, "size", []) or []) for k, m in metadata.state_dict_metadata.items()}
+
+
+def check_model_shape(dcp: Path, model: ModelConfig, source: str) -> None:
+    """The config's layer count, width and vocabulary against the checkpoint's own tensors, from its metadata,
+    before any model is built: `n_layers: 100000` or a `d_model` of 2**40 would otherwise build a model (on the
+    meta device: minutes, or an overflow) only to find the tensors do not fit it."""
+    shapes = _stored_shapes(dcp)
+    blocks = {int(m[1]) for k in shapes if (m := re.match(r"model\.blocks\.(\d+)\.", k))}
+    layers = max(blocks) + 1 if blocks else 0
+    if model.n_layers != layers:
+        raise DataError(f"{source}: model.n_layers is {model.n_layers}, but {dcp} holds {layers} blocks")
+    embedding = shapes.get("model.embeddings.weight")
+    if embedding is None or len(embedding) != 2:
+        raise DataError(f"{dcp}: holds no model.embeddings.weight of two dimensions; not an OLMo-core model")
+    rows = model.embedding_size or model.vocab_size
+    if embedding != [rows, model.d_model]:
+        raise DataError(
+            f"{source}: model.vocab_size {rows} and d_model {model.d_model}, but {dcp} holds embeddings of shape "
+            f"{embedding}"
+        )
 
 
 def _read(dcp: Path, key: str) -> dict[str, Any]:
@@ -144,11 +166,13 @@ def _read(dcp: Path, key: str) -> dict[str, Any]:
 # ---- the model -----------------------------------------------------------------------------------------------
 
 
-def read_olmo_core_weights(dcp: Path, model: ModelConfig) -> dict[str, torch.Tensor]:
-    """The model of OLMo-core's DCP folder under our names, checked against `model`, in fp32."""
+def read_olmo_core_weights(dcp: Path, model: ModelConfig, source: str = "") -> dict[str, torch.Tensor]:
+    """The model of OLMo-core's DCP folder under our names, checked against `model` (from the config.json
+    `source`): its shape against the checkpoint's metadata before anything is built or read, in fp32."""
     stored = _stored(dcp)
     if "model" not in stored:
         raise DataError(f"{dcp}: holds no model state (found {sorted(stored)}); not an OLMo-core checkpoint")
+    check_model_shape(dcp, model, source or str(dcp))
     theirs = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in _read(dcp, "model").items()}
     if model.weight_tying:  # a tied head is the embedding (whether or not the checkpoint lists it twice)
         theirs.pop("lm_head.w_out.weight", None)
@@ -161,8 +185,8 @@ def read_olmo_core_checkpoint(
     """Our ModelConfig and state dict for the OLMo-core checkpoint at `spec`, and its config.json (the config is
     read and checked before any tensor)."""
     model, raw = read_olmo_core_config(spec, config)
-    _, dcp, _ = _locate(spec, config)
-    return model, read_olmo_core_weights(dcp, model), raw
+    _, dcp, cfg_file = _locate(spec, config)
+    return model, read_olmo_core_weights(dcp, model, str(cfg_file)), raw
 
 
 # ---- the optimizer -------------------------------------------------------------------------------------------
@@ -301,12 +325,13 @@ def import_olmo_core(
     t0 = time.perf_counter()
     model, raw = read_olmo_core_config(checkpoint, config)  # refused before any tensor is read
     step_dir, dcp, config_file = _locate(checkpoint, config)
+    check_model_shape(dcp, model, str(config_file))  # before anything is said, built or read
     optim_cfg = None if weights_only or "optim" not in _stored(dcp) else optimizer_from_olmo_core(raw, str(config_file))
     tok = import_tokenizer(tokenizer, model, checkpoint, "OLMo-core's", tokenizer_section(raw).get("identifier"))
     names = ["reading weights", *(["reading optimizer"] if optim_cfg is not None else []), "writing"]
     with Stages("import-olmo-core", names, delay=1.0) as stages:  # a 7B model and its AdamW state: minutes
         stages.start("reading weights")
-        state = read_olmo_core_weights(dcp, model)
+        state = read_olmo_core_weights(dcp, model, str(config_file))
         if optim_cfg is not None:
             stages.start("reading optimizer")
         optim_sd = optimizer_state(dcp, model, optim_cfg) if optim_cfg is not None else None

@@ -16,6 +16,7 @@ compared with the names OLMo-core uses.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,7 +121,17 @@ def _norm(parent: Section, name: str) -> Norm | None:
     affine = bool(s.get("elementwise_affine"))
     if affine:
         s.require("bias", (False,), "our norms have no bias")
-    return Norm(NORM_KINDS[kind], float(s.get("eps")), affine)
+    return Norm(NORM_KINDS[kind], _float(s, "eps", positive=True), affine)
+
+
+def _float(s: Section, name: str, *, positive: bool = False) -> float:
+    """A finite number (an int or a float, never a string or a bool), or one line naming the key."""
+    value = s.get(name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0) or (not positive and value < 0):
+        sign = "positive" if positive else "non-negative"
+        raise DataError(f"{s.source}: {s.key(name)} must be a finite {sign} number, got {shown(value)}")
+    return float(value)
 
 
 def _int(s: Section, name: str) -> int:
@@ -198,14 +209,14 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
         vocab_size=tokens,
         embedding_size=rows if rows != tokens else None,
         max_sequence_length=_sequence_length(config),
-        rope_theta=float(rope.get("theta")),
+        rope_theta=_float(rope, "theta", positive=True),
         layer_norm_eps=norm.eps,
         layer_norm_type=norm.kind,
         layer_norm_with_affine=norm.affine,
         attention_layer_norm=qk_norm is not None,
         norm_after=norm_after,
         weight_tying=bool(m.get("tie_word_embeddings")),
-        init_std=float(m.get("init_std")),
+        init_std=_float(m, "init_std"),
     )
 
 
@@ -243,7 +254,10 @@ def optimizer_from_olmo_core(config: dict[str, Any], source: str) -> OptimizerCo
     s = Section(train_module["optim"], "train_module.optim", source, _OPTIM, ("AdamWConfig", "SkipStepAdamWConfig"))
     s.require("step_increment_bugfix", (True,), "AdamW's bias correction")
     decay_embeddings = True
-    for i, override in enumerate(s.get("group_overrides") or []):
+    overrides = s.get("group_overrides") or []
+    if not isinstance(overrides, list):
+        raise DataError(f"{source}: {s.key('group_overrides')} is {shown(overrides)}; expected a list of overrides")
+    for i, override in enumerate(overrides):
         where = s.key(f"group_overrides[{i}]")
         if not (
             isinstance(override, dict)
@@ -256,14 +270,18 @@ def optimizer_from_olmo_core(config: dict[str, Any], source: str) -> OptimizerCo
             )
         decay_embeddings = False
     betas = s.get("betas")
-    if not (isinstance(betas, list) and len(betas) == 2 and all(isinstance(b, (int, float)) for b in betas)):
-        raise DataError(f"{source}: {s.key('betas')} must be two numbers, got {shown(betas)}")
+    if not (
+        isinstance(betas, list)
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)
+    ):
+        raise DataError(f"{source}: {s.key('betas')} must be two numbers in [0, 1), got {shown(betas)}")
     return OptimizerConfig(
         name="adamw",
-        learning_rate=float(s.get("lr")),
-        weight_decay=float(s.get("weight_decay")),
+        learning_rate=_float(s, "lr"),
+        weight_decay=_float(s, "weight_decay"),
         betas=[float(b) for b in betas],
-        eps=float(s.get("eps")),
+        eps=_float(s, "eps", positive=True),
         decay_norm_and_bias=True,
         decay_embeddings=decay_embeddings,
     )
