@@ -38,6 +38,12 @@ from olmo_cli.tokenize import ShardType
     help="Sort only machine I's share of N (any order, same result as one machine). In a Slurm array task: "
     "SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT. The machine that finds every shard done writes the manifest.",
 )
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Build nothing: check the index whole against what its build recorded (every token, positions and keys "
+    "file hashed, every suffix's range and order, every key; ~1 min a 1B tokens a core) and say what was checked.",
+)
 @progress_option
 def index(
     config: str,
@@ -47,6 +53,7 @@ def index(
     processes: int,
     engine: str,
     shard: Any,
+    verify: bool,
     progress: bool | None,
 ) -> None:
     """Build a suffix-array index over the token files of CONFIG's run: positions into the existing files (4 bytes
@@ -59,6 +66,7 @@ def index(
       olmo-data index runs/tiny/config.yaml --processes 2
       olmo-data index configs/olmo2-1b.yaml --index-dir /scratch/index --shard-tokens 100000000
       olmo-data index configs/olmo2-1b.yaml --shard 0/3     # on machine 0 of 3 (and 1/3, 2/3 on the others)
+      olmo-data index runs/tiny/config.yaml --verify       # the full check; each query checks samples only
     """
     from olmo_data.suffix_index import build_index
     from olmo_data.tokenize import Shard
@@ -68,6 +76,17 @@ def index(
         click.echo(f"shard {shard} (from SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT)", err=True)
 
     _, source = open_run(config)
+    if verify:
+        from olmo_data.suffix_index import verify_index
+
+        checked = verify_index(source, index_dir=index_dir, progress=progress)
+        click.echo(
+            f"verified the suffix index of {checked.files} token file(s), {checked.tokens:,} tokens in "
+            f"{checked.shards} shard(s) in {checked.seconds:.1f} s: every token against its shard's window checksum "
+            f"({checked.token_bytes / 1e6:,.1f} MB), every positions and keys file against its block checksums "
+            f"({checked.index_bytes / 1e6:,.1f} MB), every suffix inside its shard and in sorted order, every key"
+        )
+        return
     summary = build_index(
         source,
         index_dir=index_dir,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import multiprocessing
 import os
 import time
 from dataclasses import dataclass
@@ -42,12 +42,14 @@ from olmo_data.io import (
     write_json_atomic,
 )
 from olmo_data.processes import pool_context
+from olmo_data.suffix_index.integrity import file_matches, file_record
 from olmo_data.suffix_index.layout import (
     CONTEXT,
     INDEX_VERSION,
     SHARD_TOKENS,
     file_stamp,
     index_folder,
+    read_json_capped,
     read_manifest,
     shard_file,
     token_array,
@@ -60,7 +62,7 @@ from olmo_data.suffix_index.parts import (
     write_plan,
 )
 from olmo_data.suffix_index.search import SAMPLE_STEP, Samples
-from olmo_data.suffix_index.sort import engine_name, suffix_array
+from olmo_data.suffix_index.sort import engine_name, openmp_started, suffix_array
 
 
 @dataclass(frozen=True)
@@ -76,57 +78,71 @@ class ShardTask:
     keys_only: bool = False  # its positions hold (an index of format 1, or keys lost): only its keys are written
 
 
+def _write_array(path: Path, array: np.ndarray) -> dict[str, Any]:
+    """Write an array's bytes atomically through a plain file write (numpy's tofile reports a full disk as 'N
+    requested and M written', without the errno that says so) and return its checksums for the shard's record."""
+    data = np.ascontiguousarray(array)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.data.cast("B"))
+    return file_record(data)
+
+
 def _build_shard(task: ShardTask) -> int:
     """Sort one shard's suffixes (read up to its window's end) and write its positions, its sampled keys, then its
-    .json; a `keys_only` task (its positions checked by the caller) only gets its keys."""
+    .json with their checksums; a `keys_only` task (its positions checked by the caller) only gets its keys."""
     tokens = token_array(task.path, task.dtype)
     folder = Path(task.folder)
+    record_path = shard_file(folder, task.shard, "json")
     if task.keys_only:
         positions = np.fromfile(shard_file(folder, task.shard, "u32"), dtype="<u4")
+        record = read_json_capped(record_path)
     else:
         window = np.asarray(tokens[task.start : task.window_end])
         order = suffix_array(window, task.engine)
-        positions = order[order < task.end - task.start].astype(np.uint32)
+        positions = order[order < task.end - task.start].astype("<u4")
         del order
-        with atomic_path(shard_file(folder, task.shard, "u32")) as tmp:
-            positions.astype("<u4").tofile(tmp)
+        record = {
+            "start": task.start,
+            "end": task.end,
+            "window_end": task.window_end,
+            "window_hash": window_hash(tokens, task.start, task.window_end),
+            "engine": task.engine,
+            "positions": _write_array(shard_file(folder, task.shard, "u32"), positions),
+        }
     keys = Samples.of(tokens, positions, task.start, task.window_end).keys
-    with atomic_path(shard_file(folder, task.shard, "keys")) as tmp:
-        keys.tofile(tmp)
-    if not task.keys_only:
-        write_json_atomic(
-            shard_file(folder, task.shard, "json"),
-            {
-                "start": task.start,
-                "end": task.end,
-                "window_end": task.window_end,
-                "window_hash": window_hash(tokens, task.start, task.window_end),
-                "engine": task.engine,
-            },
-        )
+    record["keys"] = _write_array(shard_file(folder, task.shard, "keys"), keys)
+    write_json_atomic(record_path, record)
     return task.end - task.start
 
 
+def _record(task: ShardTask) -> dict[str, Any] | None:
+    try:  # a damaged record (cut short, edited, huge) is a shard to build again
+        meta = read_json_capped(shard_file(Path(task.folder), task.shard, "json"))
+    except (OSError, ValueError, DataError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def _sorted_current(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
-    """Whether the shard's record and positions are there, of its range, and (unless `trust`ed) sorted from the
-    tokens its window holds now: its keys aside."""
-    folder = Path(task.folder)
-    meta_path, data_path = shard_file(folder, task.shard, "json"), shard_file(folder, task.shard, "u32")
-    try:  # a damaged record (cut short, edited) is a shard to build again
-        meta = json.loads(meta_path.read_text())
-        if (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
+    """Whether the shard's record and positions are there, of its range, hold every byte its build wrote (read
+    whole: 4 bytes a token), and (unless `trust`ed) are sorted from the tokens its window holds now: its keys
+    aside."""
+    meta = _record(task)
+    try:
+        if meta is None or (meta["start"], meta["end"], meta["window_end"]) != (task.start, task.end, task.window_end):
             return False
-        if data_path.stat().st_size != 4 * (task.end - task.start):
+        if not file_matches(shard_file(Path(task.folder), task.shard, "u32"), meta, "positions"):
             return False
         return trust or meta["window_hash"] == window_hash(tokens, task.start, task.window_end)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (TypeError, KeyError):
         return False
 
 
 def _keys_written(task: ShardTask, tokens: np.ndarray) -> bool:
     keys = shard_file(Path(task.folder), task.shard, "keys")
     want = -(-(task.end - task.start) // SAMPLE_STEP) * Samples.key_bytes(tokens.dtype.itemsize)
-    return keys.exists() and keys.stat().st_size == want
+    meta = _record(task)
+    return meta is not None and keys.exists() and keys.stat().st_size == want and file_matches(keys, meta, "keys")
 
 
 def _shard_done(task: ShardTask, tokens: np.ndarray, trust: bool) -> bool:
@@ -220,8 +236,8 @@ def _build_index(
                 messages.append(f"{path} changed since its index was built: rebuilding the shards it changed")
             elif old.get("version") != INDEX_VERSION:
                 messages.append(
-                    f"{path}: its index is in format {old.get('version')}: adding each shard's sampled keys (format "
-                    f"{INDEX_VERSION}); shards of other settings are sorted again"
+                    f"{path}: its index is in format {old.get('version')}: sorting its shards again to record the "
+                    f"checksums of their files (format {INDEX_VERSION})"
                 )
             (folder / "manifest.json").unlink()
         folder.mkdir(parents=True, exist_ok=True)
@@ -263,7 +279,7 @@ def _build_index(
         else:
             from olmo_data.interrupts import quiet_worker
 
-            ctx = pool_context()
+            ctx = multiprocessing.get_context("spawn") if openmp_started() else pool_context()
             with ctx.Pool(min(processes, len(tasks)), initializer=quiet_worker) as pool:
                 for done in pool.imap_unordered(_build_shard, tasks):
                     bar.update(done)

@@ -7,7 +7,8 @@ A token file's folder holds, per shard k (positions [start, end) of the file):
   shard-KKKKK.keys  the first 8 tokens (Samples.WIDTH) of every SAMPLE_STEP-th of those suffixes, as big-endian
                     codes (search.Samples): a query memory-maps it and brackets its binary search with one
                     np.searchsorted, so a fresh process reads a few pages of it instead of sampling the shard
-  shard-KKKKK.json  its range and window checksum, written last: a shard with a .json is complete
+  shard-KKKKK.json  its range, window checksum and the checksums of its positions and keys (`integrity`),
+                    written last: a shard with a .json is complete
 
 and `manifest.json`, written once every shard is.
 """
@@ -26,7 +27,8 @@ import numpy as np
 from olmo_data.dataset import DTYPES
 from olmo_data.errors import DataError, shown
 
-INDEX_VERSION = 2  # 2: every shard has its sampled keys (shard-KKKKK.keys)
+INDEX_VERSION = 3  # 2: every shard has its sampled keys (shard-KKKKK.keys); 3: its record has their checksums
+RECORD_CAP = 1 << 20  # bytes read of a manifest, a shard record or a build plan at most: each is a few KiB
 SHARD_TOKENS = 1 << 26  # positions per shard: ~1.7 GB peak per divsufsort process (~5.3 GB with numpy's)
 CONTEXT = 4096  # tokens a shard's suffixes are sorted by beyond its end
 SAMPLE_BLOCKS, SAMPLE_BYTES = 16, 1 << 12
@@ -48,8 +50,12 @@ def index_folder(token_path: str, index_dir: str | None = None) -> Path:
 
 
 def file_stamp(path: str) -> dict[str, Any]:
-    """Size, modification time and a checksum of 16 evenly spaced 4 KiB blocks (the whole of a file under 64 KiB):
-    cheap enough for every query (64 KiB read a file), and a second check where a rewrite keeps the size."""
+    """Size, modification and change times and a checksum of 16 evenly spaced 4 KiB blocks (the whole of a file
+    under 64 KiB): cheap enough for every query (64 KiB read a file). The change time (ctime) is what catches a
+    file rewritten in place with its mtime set back (`cp -p`, `rsync -t`, `tar x`): no user can set it back, and
+    any write, utime or chmod moves it. A file whose ctime moved although its content did not (copied, touched)
+    is refused too, until a rerun of `olmo-data index` checks its content against the shards' window checksums
+    (a read of the file, no sort) and records its new stamp."""
     st = os.stat(path)
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
@@ -60,7 +66,34 @@ def file_stamp(path: str) -> dict[str, Any]:
             for k in range(SAMPLE_BLOCKS):
                 f.seek(k * step)
                 h.update(f.read(SAMPLE_BYTES))
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample": h.hexdigest()}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "sample": h.hexdigest()}
+
+
+STAMP_PARTS = {
+    "size": "its size",
+    "mtime_ns": "its modification time",
+    "ctime_ns": "its change time (ctime: rewritten, touched, copied or chmod-ed, whatever its mtime says)",
+    "sample": "its sampled content",
+}
+
+
+def stamp_change(old: Any, new: dict[str, Any]) -> str:
+    """What differs between a recorded stamp and the file's, in words."""
+    old = old if isinstance(old, dict) else {}
+    return ", ".join(words for k, words in STAMP_PARTS.items() if old.get(k) != new[k]) or "its stamp"
+
+
+def read_json_capped(path: Path, cap: int = RECORD_CAP) -> Any:
+    """A small JSON file of the index (a manifest, a shard record, a build plan), never read past `cap` bytes: a
+    huge file under that name is refused by name instead of read whole into memory."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise DataError(
+            f"{path}: over {cap:,} bytes, not a suffix index's record (a few KiB); delete the index folder and rerun "
+            "`olmo-data index CONFIG`"
+        )
+    return json.loads(data)
 
 
 def token_array(path: str, dtype: str) -> np.ndarray:
@@ -94,7 +127,7 @@ def will_read(array: np.ndarray, lo: int, hi: int) -> None:
 def read_manifest(folder: Path) -> dict[str, Any] | None:
     """A folder's manifest.json (None when there is none); a damaged one is one line naming it."""
     try:
-        data: dict[str, Any] = json.loads((folder / "manifest.json").read_text())
+        data: dict[str, Any] = read_json_capped(folder / "manifest.json")
     except FileNotFoundError:
         return None
     except ValueError as e:

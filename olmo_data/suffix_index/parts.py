@@ -14,7 +14,6 @@ the one-machine build's, file for file. A query that meets a plan names the shar
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +22,7 @@ import numpy as np
 
 from olmo_data.errors import DataError
 from olmo_data.io import write_json_atomic
-from olmo_data.suffix_index.layout import shard_file
+from olmo_data.suffix_index.layout import read_json_capped, shard_file
 
 PLAN_FILE = "build-plan.json"
 T = TypeVar("T")
@@ -38,9 +37,9 @@ def window_hash(tokens: np.ndarray, lo: int, hi: int) -> str:
 def shard_current(folder: Path, tokens: np.ndarray, k: int) -> bool:
     """Whether shard k's record is there and its window still holds the tokens it was sorted by."""
     try:
-        meta = json.loads(shard_file(folder, k, "json").read_text())
+        meta = read_json_capped(shard_file(folder, k, "json"))
         return bool(meta["window_hash"] == window_hash(tokens, int(meta["start"]), int(meta["window_end"])))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, DataError):
         return False
 
 
@@ -85,7 +84,7 @@ def refuse_unfinished(folder: Path, token_path: str, tokens: np.ndarray) -> None
     stale: their window no longer holds `tokens`) and the `--shard I/N` runs that build them. Nothing happens where
     no plan is left (one-machine builds)."""
     try:
-        plan = json.loads((folder / PLAN_FILE).read_text())
+        plan = read_json_capped(folder / PLAN_FILE)
         count, owner = int(plan["machines"]), [int(o) for o in plan["owners"]]
     except FileNotFoundError:
         return

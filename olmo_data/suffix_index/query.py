@@ -10,7 +10,6 @@ the vectorised search in `search`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,16 @@ import numpy as np
 from olmo_data.dataset import InstanceSource
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote
+from olmo_data.suffix_index.integrity import sampled_check
 from olmo_data.suffix_index.layout import (
     INDEX_VERSION,
     file_stamp,
     index_folder,
     random_access,
+    read_json_capped,
     read_manifest,
     shard_file,
+    stamp_change,
     token_array,
     will_read,
 )
@@ -69,10 +71,13 @@ class FileSuffixIndex:
         self.tokens = random_access(token_array(path, dtype))
         self.view = int_view(self.tokens)
         self.shards: list[Shard] = []
+        self.folder = folder
         n, itemsize = len(self.tokens), self.tokens.dtype.itemsize
+        rng = np.random.default_rng()  # fresh draws each query: damage one query misses, a later one finds
         for k in range(int(manifest["shards"])):
             data, keys = shard_file(folder, k, "u32"), shard_file(folder, k, "keys")
-            start, end, window_end = _shard_range(shard_file(folder, k, "json"))
+            record = _shard_record(shard_file(folder, k, "json"))
+            start, end, window_end = _shard_range(record)
             previous = self.shards[-1].end if self.shards else 0
             if start != previous or not start < end <= window_end <= n:
                 raise _not_covering(folder, path, n)
@@ -81,7 +86,9 @@ class FileSuffixIndex:
             _check_size(keys, -(-count // SAMPLE_STEP) * Samples.key_bytes(itemsize))
             positions = random_access(np.memmap(data, dtype="<u4", mode="r"))
             width = Samples.key_bytes(itemsize)
-            samples = Samples(random_access(np.memmap(keys, dtype=f"S{width}", mode="r")), itemsize, count)
+            key_map = random_access(np.memmap(keys, dtype=f"S{width}", mode="r"))
+            sampled_check(self.tokens, folder, k, (start, end, window_end), positions, key_map, record, path, rng)
+            samples = Samples(key_map, itemsize, count)
             self.shards.append(Shard(start, end, window_end, positions, samples, (self.view, int_view(positions))))
         if (self.shards[-1].end if self.shards else 0) != n:
             raise _not_covering(folder, path, n)
@@ -237,13 +244,21 @@ class FileSuffixIndex:
         return np.sort(np.concatenate(found))
 
 
-def _shard_range(record: Path) -> tuple[int, int, int]:
-    """A shard record's start, end and window end; (-1, -1, -1) where it is missing or damaged (the shards then do
-    not cover the file, which is said as such)."""
+def _shard_record(path: Path) -> dict[str, Any]:
+    """A shard's record; {} where it is missing or damaged (the shards then do not cover the file, which is said
+    as such); one line naming it where it is too large to be one."""
     try:
-        meta = json.loads(record.read_text())
+        meta = read_json_capped(path)
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _shard_range(meta: dict[str, Any]) -> tuple[int, int, int]:
+    """A shard record's start, end and window end; (-1, -1, -1) where they are missing or damaged."""
+    try:
         return int(meta["start"]), int(meta["end"]), int(meta["window_end"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return -1, -1, -1
 
 
@@ -363,10 +378,13 @@ def open_index(source: InstanceSource, index_dir: str | None = None) -> RunIndex
                 f"olmo-data reads format {INDEX_VERSION}; rerun `olmo-data index CONFIG` to rebuild it, or trace "
                 "with --no-index"
             )
-        if manifest.get("stamp") != file_stamp(path):
+        stamp = file_stamp(path)
+        if manifest.get("stamp") != stamp:
+            what = stamp_change(manifest.get("stamp"), stamp)
             raise DataError(
-                f"{folder}: this suffix index was built for another version of {path} (its size, modification time "
-                "or content changed); rerun `olmo-data index CONFIG` to update it, or trace with --no-index"
+                f"{folder}: this suffix index was built for another version of {path} ({what} "
+                "changed); rerun `olmo-data index CONFIG` to update it (it checks the file's content and sorts only "
+                "the shards that changed), or trace with --no-index"
             )
         if manifest.get("dtype") != f.dtype or manifest.get("num_tokens") != f.num_tokens:
             raise DataError(

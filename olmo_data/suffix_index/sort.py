@@ -15,6 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 ENGINES = ("auto", "numpy", "divsufsort")
+_openmp_started = False  # divsufsort ran in this process: its OpenMP threads exist here, in no forked child
+
+
+def openmp_started() -> bool:
+    """Whether this process has sorted with divsufsort: a worker forked from it then waits forever for OpenMP
+    threads it did not inherit (the second build of a process, sorting in one process and then in several), so
+    such a process starts its workers by spawning them instead."""
+    return _openmp_started
 
 
 def have_divsufsort() -> bool:
@@ -45,6 +53,8 @@ def suffix_array(tokens: np.ndarray, engine: str = "numpy") -> np.ndarray:
     if engine_name(engine) == "divsufsort":
         import pydivsufsort
 
+        global _openmp_started
+        _openmp_started = True
         values = tokens.astype(np.uint32 if tokens.dtype.itemsize <= 4 else np.uint64, copy=False)
         return np.asarray(pydivsufsort.divsufsort(values), dtype=np.int64)
     return _prefix_doubling(tokens)

@@ -57,26 +57,32 @@ def test_keys_bracket_every_bound_at_any_step(dtype: type) -> None:
             assert got.tolist() == [true_bound(suffixes, p, above) for p in pieces]
 
 
-def test_an_index_of_the_old_format_is_refused_by_name_then_given_its_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_index_of_an_old_format_is_refused_by_name_then_sorted_again(tmp_path: Path, version: int) -> None:
+    """Formats 1 (no keys) and 2 (keys, no checksums of the shard files): neither records what its files should
+    hold, so their shards are sorted again (to the same bytes) rather than trusted."""
     paths, cfg = make_files(tmp_path, "uint16")
     source = open_from_config(cfg)
     build_index(source, shard_tokens=1000, context=8, progress=False)
     folder = index_folder(paths[0])
     manifest_path = folder / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    old = {k: v for k, v in manifest.items() if k != "sample_step"}
-    manifest_path.write_text(json.dumps({**old, "version": 1}))
-    keys = {p.name: p.read_bytes() for p in folder.glob("shard-*.keys")}
-    for path in folder.glob("shard-*.keys"):  # format 1 had none
-        path.unlink()
-    sorted_at = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.u32")}
-    with pytest.raises(DataError, match=r"is in format 1, this olmo-data reads format 2; rerun `olmo-data index"):
+    old = {k: v for k, v in manifest.items() if k != "sample_step" or version == 2}
+    manifest_path.write_text(json.dumps({**old, "version": version}))
+    files = {p.name: p.read_bytes() for p in folder.glob("shard-*.*")}
+    for record in folder.glob("shard-*.json"):  # neither format recorded checksums
+        meta = json.loads(record.read_text())
+        record.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("positions", "keys")}))
+    if version == 1:
+        for path in folder.glob("shard-*.keys"):  # format 1 had none
+            path.unlink()
+    with pytest.raises(DataError, match=rf"is in format {version}, this olmo-data reads format 3; rerun `olmo-data"):
         open_index(source)
     summary = build_index(source, shard_tokens=1000, context=8, progress=False)
-    assert summary.built == 3  # that file's shards: their keys written, their positions kept as sorted
-    assert any("its index is in format 1: adding each shard's sampled keys" in m for m in summary.messages)
-    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("shard-*.u32")} == sorted_at
-    assert {p.name: p.read_bytes() for p in folder.glob("shard-*.keys")} == keys
+    assert summary.built == 3  # that file's shards, sorted again
+    want = f"its index is in format {version}: sorting its shards again to record the checksums of their files"
+    assert any(want in m for m in summary.messages), summary.messages
+    assert {p.name: p.read_bytes() for p in folder.glob("shard-*.*")} == files
     assert json.loads(manifest_path.read_text()) == manifest
     index = open_index(source)
     assert index is not None and index.count([0, 7]) > 0
