@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Backend = Literal["auto", "tiktoken", "hf"]
+Backend = Literal["auto", "riptoken", "tiktoken", "hf"]
+BACKENDS: tuple[Backend, ...] = ("auto", "riptoken", "tiktoken", "hf")  # as --backend names them
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 PAD_CANDIDATES = ("<|padding|>", "<|pad|>", "<pad>")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
@@ -50,8 +51,8 @@ class Tokenizer:
         return str(self.hf.decode(list(map(int, ids)), skip_special_tokens=False))
 
     def set_num_threads(self, num_threads: int) -> None:
-        """Threads one `encode_batch` call may use (tiktoken backend; default 1, as the tokenize stage runs
-        one process per core). HF `tokenizers` sizes its own pool (RAYON_NUM_THREADS, TOKENIZERS_PARALLELISM).
+        """Threads one `encode_batch` call may use (riptoken and tiktoken backends; default 1, as the tokenize stage
+        runs one process per core). HF `tokenizers` sizes its own pool (RAYON_NUM_THREADS, TOKENIZERS_PARALLELISM).
         """
         if hasattr(self._encode_batch, "num_threads"):
             self._encode_batch.num_threads = max(1, int(num_threads))
@@ -60,7 +61,7 @@ class Tokenizer:
         """Pickled for worker processes: a tiktoken-backed tokenizer leaves the HF tokenizer behind (slow to
         serialise and rebuild for large vocabularies) and decodes with tiktoken, which gives the same bytes."""
         state = dict(self.__dict__)
-        if self.backend == "tiktoken" and hasattr(self._encode_batch, "decode"):
+        if self.backend in ("riptoken", "tiktoken") and hasattr(self._encode_batch, "decode"):
             state.update(hf=None, _decode=self._encode_batch.decode)
         return state
 

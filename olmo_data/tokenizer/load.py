@@ -6,7 +6,7 @@ import hashlib
 import os
 
 from olmo_data.errors import DataError
-from olmo_data.tokenizer.base import Backend, Tokenizer
+from olmo_data.tokenizer.base import BACKENDS, Backend, Tokenizer
 from olmo_data.tokenizer.hf import load_hf_tokenizer
 from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file, try_tiktoken
 from olmo_data.tokenizer.tiktoken_cache import load_checked
@@ -16,11 +16,12 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
     """Load `spec` (a `tokenizer.json` path, a `.tiktoken` ranks file, or a Hugging Face hub id) and pick the
     fastest backend that gives identical ids.
 
-    `auto` uses tiktoken where an exact equivalent can be built and passes the start-up self-check, else HF
-    `tokenizers`; `tiktoken` insists on it (error when impossible); `hf` always uses `tokenizers`.
+    `auto` uses the fastest installed engine (riptoken, then tiktoken) where an exact equivalent can be built and
+    passes the start-up self-check, else HF `tokenizers`; `riptoken` or `tiktoken` insists on that engine (error
+    when impossible); `hf` always uses `tokenizers`.
     """
-    if backend not in ("auto", "tiktoken", "hf"):
-        raise DataError(f"unknown tokenizer backend {backend!r}; expected auto, tiktoken or hf")
+    if backend not in BACKENDS:
+        raise DataError(f"unknown tokenizer backend {backend!r}; expected {', '.join(BACKENDS[:-1])} or hf")
     spec = os.path.expanduser(str(spec))
     tok = _load(spec, backend)
     tok.path = os.path.abspath(spec) if os.path.exists(spec) else spec
@@ -30,18 +31,19 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
 def _load(spec: str, backend: Backend) -> Tokenizer:
     if spec.endswith(".tiktoken"):
         if backend == "hf":
-            raise DataError(f"{spec}: a .tiktoken ranks file runs on the tiktoken backend only; use auto")
-        return load_tiktoken_file(spec)
+            raise DataError(f"{spec}: a .tiktoken ranks file runs on the riptoken or tiktoken backend only; use auto")
+        return load_tiktoken_file(spec, engine=None if backend == "auto" else backend)
     if backend != "hf":
         local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
         if os.path.isfile(local):
             with open(local, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()
-            cached = load_checked(digest, os.path.basename(local))
+            cached = load_checked(digest, os.path.basename(local), None if backend == "auto" else backend)
             if cached is not None:
                 return cached
     tok, json_text = load_hf_tokenizer(spec)
     if backend == "hf":
         return tok
-    fast = try_tiktoken(tok, strict=backend == "tiktoken", json_text=json_text)
+    engine = None if backend == "auto" else backend
+    fast = try_tiktoken(tok, strict=engine is not None, json_text=json_text, engine=engine)
     return fast if fast is not None else tok

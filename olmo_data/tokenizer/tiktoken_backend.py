@@ -1,16 +1,19 @@
-"""tiktoken backend: the same ids as HF `tokenizers` for byte-level BPE vocabularies, several times faster.
+"""The engine backends (riptoken, tiktoken): the same ids as HF `tokenizers` for byte-level BPE vocabularies,
+several times faster.
 
 A tokenizer.json is reduced to a `Plan` (`tiktoken_plan`, which says why this can be exact and refuses what
-cannot be reproduced), run by a `TiktokenEncoder` (`tiktoken_encoder`), and even then a start-up self-check
-here compares both backends on probe strings; any difference falls back to `tokenizers` (`auto`) or is an error
-(`--backend tiktoken`). A plan that passed is cached (`tiktoken_cache`). A `.tiktoken` ranks file (with its JSON
-sidecar) loads here too, on this backend only.
+cannot be reproduced), run by a `TiktokenEncoder` (`tiktoken_encoder`) on an engine (`engines`), and even then a
+start-up self-check here compares it with `tokenizers` on probe strings; `auto` takes the fastest installed engine
+that passes, else `tokenizers`; `--backend riptoken` or `tiktoken` insists on that engine (a difference is an
+error). A plan that passed is cached (`tiktoken_cache`). A `.tiktoken` ranks file (with its JSON sidecar) loads
+here too, with tiktoken as its reference.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -20,9 +23,10 @@ from typing import Any
 
 from olmo_data.errors import DataError
 from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
+from olmo_data.tokenizer.engines import ENGINES, INSTALL_HINT, Engine, available, describe, engine_failure
 from olmo_data.tokenizer.tiktoken_cache import save_checked
-from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder, build_encoding
-from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, fold_space_runs, plan_from_json
+from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
+from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, pair_space_runs, plan_from_json
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,16 @@ def _probes(plan: Plan) -> list[tuple[str, str]]:
         ("emoji", "👍🏽 👨‍👩‍👧‍👦 🇺🇸 ❤️ 😀😀😀 ☃ \U0001f9ea"),
         ("controls", "\x00\x01\x1b[31m red\x7f \ufeffbom \u200bzw\u200d"),
         ("special tokens in text", specials or "no added tokens"),
+        (
+            "whitespace before added tokens",
+            "x\n\n    y\n \n    z\t\t  w\r\n\r\n        v \n\n\n  \n    \n" + " " * 25 + "\n\n" + " " * 49 + "u",
+        ),
+        ("space pair characters in text", "a\ufdd0  b \u1680  c\u1680\u1680\n\n  d\ufdef\ufdd0 e \u1680\ufdd0  f"),
+        # pieces around 500 bytes, where riptoken 0.2 changes merge algorithm (`engines.LONG_PIECE_BYTES`)
+        (
+            "long pieces",
+            " ".join(["a" * 499, "b" * 500, "c" * 501, "日" * 170, "!" * 600, " " * 520 + "\n" * 520]),
+        ),
         ("long word", "a" * 300 + " " + "ab" * 200 + " " + "😀" * 50),
         ("empty", ""),
     ]
@@ -67,92 +81,122 @@ def _probes(plan: Plan) -> list[tuple[str, str]]:
     return probes
 
 
-def _tiktoken_failure(e: BaseException) -> bool:
-    # A split regex that can match the empty string makes tiktoken panic, and pyo3's PanicException is a
-    # BaseException; we turn it into a fallback (or a DataError) like any other failure.
-    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], reference: Any, plan: Plan) -> str | None:
+    """The label of the first probe where `encoder` and the reference differ, or None when all agree.
 
-
-def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], hf: Any, plan: Plan) -> str | None:
-    """The label of the first probe where `encoder` and `tokenizers` differ, or None when all agree."""
+    `reference` is the HF tokenizer, or (for a `.tiktoken` file, which has none) another encoder."""
     probes = _probes(plan)
-    theirs = hf.encode_batch_fast([t for _, t in probes], add_special_tokens=False)
+    texts = [t for _, t in probes]
+    if hasattr(reference, "encode_batch_fast"):
+        theirs = [e.ids for e in reference.encode_batch_fast(texts, add_special_tokens=False)]
+    else:
+        theirs = reference(texts)
     for (label, text), expected in zip(probes, theirs, strict=True):
         try:
             ours = encoder([text])[0]
         except BaseException as e:
-            if not _tiktoken_failure(e):
+            if not engine_failure(e):
                 raise
-            return f"{label} (tiktoken failed: {type(e).__name__}: {e})"
-        if ours != expected.ids:
+            return f"{label} ({getattr(encoder, 'engine', 'the engine')} failed: {describe(e)})"
+        if ours != expected:
             return label
     return None
 
 
-def try_tiktoken(
-    tok: Tokenizer, strict: bool = False, num_threads: int = DEFAULT_NUM_THREADS, json_text: str | None = None
-) -> Tokenizer | None:
-    """A tiktoken-backed copy of the HF tokenizer `tok`, or None (auto) / DataError (strict) if not exact.
+def _engine_plan(plan: Plan) -> Plan:
+    """The plan an engine runs: added space runs as pairs where that is exact (one engine call a text)."""
+    return pair_space_runs(plan)
 
-    `json_text` is the tokenizer.json the HF tokenizer was loaded from, when the caller has it: serialising the HF
-    tokenizer again costs a noticeable part of start-up for large vocabularies.
+
+def _candidates(engine: Engine | None) -> list[Engine]:
+    """The engines to try: the one asked for, or (auto) every installed one, fastest first."""
+    if engine is not None:
+        return [engine]
+    return [e for e in ENGINES if available(e)]
+
+
+def try_tiktoken(
+    tok: Tokenizer,
+    strict: bool = False,
+    num_threads: int = DEFAULT_NUM_THREADS,
+    json_text: str | None = None,
+    engine: Engine | None = None,
+) -> Tokenizer | None:
+    """An engine-backed copy of the HF tokenizer `tok` (riptoken or tiktoken, `engines`), or None (auto) /
+    DataError (strict) where no engine reproduces it exactly.
+
+    `engine` None tries each installed engine, fastest first, and takes the first whose self-check passes;
+    `engine` given tries that one only (strict: its failure is an error). `json_text` is the tokenizer.json the HF
+    tokenizer was loaded from, when the caller has it: serialising the HF tokenizer again costs a noticeable part of
+    start-up for large vocabularies.
     """
+    label = engine or "tiktoken"
 
     def refuse(reason: str) -> None:
         if strict:
             raise DataError(
-                f"{tok.name}: the tiktoken backend cannot reproduce this tokenizer: {reason}; "
+                f"{tok.name}: the {label} backend cannot reproduce this tokenizer: {reason}; "
                 "use --backend hf (or auto, which falls back by itself)"
             )
-        log.debug("%s: not using tiktoken: %s", tok.name, reason)
+        log.debug("%s: not using %s: %s", tok.name, label, reason)
 
-    try:
-        import tiktoken  # noqa: F401
-    except ImportError:
-        refuse("tiktoken is not installed")
+    if engine is not None and not available(engine):
+        refuse(f"{engine} is not installed ({INSTALL_HINT[engine]})")
+        return None
+    candidates = _candidates(engine)
+    if not candidates:
+        refuse("neither riptoken nor tiktoken is installed")
         return None
     try:
         plan = plan_from_json(json.loads(json_text if json_text is not None else tok.hf.to_str()))
-        fast = fold_space_runs(plan)
-        encoder = TiktokenEncoder(build_encoding(tok.name, fast), fast, num_threads)
     except Unsupported as e:
         refuse(str(e))
         return None
-    except (ValueError, KeyError, TypeError) as e:  # a regex or vocabulary tiktoken rejects
-        refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
-        return None
-    except BaseException as e:  # ... or panics on, from Rust (pyo3's PanicException is a BaseException)
-        if type(e).__name__ != "PanicException":
-            raise
-        refuse(f"tiktoken rejected it ({type(e).__name__}: {e})")
-        return None
-    differs = self_check(encoder, tok.hf, plan)
-    if differs is not None:
+    fast = _engine_plan(plan)
+    failed: list[str] = []
+    for name in candidates:
+        try:
+            encoder = TiktokenEncoder(name, tok.name, fast, num_threads)
+        except BaseException as e:  # a regex or vocabulary the engine rejects, or panics on (from Rust)
+            if not engine_failure(e):
+                raise
+            if strict:
+                refuse(f"{name} rejected it ({describe(e)})")
+            failed.append(f"{name} rejected it ({describe(e)})")
+            continue
+        differs = self_check(encoder, tok.hf, plan)
+        if differs is None:
+            checked = _engine_tokenizer(tok, name, encoder)
+            if json_text is not None:  # loaded from a file: later loads of the same bytes can skip the work above
+                save_checked(checked, fast, tried_before=candidates[: candidates.index(name)])
+            if failed:
+                log.warning("%s: %s; using %s", tok.name, "; ".join(failed), name)
+            return checked
         if strict:
             raise DataError(
-                f"{tok.name}: tiktoken and tokenizers give different ids on the self-check probe "
-                f"{differs!r}; use --backend hf or auto"
+                f"{tok.name}: {name} and tokenizers give different ids on the self-check probe {differs!r}; "
+                "use --backend hf or auto"
             )
-        log.warning(
-            "%s: tiktoken self-check differs from tokenizers on probe %r; using the hf backend",
-            tok.name,
-            differs,
-        )
-        return None
-    checked = Tokenizer(
+        failed.append(f"{name} self-check differs from tokenizers on probe {differs!r}")
+    if any("self-check" in f for f in failed):
+        log.warning("%s: %s; using the hf backend", tok.name, "; ".join(failed))
+    else:
+        log.debug("%s: not using riptoken or tiktoken: %s", tok.name, "; ".join(failed))
+    return None
+
+
+def _engine_tokenizer(tok: Tokenizer, engine: Engine, encoder: TiktokenEncoder) -> Tokenizer:
+    return Tokenizer(
         name=tok.name,
         sha256=tok.sha256,
         vocab_size=tok.vocab_size,
-        backend="tiktoken",
+        backend=engine,
         eos_token_id=tok.eos_token_id,
         bos_token_id=tok.bos_token_id,
         pad_token_id=tok.pad_token_id,
         hf=tok.hf,
         _encode_batch=encoder,
     )
-    if json_text is not None:  # loaded from a file: later loads of the same bytes can skip the work above
-        save_checked(checked, fast)
-    return checked
 
 
 def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
@@ -180,11 +224,13 @@ def _read_ranks(path: str, data: bytes) -> dict[bytes, int]:
     return ranks
 
 
-def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer:
+def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS, engine: Engine | None = None) -> Tokenizer:
     """A `.tiktoken` ranks file plus its `<path>.json` sidecar (`pat_str`, `special_tokens`) as a Tokenizer.
 
     The ranks file alone does not say how text is split or which special tokens exist: a sidecar is required.
-    Special tokens found in the text become their ids, as `tokenizers` does with a tokenizer.json.
+    Special tokens found in the text become their ids, as `tokenizers` does with a tokenizer.json. tiktoken is the
+    reference here (there is no HF tokenizer to check against); riptoken, where installed (`engine` None) or asked
+    for, is used when its ids equal tiktoken's on the self-check probes.
     """
     sidecar = path + ".json"
     if not os.path.isfile(path):
@@ -213,19 +259,23 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
     plan = Plan(pat_str=meta["pat_str"], ranks=ranks, raw_tokens=dict(specials))
     name = os.path.basename(path)
     try:
-        enc = build_encoding(name, plan)
+        encoder = TiktokenEncoder("tiktoken", name, plan, num_threads)
     except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({type(e).__name__}: {e})") from None
-    encoder = TiktokenEncoder(enc, plan, num_threads)
+        raise DataError(f"{sidecar}: tiktoken rejected ranks or pat_str ({describe(e)})") from None
     try:
         encoder(["Hello,  world! It's 2024.\n\tcafé 😀"])
     except BaseException as e:
-        if not _tiktoken_failure(e):
+        if not engine_failure(e):
             raise
         raise DataError(
-            f"{sidecar}: tiktoken fails on a test string with this pat_str ({type(e).__name__}: {e}); "
+            f"{sidecar}: tiktoken fails on a test string with this pat_str ({describe(e)}); "
             "the pattern must not match the empty string"
         ) from None
+    chosen: Engine = "tiktoken"
+    if engine != "tiktoken" and (engine == "riptoken" or available("riptoken")):
+        faster = _riptoken_like(encoder, name, plan, num_threads, strict=engine == "riptoken", where=path)
+        if faster is not None:
+            encoder, chosen = faster, "riptoken"
 
     def find(candidates: Sequence[str]) -> int | None:
         return next((specials[c] for c in candidates if c in specials), None)
@@ -234,8 +284,8 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
         name=name,
         # the identity covers the split regex and special tokens too: changing either changes the ids
         sha256=hashlib.sha256(data + json.dumps(meta, sort_keys=True).encode()).hexdigest(),
-        vocab_size=enc.max_token_value + 1,
-        backend="tiktoken",
+        vocab_size=1 + max(itertools.chain(ranks.values(), specials.values())),
+        backend=chosen,
         eos_token_id=find(EOS_CANDIDATES),
         bos_token_id=find(BOS_CANDIDATES),
         pad_token_id=find(PAD_CANDIDATES),
@@ -243,3 +293,25 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tok
         _encode_batch=encoder,
         _decode=encoder.decode,
     )
+
+
+def _riptoken_like(
+    reference: TiktokenEncoder, name: str, plan: Plan, num_threads: int, strict: bool, where: str
+) -> TiktokenEncoder | None:
+    """riptoken on a `.tiktoken` file's plan, where its ids equal tiktoken's on the probes (else None, or DataError
+    when `strict`)."""
+    if not available("riptoken"):
+        raise DataError(f"{where}: --backend riptoken, but riptoken is not installed ({INSTALL_HINT['riptoken']})")
+    try:
+        encoder = TiktokenEncoder("riptoken", name, plan, num_threads)
+        differs = self_check(encoder, reference, plan)
+    except BaseException as e:
+        if not engine_failure(e):
+            raise
+        differs = f"riptoken failed: {describe(e)}"
+    if differs is None:
+        return encoder
+    if strict:
+        raise DataError(f"{where}: riptoken and tiktoken give different ids on the self-check probe {differs!r}")
+    log.warning("%s: riptoken self-check differs from tiktoken on probe %r; using tiktoken", name, differs)
+    return None

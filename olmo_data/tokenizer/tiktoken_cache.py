@@ -1,9 +1,12 @@
-"""A cache of checked tiktoken plans.
+"""A cache of checked engine plans.
 
 Building the plan from a large tokenizer.json and loading the HF tokenizer for the self-check take most of a
 second (cl100k); both are deterministic given the file's bytes and the library versions, so once a plan has passed
-the self-check it is stored under the file's SHA-256 and later loads skip both. The cache holds plain numpy arrays
-and JSON (no pickle): a damaged or foreign file is ignored.
+the self-check on an engine it is stored under the file's SHA-256 and the engine's name, and later loads skip
+both. An entry also records the engines `auto` tried first and found unusable, so that `auto` takes an entry only
+when it would have chosen that engine itself (versions of every engine installed are part of the key: installing
+riptoken invalidates the entries made without it). The cache holds plain numpy arrays and JSON (no pickle): a
+damaged or foreign file is ignored.
 """
 
 from __future__ import annotations
@@ -13,43 +16,46 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Sequence
 
 from olmo_data import __version__
 from olmo_data.io import atomic_path, default_cache_dir
 from olmo_data.tokenizer.base import Tokenizer
-from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder, build_encoding
+from olmo_data.tokenizer.engines import ENGINES, Engine, available
+from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import Plan
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 # The code that builds, checks and runs a plan: a change to any of it invalidates every cached plan.
-CODE_FILES = ("tiktoken_plan.py", "tiktoken_encoder.py", "tiktoken_backend.py", "tiktoken_cache.py")
+CODE_FILES = ("tiktoken_plan.py", "tiktoken_encoder.py", "tiktoken_backend.py", "tiktoken_cache.py", "engines.py")
 
 
-def _cache_file(sha256: str) -> str:
-    return os.path.join(default_cache_dir(), "tiktoken", f"{sha256}.npz")
+def _cache_file(sha256: str, engine: Engine) -> str:
+    return os.path.join(default_cache_dir(), "tiktoken", f"{sha256}.{engine}.npz")
 
 
 def _cache_versions() -> dict[str, str]:
-    import tiktoken
-    import tokenizers
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     code = hashlib.sha256()
     for name in CODE_FILES:
         with open(os.path.join(os.path.dirname(__file__), name), "rb") as f:
             code.update(f.read())
-    return {
-        "format": str(CACHE_FORMAT),
-        "code": code.hexdigest(),
-        "olmo_data": __version__,
-        "tiktoken": tiktoken.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
+    versions = {"format": str(CACHE_FORMAT), "code": code.hexdigest(), "olmo_data": __version__}
+    for package in ("tokenizers", *ENGINES):  # read from metadata: importing them would cost start-up time
+        try:
+            versions[package] = installed(package)
+        except PackageNotFoundError:
+            versions[package] = "absent"
+    return versions
 
 
-def save_checked(tok: Tokenizer, plan: Plan) -> None:
-    """Store a self-checked plan (and the tokenizer's identity and special ids) for `load_checked`."""
+def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -> None:
+    """Store a self-checked plan (and the tokenizer's identity and special ids) for `load_checked`; `tried_before`:
+    the engines `auto` tried first and found unusable (empty when the engine was asked for by name)."""
     import numpy as np
 
     items = sorted(plan.ranks.items(), key=lambda kv: kv[1])
@@ -65,8 +71,11 @@ def save_checked(tok: Tokenizer, plan: Plan) -> None:
         "nfc": plan.nfc,
         "raw_tokens": plan.raw_tokens,
         "normalized_tokens": plan.normalized_tokens,
+        "space_pairs": plan.space_pairs,
+        "engine": tok.backend,
+        "tried_before": list(tried_before),
     }
-    path = _cache_file(tok.sha256)
+    path = _cache_file(tok.sha256, tok.backend)  # type: ignore[arg-type]
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(
@@ -80,18 +89,36 @@ def save_checked(tok: Tokenizer, plan: Plan) -> None:
         log.debug("could not cache the tiktoken plan at %s: %s", path, e)
 
 
-def load_checked(sha256: str, name: str, num_threads: int = DEFAULT_NUM_THREADS) -> Tokenizer | None:
-    """The tiktoken-backed tokenizer stored by `save_checked` for this file hash (named `name`), or None."""
+def load_checked(
+    sha256: str, name: str, engine: Engine | None = None, num_threads: int = DEFAULT_NUM_THREADS
+) -> Tokenizer | None:
+    """The engine-backed tokenizer stored by `save_checked` for this file hash (named `name`), or None.
+
+    `engine` None (auto): the entry of the engine `auto` would choose, the fastest installed one whose entry shows
+    the faster ones were tried and found unusable; an engine's name: that engine's entry."""
+    if engine is not None:
+        entry = _load_entry(sha256, name, engine, num_threads)
+        return None if entry is None else entry[0]
+    installed = [e for e in ENGINES if available(e)]
+    for i, candidate in enumerate(installed):
+        entry = _load_entry(sha256, name, candidate, num_threads)
+        if entry is not None and entry[1] == installed[:i]:
+            return entry[0]
+    return None
+
+
+def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tuple[Tokenizer, list[str]] | None:
+    """The entry of `engine` and the engines tried before it; None when missing, stale or damaged."""
     import numpy as np
 
-    path = _cache_file(sha256)
+    path = _cache_file(sha256, engine)
     if not os.path.exists(path):
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(z["meta"].tobytes())
             blob, lengths, ids = z["blob"].tobytes(), z["lengths"].tolist(), z["ids"].tolist()
-        if meta.get("versions") != _cache_versions() or meta.get("sha256") != sha256:
+        if meta.get("versions") != _cache_versions() or meta.get("sha256") != sha256 or meta["engine"] != engine:
             return None
         ends = itertools.accumulate(lengths)
         starts = itertools.chain([0], itertools.accumulate(lengths))
@@ -102,16 +129,18 @@ def load_checked(sha256: str, name: str, num_threads: int = DEFAULT_NUM_THREADS)
             nfc=bool(meta["nfc"]),
             raw_tokens={k: int(v) for k, v in meta["raw_tokens"].items()},
             normalized_tokens={k: int(v) for k, v in meta["normalized_tokens"].items()},
+            space_pairs=bool(meta["space_pairs"]),
         )
-        encoder = TiktokenEncoder(build_encoding(name, plan), plan, num_threads)
+        encoder = TiktokenEncoder(engine, name, plan, num_threads)
+        tried_before = [str(e) for e in meta["tried_before"]]
     except Exception as e:  # damaged, truncated or foreign: rebuild from the tokenizer.json
         log.debug("ignoring the tiktoken cache %s: %s", path, e)
         return None
-    return Tokenizer(
+    tok = Tokenizer(
         name=name,
         sha256=sha256,
         vocab_size=int(meta["vocab_size"]),
-        backend="tiktoken",
+        backend=engine,
         eos_token_id=meta["eos_token_id"],
         bos_token_id=meta["bos_token_id"],
         pad_token_id=meta["pad_token_id"],
@@ -119,3 +148,4 @@ def load_checked(sha256: str, name: str, num_threads: int = DEFAULT_NUM_THREADS)
         _encode_batch=encoder,
         _decode=encoder.decode,
     )
+    return tok, tried_before

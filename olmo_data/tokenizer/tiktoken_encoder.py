@@ -1,25 +1,25 @@
-"""The batch encoder of a tiktoken-backed `Tokenizer`: added tokens and NFC in Python, the rest in tiktoken.
+"""The batch encoder of an engine-backed `Tokenizer`: added tokens and NFC in Python, the rest in the engine
+(riptoken or tiktoken, `engines`).
 
-tiktoken's own special-token matching is not used, because it does not prefer the longest token (which matters
-for GPT-NeoX-20B's added space runs): added tokens whose `normalized` flag is false are matched in the raw text,
-the rest is normalised and then the normalised added tokens are matched in it, both leftmost-longest, as
-`tokenizers` does.
+The engines' own special-token matching is not used, because tiktoken's does not prefer the longest token (which
+matters for GPT-NeoX-20B's added space runs): added tokens whose `normalized` flag is false are matched in the raw
+text, the rest is normalised and then the normalised added tokens are matched in it, both leftmost-longest, as
+`tokenizers` does. Where the added tokens are runs of spaces the engine can take itself
+(`tiktoken_plan.pair_space_runs`: GPT-NeoX-20B), the whole text goes to the engine in one call; otherwise each piece
+between normalised added tokens is one call.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from olmo_data.tokenizer.tiktoken_plan import Plan
-
-if TYPE_CHECKING:
-    import tiktoken
+from olmo_data.tokenizer.engines import Engine, build_piece_encoder, decode, decode_table
+from olmo_data.tokenizer.tiktoken_plan import PAIR, Plan, unpaired
 
 # The tokenize stage runs one process per core, so one thread each; more are for single-process callers.
 DEFAULT_NUM_THREADS = 1
@@ -38,31 +38,32 @@ def _alternation(tokens: Sequence[str]) -> re.Pattern[str] | None:
 
 
 class TiktokenEncoder:
-    """The batch encoder of a tiktoken-backed `Tokenizer`: added tokens and NFC here, the rest in tiktoken.
+    """The batch encoder of an engine-backed `Tokenizer`: added tokens and NFC here, the rest in the engine.
 
-    Picklable (the thread pool is made on first use in each process), so a `Tokenizer` can go to workers.
+    Picklable (the engine and the thread pool are made again in each process), so a `Tokenizer` can go to workers.
     """
 
-    def __init__(self, enc: tiktoken.Encoding, plan: Plan, num_threads: int = DEFAULT_NUM_THREADS) -> None:
-        self.enc = enc
+    def __init__(self, engine: Engine, name: str, plan: Plan, num_threads: int = DEFAULT_NUM_THREADS) -> None:
+        self.engine = engine
+        self.name = name
         self.plan = plan
         self.num_threads = num_threads
+        self._encode_piece: Callable[[str], list[int]] = build_piece_encoder(engine, name, plan)
         self._raw_re = _alternation(list(plan.raw_tokens))
-        # tiktoken's `encode_ordinary` holds the GIL; `encode` with nothing allowed gives the same ids and
-        # lets threads run in parallel (it needs a special token registered, or it scans every position).
-        self._encode_piece: Callable[[str], list[int]] = enc.encode_ordinary
-        if enc.special_tokens_set:
-            self._encode_piece = functools.partial(enc.encode, allowed_special=frozenset(), disallowed_special=())
         self._norm_re = _alternation(list(plan.normalized_tokens))
+        self._plain: Callable[[str], list[int]] | None = None
+        self._decode_table: dict[int, bytes] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_key = (-1, 0)  # (pid, threads) the pool was made for
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # The plan holds the ranks once; the Encoding (a second copy) is rebuilt from it, which is quick.
-        return (_rebuild_encoder, (self.enc.name, self.plan, self.num_threads))
+        # The plan holds the ranks once; the engine (a second copy) is rebuilt from it, which is quick.
+        return (TiktokenEncoder, (self.engine, self.name, self.plan, self.num_threads))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.enc.decode(ids)
+        if self._decode_table is None:
+            self._decode_table = decode_table(self.plan)
+        return decode(self._decode_table, ids)
 
     def encode(self, text: str) -> list[int]:
         raw = self._raw_re
@@ -81,9 +82,13 @@ class TiktokenEncoder:
         if self.plan.nfc:
             text = unicodedata.normalize("NFC", text)
         norm = self._norm_re
-        encode = self._encode_piece
         if norm is None:
-            return encode(text)
+            return self._encode_piece(text)
+        encode = self._encode_piece
+        if self.plan.space_pairs:
+            if PAIR[0] not in text and PAIR[1] not in text:  # (a text holding either is cut here, in Python)
+                return encode(text.replace("  ", PAIR))
+            encode = self._plain_encoder()
         table = self.plan.normalized_tokens
         ids: list[int] = []
         pos = 0
@@ -96,6 +101,12 @@ class TiktokenEncoder:
         if pos < len(text):
             ids += encode(text[pos:])
         return ids
+
+    def _plain_encoder(self) -> Callable[[str], list[int]]:
+        """The engine on the plan without space pairs, made on first use (rare: a text holding PAIR's characters)."""
+        if self._plain is None:
+            self._plain = build_piece_encoder(self.engine, self.name, unpaired(self.plan))
+        return self._plain
 
     def _encode_list(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
@@ -113,15 +124,3 @@ class TiktokenEncoder:
         for part in self._pool.map(self._encode_list, chunks):
             out += part
         return out
-
-
-def _rebuild_encoder(name: str, plan: Plan, num_threads: int) -> TiktokenEncoder:
-    return TiktokenEncoder(build_encoding(name, plan), plan, num_threads)
-
-
-def build_encoding(name: str, plan: Plan) -> tiktoken.Encoding:
-    import tiktoken
-
-    # tiktoken keeps special tokens for decoding only here: `TiktokenEncoder` matches them itself.
-    specials = {**plan.raw_tokens, **plan.normalized_tokens}
-    return tiktoken.Encoding(name, pat_str=plan.pat_str, mergeable_ranks=plan.ranks, special_tokens=specials)

@@ -54,6 +54,8 @@ class Plan:
     nfc: bool = False
     raw_tokens: dict[str, int] = field(default_factory=dict)  # added tokens matched before normalisation
     normalized_tokens: dict[str, int] = field(default_factory=dict)  # matched in the normalised text
+    # the added tokens are runs of spaces, which the engine sees as pairs (`pair_space_runs`)
+    space_pairs: bool = False
 
 
 def _pattern_of(pre: dict[str, Any] | None) -> str:
@@ -151,19 +153,29 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
     return plan
 
 
-# GPT-2's whitespace alternatives, rewritten never to take two spaces in a row (see `fold_space_runs`).
-_WS_NO_SPACE_RUN = r"(?:[^\S ]| (?! ))+"
+# The two characters a pair of spaces becomes in the text the engine sees (`pair_space_runs`): whitespace that
+# ends a run of whitespace where a text's end would (see there), then a noncharacter (neither letter, number nor
+# whitespace) that no real text should hold; a text that holds either is encoded the slow way.
+PAIR = "\u1680\ufdd0"
 
 
-def fold_space_runs(plan: Plan) -> Plan:
-    """Let tiktoken's regex split out added space-run tokens (GPT-NeoX-20B's 2..24 spaces) instead of Python.
+def pair_space_runs(plan: Plan) -> Plan:
+    """Let the engine encode a whole text in one call although it holds added space-run tokens (GPT-NeoX-20B's
+    runs of 2..24 spaces: every indented line of code has one), instead of one call per piece between them.
 
-    Exact for GPT-2's split regex only: there, whitespace is taken by the two last alternatives and as one
-    leading space by the others. With ` {2,K}` tried first and the whitespace alternatives kept off runs of
-    two spaces, the text splits exactly where `tokenizers` splits out the added tokens (leftmost-longest), and
-    no other piece holds two spaces in a row, so the base vocabulary's space-run entries are unreachable, as
-    they are in `tokenizers`; the runs' bytes get the added ids instead. The equivalence tests check it on
-    real text; it is about 1.5x faster than splitting in Python on code (full of indentation). Others: as is.
+    `tokenizers` cuts the text at each run (leftmost-longest: 24 spaces while 24 are left, then the rest, a lone
+    last space staying with what follows) and pre-tokenises the pieces between on their own. Here each pair of
+    spaces becomes PAIR (one `str.replace`), so a run of n spaces is n // 2 PAIRs and, when n is odd, one space.
+    Alternatives put first in the split regex take 12 PAIRs (24 spaces), else 1..11 PAIRs and an odd space, as
+    one piece whose whole-piece rank is the added token's id: the same chunks as leftmost-longest matching. The
+    noncharacter is taken out of the punctuation class, so nothing else takes it; GPT-2's regex has no lookbehind,
+    so what follows a run splits as a text's start does. What precedes it splits as a text's end does because the
+    pair starts with whitespace: `\\s+(?!\\S)` over whitespace before a run stops before that character, as at a
+    text's end it takes all (before a non-space character it would leave the last whitespace character out).
+    The regex is otherwise GPT-2's, so engines that recognise it (riptoken) keep their fast path, which an earlier
+    rewrite of the whitespace alternatives (a lookahead per space) lost. Exact for GPT-2's split regex and space
+    runs of 2..K with K even only (others: as is, the encoder cutting at added tokens in Python); the tests compare
+    every document of the corpora with `tokenizers`.
     """
     runs = plan.normalized_tokens
     lengths = sorted(len(t) for t in runs)
@@ -172,10 +184,41 @@ def fold_space_runs(plan: Plan) -> Plan:
         or not runs
         or any(set(t) != {" "} for t in runs)
         or lengths != [*range(2, lengths[-1] + 1)]
+        or lengths[-1] % 2
+        or any(ch.encode() in token for token in plan.ranks for ch in PAIR)
     ):
         return plan
-    tail = r"\s+(?!\S)|\s+"
-    pat_str = f" {{2,{lengths[-1]}}}|" + GPT2_PATTERN.replace(tail, f"{_WS_NO_SPACE_RUN}(?!\\S)|{_WS_NO_SPACE_RUN}")
-    ranks = {b: i for b, i in plan.ranks.items() if b"  " not in b}
-    ranks.update({t.encode(): i for t, i in runs.items()})
-    return Plan(pat_str=pat_str, ranks=ranks, nfc=plan.nfc, raw_tokens=plan.raw_tokens)
+    half = lengths[-1] // 2
+    mark = PAIR[1]
+    punctuation = r"[^\s\p{L}\p{N}]"
+    pat_str = f"(?:{PAIR}){{{half}}}|(?:{PAIR}){{1,{half - 1}}} ?|" + GPT2_PATTERN.replace(
+        punctuation, punctuation[:-1] + mark + "]"
+    )
+    ranks = dict(plan.ranks)
+    for j in range(1, half + 1):
+        ranks[(PAIR * j).encode()] = runs[" " * (2 * j)]
+        if j < half:
+            ranks[(PAIR * j + " ").encode()] = runs[" " * (2 * j + 1)]
+    return Plan(
+        pat_str=pat_str,
+        ranks=ranks,
+        nfc=plan.nfc,
+        raw_tokens=plan.raw_tokens,
+        normalized_tokens=runs,
+        space_pairs=True,
+    )
+
+
+def unpaired(plan: Plan) -> Plan:
+    """The plan `pair_space_runs` was given: for the rare text that holds a character of PAIR itself, which is
+    then cut at the added tokens in Python and encoded piece by piece with GPT-2's own regex."""
+    if not plan.space_pairs:
+        return plan
+    mark = PAIR[1].encode()
+    return Plan(
+        pat_str=GPT2_PATTERN,
+        ranks={b: i for b, i in plan.ranks.items() if mark not in b},
+        nfc=plan.nfc,
+        raw_tokens=plan.raw_tokens,
+        normalized_tokens=plan.normalized_tokens,
+    )

@@ -1,8 +1,9 @@
-"""The tiktoken backend gives the ids of HF `tokenizers`, document by document, or is not used.
+"""The engine backends (riptoken, tiktoken) give the ids of HF `tokenizers`, document by document, or are not used.
 
-Each real tokenizer is run through both backends on real text (the stdlib demo corpus, cut several ways) and
-on strings written to hit the places where the two could part: space runs, tabs, newlines, Unicode, NFD text,
-emoji, code, and special tokens inside the text.
+Each real tokenizer is run through every backend on real text (the stdlib demo corpus, cut several ways) and
+on strings written to hit the places where they could part: space runs, tabs, newlines, Unicode, NFD text,
+emoji, code, special tokens inside the text, and the characters the engines' text stands in for space runs with.
+riptoken is an optional extra: its cases are skipped where it is not installed.
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ import pytest
 from olmo_data.documents import read_documents
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
+from olmo_data.tokenizer.engines import available
 from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file, try_tiktoken
 from olmo_data.tokenizer.tiktoken_plan import byte_level_alphabet
 from tests.conftest import SHARED_TOKENIZERS, shared_tokenizer
 
 SHARED = ["gpt2.json", "cl100k_base.json", "gpt-neox-20b.json"]
 _SHARED_PATHS = {str(SHARED_TOKENIZERS / n) for n in SHARED}
+RIPTOKEN = pytest.param(
+    "riptoken", marks=pytest.mark.skipif(not available("riptoken"), reason="riptoken (the fast extra) not installed")
+)
+ENGINES = [RIPTOKEN, "tiktoken"]
+AUTO = "riptoken" if available("riptoken") else "tiktoken"  # what auto picks here
+HERE = [e for e in ("riptoken", "tiktoken") if available(e)]  # the engines installed here
 
 TRICKY = [
     "",
@@ -59,6 +67,12 @@ TRICKY = [
     "a" * 2000,
     "ab" * 500 + " " + "😀" * 100,
     "\n \n  \n   \t \t  " * 300 + " " * 1000 + "\n" * 1000,
+    # pieces of 500 bytes and more (riptoken 0.2 changes algorithm there: these go to tiktoken)
+    "q" * 498 + " " + "r" * 499 + " " + "s" * 500 + "\n" + "t" * 2000 + " " * 600 + "\n" * 700 + "!" * 300 + "\n" * 300,
+    "日本" * 150 + " " + "\u3000" * 200 + "\u00a0" * 300 + "é" * 260,
+    # the characters a pair of spaces becomes for the engine (U+1680 U+FDD0), in the text itself
+    "a\u1680\ufdd0  b \u1680  c\ufdd0\ufdd0 d  \u1680\u1680\n\n  e",
+    "x\n\n    y\n \n    z\t\t  w\r\n\r\n        v \n\n\n  \n    \n" + " " * 25 + "\n\n" + " " * 49 + "u" + " " * 47,
     "".join(random.Random(0).choice(" \n\t\r\u00a0\u3000ab1.'é") for _ in range(20000)),
     "".join(
         random.Random(1).choice(["  ", " ", "\n", "x", "<|endoftext|>", "e\u0301", "'s", "1234"]) for _ in range(5000)
@@ -97,19 +111,20 @@ def _assert_same(texts: list[str], expected: list[list[int]], got: list[list[int
         assert b == a, f"document {i} differs: {texts[i][:80]!r}"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", SHARED)
-def test_shared_tokenizers_identical_ids(name: str, texts: list[str]) -> None:
+def test_shared_tokenizers_identical_ids(name: str, engine: str, texts: list[str]) -> None:
     path = shared_tokenizer(name)
     hf, expected = _reference(path, texts)
-    fast = _shared(name, "auto")
-    assert fast.backend == "tiktoken"
+    fast = _shared(name, engine)
+    assert fast.backend == engine
     assert (fast.name, fast.sha256, fast.vocab_size) == (hf.name, hf.sha256, hf.vocab_size)
     assert (fast.eos_token_id, fast.bos_token_id, fast.pad_token_id) == (
         hf.eos_token_id,
         hf.bos_token_id,
         hf.pad_token_id,
     )
-    assert fast.identity() == {**hf.identity(), "backend": "tiktoken"}
+    assert fast.identity() == {**hf.identity(), "backend": engine}
     _assert_same(texts, expected, fast.encode_batch(texts))
     # Pickled for workers it drops the HF tokenizer; ids and decoding stay the same.
     copy = pickle.loads(pickle.dumps(fast))
@@ -119,50 +134,99 @@ def test_shared_tokenizers_identical_ids(name: str, texts: list[str]) -> None:
         assert copy.decode(ids) == hf.decode(ids) and copy.decode(ids[:-3]) == hf.decode(ids[:-3])
 
 
-def test_shared_special_tokens_in_text_become_their_ids() -> None:
+def test_auto_picks_the_fastest_installed_engine() -> None:
+    for name in SHARED:
+        assert _shared(name, "auto").backend == AUTO, name
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shared_special_tokens_in_text_become_their_ids(engine: str) -> None:
     """Pinned against the tokenizers' own special ids (../shared/README.md), not against our output."""
     cases = {"gpt2.json": 50256, "cl100k_base.json": 100257, "gpt-neox-20b.json": 0}
     for name, eos in cases.items():
-        tok = _shared(name, "tiktoken")
+        tok = _shared(name, engine)
         ids = tok.encode("a<|endoftext|>b")
         assert ids.count(eos) == 1 and ids[0] != eos and ids[-1] != eos, name
         assert tok.encode("<|endoftext|>") == [eos]
 
 
-def test_neox_space_runs_use_added_tokens() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_neox_space_runs_use_added_tokens(engine: str) -> None:
     """GPT-NeoX-20B's added tokens 50254-50276 are runs of 24..2 spaces, matched longest first."""
-    tok, hf = _shared("gpt-neox-20b.json", "tiktoken"), _shared("gpt-neox-20b.json", "hf")
+    tok, hf = _shared("gpt-neox-20b.json", engine), _shared("gpt-neox-20b.json", "hf")
     ids = tok.encode("a" + " " * 50 + "b")
     assert ids[1:4] == [50254, 50254, 50276]  # 24 + 24 + 2 spaces
     assert len(ids) == 5 and tok.decode(ids) == "a" + " " * 50 + "b"
     assert ids == hf.encode("a" + " " * 50 + "b")
     ids = tok.encode("a" + " " * 25 + "b")  # 24 spaces, then " b": a lone space stays with the next word
     assert ids[1] == 50254 and len(ids) == 3 and ids == hf.encode("a" + " " * 25 + "b")
+    # whitespace before a run is one piece, as at a text's end: "\n\n" then 4 spaces, not "\n", "\n", 4 spaces
+    for text in ("x\n\n    y", "x \n\t\t  y", "\r\n\r\n" + " " * 26 + "z", "\u3000\u3000   w", "\n" + " " * 48):
+        assert tok.encode(text) == hf.encode(text), repr(text)
+    assert tok.encode("x\n\n    y")[1] == hf.encode("\n\n")[0]
+    # each length alone, odd and even, at either end and between words
+    for n in range(1, 75):
+        for text in (" " * n, "a" + " " * n, " " * n + "b", "a" + " " * n + "b", "\n" + " " * n + "\n"):
+            assert tok.encode(text) == hf.encode(text), repr(text)
 
 
-def test_demo_tokenizer_identical_ids(demo_tokenizer: str, texts: list[str]) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_lone_surrogate_is_encoded_as_tiktoken_does(engine: str) -> None:
+    """No reader of this project lets one through (documents and chat rows refuse them, naming the line); a library
+    caller's str may still hold one: `tokenizers` refuses it, and both engines replace it, with the same ids."""
+    tok = _shared("gpt2.json", engine)
+    assert tok.encode("a\ud800b") == _shared("gpt2.json", "hf").encode("a\ufffdb")
+    with pytest.raises(TypeError):
+        _shared("gpt2.json", "hf").encode("a\ud800b")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_demo_tokenizer_identical_ids(demo_tokenizer: str, texts: list[str], engine: str) -> None:
     hf, expected = _reference(demo_tokenizer, texts)
-    fast = load_tokenizer(demo_tokenizer, "auto")
-    assert fast.backend == "tiktoken"
+    fast = load_tokenizer(demo_tokenizer, engine)  # type: ignore[arg-type]
+    assert fast.backend == engine
     assert (fast.eos_token_id, fast.pad_token_id, fast.vocab_size) == (0, 1, hf.vocab_size)
     _assert_same(texts, expected, fast.encode_batch(texts))
 
 
-def test_threads_and_pickling_keep_ids(demo_tokenizer: str, texts: list[str]) -> None:
-    fast = load_tokenizer(demo_tokenizer, "tiktoken")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_threads_and_pickling_keep_ids(demo_tokenizer: str, texts: list[str], engine: str) -> None:
+    fast = load_tokenizer(demo_tokenizer, engine)  # type: ignore[arg-type]
     one = fast.encode_batch(texts)
     fast.set_num_threads(3)
     assert fast.encode_batch(texts) == one
     copy = pickle.loads(pickle.dumps(fast))
-    assert copy.backend == "tiktoken" and copy.encode_batch(texts) == one
+    assert copy.backend == engine and copy.encode_batch(texts) == one
 
 
 def test_backend_values(demo_tokenizer: str) -> None:
     assert load_tokenizer(demo_tokenizer, "hf").backend == "hf"
-    assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"
+    assert load_tokenizer(demo_tokenizer, "auto").backend == AUTO
     assert load_tokenizer(demo_tokenizer, "tiktoken").backend == "tiktoken"
-    with pytest.raises(DataError, match="unknown tokenizer backend 'fast'; expected auto, tiktoken or hf"):
+    with pytest.raises(DataError, match="unknown tokenizer backend 'fast'; expected auto, riptoken, tiktoken or hf"):
         load_tokenizer(demo_tokenizer, "fast")  # type: ignore[arg-type]
+
+
+def test_without_riptoken_auto_uses_tiktoken_and_riptoken_is_refused(
+    demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """riptoken is an optional extra: where it is missing, auto runs on tiktoken, and asking for it says how to
+    install it."""
+    import olmo_data.tokenizer.engines as engines
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    real = engines.available
+    monkeypatch.setattr(engines, "available", lambda e: e != "riptoken" and real(e))
+    for module in ("tiktoken_backend", "tiktoken_cache"):
+        monkeypatch.setattr(f"olmo_data.tokenizer.{module}.available", engines.available)
+    assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"
+    assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"  # from the cache
+    with pytest.raises(DataError, match=r"the riptoken backend cannot .*riptoken is not installed .*olmo-data\[fast\]"):
+        load_tokenizer(demo_tokenizer, "riptoken")
+    ranks = shared_tokenizer("cl100k_base.tiktoken")
+    assert load_tokenizer(ranks, "auto").backend == "tiktoken"
+    with pytest.raises(DataError, match=r"cl100k_base.tiktoken: --backend riptoken, but riptoken is not installed"):
+        load_tokenizer(ranks, "riptoken")
 
 
 # Tokenizers that tiktoken cannot reproduce: auto falls back, strict says why.
@@ -198,8 +262,11 @@ def _edited(demo_tokenizer: str, tmp_path: Path, edit: str) -> str:
 def test_unsupported_structure_falls_back(demo_tokenizer: str, tmp_path: Path, edit: str, reason: str) -> None:
     path = _edited(demo_tokenizer, tmp_path, edit)
     assert load_tokenizer(path, "auto").backend == "hf"
-    with pytest.raises(DataError, match=f"cannot reproduce this tokenizer: {reason}.*use --backend hf"):
-        load_tokenizer(path, "tiktoken")
+    for engine in HERE:
+        with pytest.raises(
+            DataError, match=f"the {engine} backend cannot reproduce this tokenizer: {reason}.*use --back"
+        ):
+            load_tokenizer(path, engine)  # type: ignore[arg-type]
 
 
 def _rank_order_trap(tmp_path: Path) -> str:
@@ -231,13 +298,20 @@ def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog:
     assert tok.backend == "hf"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "trap.json: tiktoken self-check differs from tokenizers on probe 'code'" in warnings[0].getMessage()
-    with pytest.raises(DataError, match="different ids on the self-check probe 'code'; use --backend hf"):
-        load_tokenizer(path, "tiktoken")
+    message = warnings[0].getMessage()
+    assert message.startswith("trap.json: ") and message.endswith("; using the hf backend")
+    assert "tiktoken self-check differs from tokenizers on probe 'code'" in message
+    assert ("riptoken self-check differs from tokenizers on probe 'code'" in message) == available("riptoken")
+    for engine in HERE:
+        with pytest.raises(
+            DataError, match=f"{engine} and tokenizers give different ids on the self-check probe 'code'"
+        ):
+            load_tokenizer(path, engine)  # type: ignore[arg-type]
 
 
 def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A split regex that matches the empty string makes tiktoken panic: a fallback, not a crash."""
+    """A split regex that matches the empty string makes tiktoken panic (and riptoken give ids past the vocabulary):
+    a fallback, not a crash."""
     data = json.loads(Path(demo_tokenizer).read_text())
     data["pre_tokenizer"] = {
         "type": "Sequence",
@@ -253,9 +327,13 @@ def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: 
     assert "tiktoken failed: PanicException" in caplog.text
     with pytest.raises(DataError, match="empty-match.json: .* self-check probe .*tiktoken failed: PanicException"):
         load_tokenizer(str(path), "tiktoken")
+    if available("riptoken"):
+        assert "riptoken self-check differs from tokenizers on probe 'contractions'" in caplog.text
+        with pytest.raises(DataError, match="empty-match.json: riptoken and tokenizers give different ids on the"):
+            load_tokenizer(str(path), "riptoken")
 
 
-@pytest.mark.parametrize("backend", ["auto", "tiktoken", "hf"])
+@pytest.mark.parametrize("backend", ["auto", "riptoken", "tiktoken", "hf"])
 def test_two_tokens_on_one_id_are_named_on_every_backend(demo_tokenizer: str, tmp_path: Path, backend: str) -> None:
     """tiktoken panicked from Rust on it (a pyo3 traceback naming neither file nor id); `tokenizers` loaded it
     silently, and decoded the id as either token."""
@@ -277,10 +355,11 @@ def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tm
 # .tiktoken ranks files
 
 
-def test_tiktoken_file_matches_hf_cl100k(texts: list[str]) -> None:
+@pytest.mark.parametrize("engine", ["auto", *ENGINES])
+def test_tiktoken_file_matches_hf_cl100k(texts: list[str], engine: str) -> None:
     ranks = shared_tokenizer("cl100k_base.tiktoken")
-    tok = load_tokenizer(ranks)
-    assert tok.backend == "tiktoken" and tok.hf is None
+    tok = load_tokenizer(ranks, engine)  # type: ignore[arg-type]
+    assert tok.backend == (AUTO if engine == "auto" else engine) and tok.hf is None
     assert tok.name == "cl100k_base.tiktoken"
     sidecar = json.loads(Path(ranks + ".json").read_text())
     identity = Path(ranks).read_bytes() + json.dumps(sidecar, sort_keys=True).encode()
@@ -299,7 +378,7 @@ def test_tiktoken_file_without_sidecar(tmp_path: Path) -> None:
     shutil.copy(shared_tokenizer("cl100k_base.tiktoken"), ranks)
     with pytest.raises(DataError, match=r"mini.tiktoken: a .tiktoken ranks file needs a sidecar .*\.tiktoken\.json"):
         load_tokenizer(str(ranks))
-    with pytest.raises(DataError, match="runs on the tiktoken backend only"):
+    with pytest.raises(DataError, match="runs on the riptoken or tiktoken backend only"):
         load_tokenizer(str(ranks), "hf")
 
 
@@ -333,7 +412,7 @@ def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="tiny.tiktoken.json: tiktoken fails .* must not match the empty string"):
         load_tiktoken_file(_tiny_ranks(tmp_path, good, {**side, "pat_str": r"\p{L}*|."}))
     tok = load_tiktoken_file(_tiny_ranks(tmp_path, good, side))
-    assert (tok.vocab_size, tok.eos_token_id) == (257, 256)
+    assert (tok.vocab_size, tok.eos_token_id, tok.backend) == (257, 256, AUTO)
     assert tok.encode("ab <|endoftext|>") == [97, 98, 32, 256]
 
 
@@ -343,11 +422,11 @@ def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     path = shared_tokenizer("gpt-neox-20b.json")
     first = load_tokenizer(path)
-    assert first.backend == "tiktoken" and first.hf is not None
+    assert first.backend == AUTO and first.hf is not None
     cached_files = list((tmp_path / "cache" / "tiktoken").glob("*.npz"))
-    assert [f.stem for f in cached_files] == [first.sha256]
+    assert [f.name for f in cached_files] == [f"{first.sha256}.{AUTO}.npz"]
     second = load_tokenizer(path)
-    assert second.backend == "tiktoken" and second.hf is None  # neither the HF load nor the self-check ran
+    assert second.backend == AUTO and second.hf is None  # neither the HF load nor the self-check ran
     assert (second.vocab_size, second.eos_token_id, second.pad_token_id) == (50277, 0, 1)
     texts = [d.text for d in read_documents(demo_corpus[0])][:40] + ["a  b   c\t\t\n\n x", "Cafe\u0301 <|endoftext|>"]
     reference = [e.ids for e in first.hf.encode_batch(texts, add_special_tokens=False)]
@@ -360,3 +439,17 @@ def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
     assert load_tokenizer(path).hf is None
     # --backend hf never uses the cache
     assert load_tokenizer(path, "hf").backend == "hf"
+
+
+def test_cache_entries_per_engine_and_what_auto_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each engine has its own entry; auto takes an entry only where it would have chosen that engine itself (an
+    entry that `--backend tiktoken` made, while riptoken is installed, is not auto's choice)."""
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    path = shared_tokenizer("gpt2.json")
+    assert load_tokenizer(path, "tiktoken").hf is not None
+    assert load_tokenizer(path, "tiktoken").hf is None  # its own entry
+    auto = load_tokenizer(path, "auto")
+    assert auto.backend == AUTO and (auto.hf is None) == (AUTO == "tiktoken")
+    assert load_tokenizer(path, "auto").hf is None
+    names = sorted(f.name for f in (tmp_path / "cache" / "tiktoken").glob("*.npz"))
+    assert names == sorted({f"{auto.sha256}.tiktoken.npz", f"{auto.sha256}.{AUTO}.npz"})

@@ -1,0 +1,140 @@
+"""The BPE engines a `Plan` runs on: riptoken (optional, the `fast` extra) and tiktoken (a dependency).
+
+Both take the same three things, a byte-level rank table, a split regex and special tokens, and give the ids of
+rank-ordered BPE over the regex's pieces; they differ only in speed. riptoken recognises GPT-2's and cl100k's
+split regexes and runs them without the backtracking regex engine tiktoken uses for their lookahead: about 1.8x
+tiktoken's rate on GPT-2 and cl100k, 2x on GPT-NeoX-20B with its space pairs (`tiktoken_plan.pair_space_runs`),
+one thread, on code. Which engine a tokenizer gets is decided by the self-check (`tiktoken_backend`), never
+assumed: an engine is used only where its ids equalled `tokenizers'` at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+from typing import Any, Literal
+
+from olmo_data.tokenizer.tiktoken_plan import Plan, unpaired
+
+Engine = Literal["riptoken", "tiktoken"]
+# the order `auto` tries them in: the fastest first
+ENGINES: tuple[Engine, ...] = ("riptoken", "tiktoken")
+INSTALL_HINT = {
+    "riptoken": "pip install 'olmo-data[fast]' (riptoken)",
+    "tiktoken": "pip install tiktoken",
+}
+
+
+def available(engine: Engine) -> bool:
+    """Whether `engine` can be imported here (without importing it: start-up time)."""
+    return importlib.util.find_spec(engine) is not None
+
+
+def version(engine: Engine) -> str:
+    """The installed version of `engine` (what a cached plan checked on it is valid for)."""
+    module = importlib.import_module(engine)
+    return str(getattr(module, "__version__", "?"))
+
+
+def build_piece_encoder(engine: Engine, name: str, plan: Plan) -> Callable[[str], list[int]]:
+    """The function that encodes one text (already cut at added tokens and normalised) on `engine`.
+
+    Added tokens are matched by the encoder (`tiktoken_encoder`), not by the engine (tiktoken does not prefer the
+    longest); they are registered with the engine only so that tiktoken's `encode` may run without the GIL.
+    Raises what the engine raises on a regex or rank table it refuses (ValueError and the like, or pyo3's
+    PanicException, a BaseException).
+    """
+    if engine == "riptoken":
+        import riptoken
+
+        core = riptoken.CoreBPE(plan.ranks, {}, plan.pat_str)
+        return _RiptokenPieces(core.encode_ordinary, functools.partial(build_piece_encoder, "tiktoken", name, plan))
+    import tiktoken
+
+    specials = {**plan.raw_tokens, **plan.normalized_tokens}
+    enc = tiktoken.Encoding(name, pat_str=plan.pat_str, mergeable_ranks=plan.ranks, special_tokens=specials)
+    if enc.special_tokens_set:
+        # `encode_ordinary` holds the GIL; `encode` with nothing allowed gives the same ids and lets threads run
+        # in parallel (it needs a special token registered, or it scans every position)
+        return functools.partial(enc.encode, allowed_special=frozenset(), disallowed_special=())
+    return enc.encode_ordinary
+
+
+class _RiptokenPieces:
+    """riptoken's `encode_ordinary` where it is exact: texts that may hold a piece of 500 bytes or more go to
+    tiktoken (made on first need), since riptoken 0.2 encodes such pieces with another merge algorithm whose ids
+    differ from rank-ordered BPE's (from exactly 500 bytes on, on every vocabulary tried). Rare in prose and code (a
+    run of 248 characters without whitespace, or of whitespace: a base64 blob, a minified line)."""
+
+    def __init__(self, encode: Callable[[str], list[int]], exact: Callable[[], Callable[[str], list[int]]]) -> None:
+        self._encode = encode
+        self._make_exact = exact
+        self._exact: Callable[[str], list[int]] | None = None
+
+    def __call__(self, text: str) -> list[int]:
+        if len(text) >= _SHORTEST_LONG and may_hold_long_piece(text):
+            if self._exact is None:
+                self._exact = self._make_exact()
+            return self._exact(text)
+        try:
+            return self._encode(text)  # releases the GIL
+        except UnicodeEncodeError:
+            # A lone surrogate (no reader of this project lets one through): what tiktoken does with it, so that
+            # both engines give the same ids on any str.
+            return self._encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+
+
+# riptoken 0.2 is exact on pieces shorter than this (UTF-8 bytes); the extra pins riptoken<0.3
+LONG_PIECE_BYTES = 500
+# A piece of the split regexes run here (GPT-2's, cl100k's, the paired GPT-NeoX one) is at most one leading
+# character, then a run without whitespace or a run of whitespace, then (cl100k's punctuation) a run of newlines:
+# one of its runs has at least (500 - 4) / 2 bytes.
+_RUN_BYTES = (LONG_PIECE_BYTES - 4) // 2
+_SHORTEST_LONG = _RUN_BYTES // 4  # characters: no text shorter can hold such a run (4 bytes a character at most)
+_ASCII_SPACE = {9, 10, 11, 12, 13, 32}  # what the engines' regex `\s` matches in ASCII
+# UTF-8 bytes as b" " (whitespace) or b"x": exact for ASCII (other bytes count as not whitespace, which makes runs
+# without whitespace longer, never shorter) ...
+_NOT_SPACE_RUNS = bytes(32 if b in _ASCII_SPACE else 120 for b in range(256))
+# ... and, for runs of whitespace, every byte that may belong to a whitespace character (U+0085, U+00A0, U+1680,
+# U+2000..U+205F, U+3000: lead bytes C2, E1, E2, E3 and continuation bytes) as whitespace: runs only longer
+_SPACE_RUNS = bytes(
+    32 if b in _ASCII_SPACE or b in (0xC2, 0xE1, 0xE2, 0xE3) or 0x80 <= b < 0xC0 else 120 for b in range(256)
+)
+
+
+def may_hold_long_piece(text: str) -> bool:
+    """Whether `text` has a run of whitespace, or of anything else, of `_RUN_BYTES` UTF-8 bytes or more (about a
+    nanosecond a character: a translation and two substring searches in C; short texts are never looked at)."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) < _RUN_BYTES:
+        return False
+    classes = data.translate(_NOT_SPACE_RUNS)
+    if b"x" * _RUN_BYTES in classes:
+        return True
+    if text.isascii():
+        return b" " * _RUN_BYTES in classes
+    return b" " * _RUN_BYTES in data.translate(_SPACE_RUNS)
+
+
+def engine_failure(e: BaseException) -> bool:
+    """Whether `e` is an engine refusing or failing on its input: any Exception, or pyo3's PanicException (a
+    BaseException, raised from Rust on a split regex that can match the empty string)."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def decode_table(plan: Plan) -> dict[int, bytes]:
+    """Every id's bytes: the ranks (less the space pairs, which stand for added tokens) and the added tokens."""
+    table: dict[int, bytes] = {i: b for b, i in unpaired(plan).ranks.items()}
+    for token, tid in (*plan.normalized_tokens.items(), *plan.raw_tokens.items()):
+        table[tid] = token.encode("utf-8")
+    return table
+
+
+def decode(table: dict[int, bytes], ids: Any) -> str:
+    """Ids to text as tiktoken decodes them (invalid UTF-8 replaced); an unknown id is a KeyError, as there."""
+    return b"".join([table[int(i)] for i in ids]).decode("utf-8", errors="replace")
