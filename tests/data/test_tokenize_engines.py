@@ -1,0 +1,108 @@
+"""Every engine gives the same token files: riptoken, tiktoken and HF `tokenizers`, with any process count.
+
+Covers OLMo 2/3's dolma2 tokenizer too (cl100k's BPE with its own added tokens), built offline from the shared
+cl100k tokenizer.json: `<|endoftext|>` 100257, `<|fim_prefix|>` 100258, `<|fim_middle|>` 100259, `<|fim_suffix|>`
+100260, `<|endofprompt|>` 100276 and `<|pad|>` 100277, all special; cl100k's reserved tokens 100261-100275 left out
+(assumed: dolma2 does not list them, which changes nothing for ids below them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from olmo_cli.main import main
+from olmo_data.documents import read_documents
+from olmo_data.tokenize import TokenizeOptions, tokenize
+from olmo_data.tokenizer import load_tokenizer
+from olmo_data.tokenizer.engines import available
+from tests.conftest import shared_tokenizer
+from tests.helpers import docs, write_jsonl
+
+ENGINES = [e for e in ("riptoken", "tiktoken") if available(e)]
+DOLMA2_ADDED = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+    "<|pad|>": 100277,
+}
+TRICKY = [
+    "x\n\n    y  z\t\t  w \n  \n" + " " * 49 + "v",
+    "text<|endoftext|>more <|pad|><|fim_prefix|>a<|fim_middle|>b<|fim_suffix|>c<|endofprompt|> end",
+    "<|reserved_100261|> is plain text here",
+    "a\u1680\ufdd0  b \ufdd0 c",
+    "q" * 700 + " " + "\n" * 600 + "日本" * 200,
+    "Cafe\u0301 naïve 😀 \u00a0\u3000 ٣٤٥",
+]
+
+
+@pytest.fixture(scope="module")
+def dolma2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    data = json.loads(Path(shared_tokenizer("cl100k_base.json")).read_text())
+    data["added_tokens"] = [
+        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+        | {"special": True}
+        for c, i in DOLMA2_ADDED.items()
+    ]
+    path = tmp_path_factory.mktemp("dolma2") / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_dolma2_ids_equal_tokenizers_on_every_engine(dolma2: str, demo_corpus: list[str]) -> None:
+    hf = load_tokenizer(dolma2, "hf")
+    assert (hf.eos_token_id, hf.pad_token_id) == (100257, 100277)
+    texts = [d.text for d in read_documents(demo_corpus[0])] + TRICKY
+    expected = [e.ids for e in hf.hf.encode_batch_fast(texts, add_special_tokens=False)]
+    assert expected[len(texts) - len(TRICKY) + 1].count(100277) == 1
+    for engine in ENGINES:
+        tok = load_tokenizer(dolma2, engine)  # type: ignore[arg-type]
+        assert (tok.backend, tok.eos_token_id, tok.pad_token_id) == (engine, 100257, 100277)
+        got = tok.encode_batch(texts)
+        for i, (a, b) in enumerate(zip(expected, got, strict=True)):
+            assert a == b, f"{engine}: document {i} differs: {texts[i][:60]!r}"
+
+
+def _files(dest: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(dest.iterdir()) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt-neox-20b.json", "dolma2"])
+def test_token_files_are_byte_identical_on_every_backend_and_process_count(
+    name: str, dolma2: str, demo_corpus: list[str], tmp_path: Path
+) -> None:
+    """The manifest and every part file, .npy and .csv.gz: the backend is not recorded in them (it does not
+    change a byte); bad documents (invalid UTF-8, a lone surrogate escape) skipped alike."""
+    spec = dolma2 if name == "dolma2" else shared_tokenizer(name)
+    bad = [b'{"id": "bad-utf8", "text": "caf\xe9"}\n', b'{"id": "bad-escape", "text": "\\ud800"}\n']
+    tricky = write_jsonl(tmp_path / "tricky.jsonl", docs(*TRICKY), raw_lines=bad)
+    inputs = [*demo_corpus[:2], tricky]
+    reference = None
+    for backend in ("hf", *ENGINES):
+        for processes in (1, 2) if backend != "hf" else (1,):
+            dest = tmp_path / f"{backend}-{processes}"
+            opts = TokenizeOptions(tokenizer=spec, backend=backend, skip_bad_documents=True)
+            summary = tokenize(inputs, dest, opts, processes=processes)
+            assert summary.backend == backend and summary.skipped_bad == 2
+            files = _files(dest)
+            if reference is None:
+                reference = files
+            assert files.keys() == reference.keys()
+            for file, data in files.items():
+                assert data == reference[file], f"{backend}, {processes} processes: {file} differs"
+
+
+def test_cli_backend_option_names_each_engine(demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path) -> None:
+    for backend in (*ENGINES, "hf"):
+        args = ["tokenize", "-d", demo_corpus[0], "-t", demo_tokenizer, "--backend", backend]
+        result = CliRunner().invoke(main, [*args, "--destination", str(tmp_path / backend), "--no-progress"])
+        assert result.exit_code == 0, result.output
+        assert f"{backend} backend)" in result.output
+    result = CliRunner().invoke(main, ["tokenize", "-d", demo_corpus[0], "-t", demo_tokenizer, "--backend", "bpe"])
+    assert result.exit_code == 2 and "'bpe' is not one of 'auto', 'riptoken', 'tiktoken', 'hf'" in result.output
