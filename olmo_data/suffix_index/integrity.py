@@ -33,7 +33,7 @@ from olmo_data.suffix_index.search import PAST_END, SAMPLE_STEP, Samples
 BLOCK = 1 << 16  # bytes a checksum covers (at least)
 MAX_BLOCKS = 4096  # checksums a file (at most: a shard's record stays ~64 KiB of text)
 DIGEST = 8  # bytes of each block's blake2b
-HASHED_BLOCKS = 4  # random blocks a query hashes of each file (besides its first and last)
+HASHED_BLOCKS = 2  # random blocks a query hashes of each file (besides its first and last)
 ORDER_PAIRS = 16  # random neighbouring suffixes a query checks a shard
 KEY_SAMPLES = 8  # random keys a query recomputes a shard
 COMPARE = 1 << 20  # tokens compared at once by the order check (all pairs together)
@@ -74,8 +74,8 @@ def _recorded(record: dict[str, Any], name: str, path: Path) -> tuple[int, int, 
     return size, block, sums
 
 
-def _check_blocks(raw: np.ndarray, path: Path, record: dict[str, Any], name: str, blocks: np.ndarray) -> None:
-    size, block, sums = _recorded(record, name, path.with_suffix(".json"))
+def _check_blocks(raw: np.ndarray, path: Path, recorded: tuple[int, int, bytes], blocks: np.ndarray) -> None:
+    size, block, sums = recorded
     if len(raw) != size:
         raise DataError(f"{path}: {len(raw):,} bytes, its build wrote {size:,}; {FIX}")
     for b in blocks.tolist():
@@ -183,10 +183,10 @@ def sampled_check(
     start, end, window_end = span
     data_path, keys_path = shard_file(folder, k, "u32"), shard_file(folder, k, "keys")
     for raw, path, name in ((positions, data_path, "positions"), (keys, keys_path, "keys")):
-        size, block, _ = _recorded(record, name, shard_file(folder, k, "json"))
-        blocks = -(-size // block)
+        recorded = _recorded(record, name, shard_file(folder, k, "json"))
+        blocks = -(-recorded[0] // recorded[1])
         pick = np.unique(np.concatenate([[0, blocks - 1], rng.integers(0, blocks, HASHED_BLOCKS)]))
-        _check_blocks(np.asarray(raw).view(np.uint8), path, record, name, pick)
+        _check_blocks(np.asarray(raw).view(np.uint8), path, recorded, pick)
     count = end - start
     ranks = np.unique(np.concatenate([[0, count - 2], rng.integers(0, max(count - 1, 1), ORDER_PAIRS)]))
     check_order(tokens, start, window_end, positions, ranks, data_path, source)
