@@ -1,9 +1,9 @@
 """In-memory batch encode rate of each tokenizer backend: the ceiling for `olmo-data tokenize`.
 
 Encodes the standard-library demo corpus (about 11 MB of real text: the documents `make_demo_corpus` writes,
-read straight from the modules) in batches with HF `tokenizers` and with the tiktoken backend, in one process,
-and prints M tokens/s for each. Both backends run with the same number of threads (default 1, as in each
-worker of `olmo-data tokenize --processes N`); the script checks that they give the same ids meanwhile.
+read straight from the modules) in batches with HF `tokenizers` and with the riptoken (where installed) and tiktoken
+backends, in one process, and prints M tokens/s for each. All run with the same number of threads (default 1, as in
+each worker of `olmo-data tokenize --processes N`); the script checks that they give the same ids meanwhile.
 
     python benchmarks/encode_rate.py                       # gpt2, cl100k_base, gpt-neox-20b from ../shared
     python benchmarks/encode_rate.py --threads 2 --tokenizer path/to/tokenizer.json
@@ -36,6 +36,7 @@ def main() -> None:
 
     from olmo_data.demo import stdlib_sources
     from olmo_data.tokenizer import load_tokenizer
+    from olmo_data.tokenizer.engines import available
 
     texts = []
     for path in stdlib_sources():
@@ -51,7 +52,7 @@ def main() -> None:
     print(f"{'encode s':>9} {'M tok/s':>8} {'MB/s':>6}")
     for spec in args.tokenizer or DEFAULT_TOKENIZERS:
         reference: list[list[int]] | None = None
-        for backend in ("hf", "tiktoken"):
+        for backend in ("hf", *(e for e in ("riptoken", "tiktoken") if available(e))):
             start = time.perf_counter()
             tok = load_tokenizer(spec, backend)  # type: ignore[arg-type]
             load_s = time.perf_counter() - start

@@ -1,17 +1,32 @@
-"""End-to-end `olmo-data tokenize` throughput against its ceiling and against `dolma tokens`.
+"""End-to-end `olmo-data tokenize` throughput against each engine's raw rate, `dolma tokens` and datatrove, in one run.
 
 For each tokenizer, on the same corpus and process count, it measures:
-  ceiling   the backend's in-memory batch encode rate: N processes each encode their share of documents already
-            in memory (no reading, decompressing, parsing or writing); aggregate tokens / slowest worker's time
+  raw       each engine's own in-memory rate x processes: N processes each encode their share of documents already
+            in memory with the engine's bare call (riptoken `CoreBPE.encode_ordinary`, tiktoken `encode_ordinary`,
+            HF `tokenizers` `encode_batch_fast` on one thread), on the text that engine is given (GPT-NeoX-20B: with
+            its space pairs); aggregate tokens / slowest worker's time
+  encoder   the same with our encoder (`Tokenizer.encode_batch`: added tokens, NFC, the long-piece guard)
   ours      `olmo-data tokenize --processes N` as a user runs it (a subprocess, start-up included), with the
-            tokenizer's checked tiktoken plan cached from an earlier run; `cold` is the first run, cache empty
-  dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is found
-and the largest peak RSS of any one process of our run (its parent or a worker; ru_maxrss). Ceiling and ours are
-each the best of --repeat runs (the machine is shared; the best run is the least disturbed one); dolma runs once.
+            tokenizer's checked plan cached from an earlier run; `cold`: the first run, cache empty; `% raw`: ours
+            against the raw rate of the engine auto chose; also `--backend tiktoken`
+  dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is given (its own venv)
+  datatrove datatrove's `DocumentTokenizer` (HF `tokenizers`' encode_batch) with N tasks, when a Python with
+            datatrove installed is given (its own venv; it reads the same .jsonl.gz files)
+and whether our documents' tokens equal dolma's (by document id). Ours are the best of --repeat runs (the machine may
+be shared; the best run is the least disturbed one); dolma and datatrove run once each.
 
 The corpus is real text: Python sources (standard library, tests included) as dolma .jsonl.gz shards.
 
-    python benchmarks/tokenize_throughput.py --mb 40 --processes 2 --dolma /opt/dolmavenv/bin/dolma
+dolma and datatrove each in its own venv (dolma 1.2.1 pins tokenizers<=0.19.1 and numpy<2; its s3fs/boto3 pins send
+pip backtracking for many minutes, and local files need neither):
+    python3 -m venv /tmp/dolmavenv && /tmp/dolmavenv/bin/pip install --no-deps dolma==1.2.1 && /tmp/dolmavenv/bin/pip \\
+        install "numpy<2" "tokenizers<=0.19.1" anyascii blingfire charset-normalizer fasttext-wheel fsspec jq \\
+        jsonpath-ng msgspec necessary nltk omegaconf platformdirs python-dotenv pyyaml requests rich smart-open \\
+        tqdm uniseg zstandard
+    python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install datatrove orjson
+
+    python benchmarks/tokenize_throughput.py --mb 30 --processes 2 --dolma /tmp/dolmavenv/bin/dolma \
+        --datatrove-python /tmp/dtvenv/bin/python
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "tokenizers"
@@ -63,30 +79,84 @@ def build_corpus(dest: Path, megabytes: float, shards: int) -> list[str]:
     return out
 
 
-def _encode_share(args: tuple[str, list[str], mp.synchronize.Barrier]) -> tuple[int, float]:  # type: ignore[name-defined]
-    spec, files, barrier = args
+def _encode_share(args: tuple[str, str, list[str], Any]) -> tuple[int, float]:
+    """One worker's share, encoded in memory by `mode`: an engine's bare call, or our encoder."""
+    spec, mode, files, barrier = args
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
+    import unicodedata
+
     from olmo_data.documents import read_documents
     from olmo_data.tokenizer import load_tokenizer
+    from olmo_data.tokenizer.engines import build_piece_encoder
+    from olmo_data.tokenizer.tiktoken_plan import PAIR
 
-    tok = load_tokenizer(spec)
     texts = [d.text.strip() for f in files for d in read_documents(f)]
-    batches = [texts[i : i + 1024] for i in range(0, len(texts), 1024)]
+    if mode == "encoder":
+        tok = load_tokenizer(spec)
+        batches = [texts[i : i + 512] for i in range(0, len(texts), 512)]
+        barrier.wait()
+        t0 = time.perf_counter()
+        n = sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+        return n, time.perf_counter() - t0
+    if mode == "hf":
+        hf = load_tokenizer(spec, "hf").hf
+        batches = [texts[i : i + 512] for i in range(0, len(texts), 512)]
+        barrier.wait()
+        t0 = time.perf_counter()
+        n = sum(len(e.ids) for b in batches for e in hf.encode_batch_fast(b, add_special_tokens=False))
+        return n, time.perf_counter() - t0
+    plan = load_tokenizer(spec, mode)._encode_batch.plan  # type: ignore[arg-type]
+    if plan.space_pairs:
+        texts = [unicodedata.normalize("NFC", t).replace("  ", PAIR) for t in texts]
+    encode = build_piece_encoder(mode, "raw", plan)  # type: ignore[arg-type]
+    bare = getattr(encode, "_encode", encode)  # riptoken's own call, without the long-piece guard
     barrier.wait()
     t0 = time.perf_counter()
-    n = sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+    n = sum(len(bare(t)) for t in texts)
     return n, time.perf_counter() - t0
 
 
-def ceiling(spec: str, files: list[str], processes: int) -> tuple[int, float]:
+def in_memory(spec: str, mode: str, files: list[str], processes: int) -> tuple[int, float]:
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(processes)
-        shares = [(spec, files[i::processes], barrier) for i in range(processes)]
+        shares = [(spec, mode, files[i::processes], barrier) for i in range(processes)]
         with ctx.Pool(processes) as pool:
             results = pool.map(_encode_share, shares)
     return sum(r[0] for r in results), max(r[1] for r in results)
+
+
+_DATATROVE = """
+import sys
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.tokens import DocumentTokenizer
+src, dest, spec, eos, tasks, logs = sys.argv[1:7]
+LocalPipelineExecutor(
+    pipeline=[
+        JsonlReader(src, glob_pattern="*.jsonl.gz"),
+        DocumentTokenizer(dest, tokenizer_name_or_path=spec, eos_token=eos, shuffle_documents=False),
+    ],
+    tasks=int(tasks), workers=int(tasks), logging_dir=logs,
+).run()
+"""
+
+
+def documents_of(dest: Path, dtype: str) -> dict[str, bytes]:
+    """Document id -> its tokens' bytes, from the .npy / .csv.gz pairs of a token directory (ours or dolma's)."""
+    import csv
+
+    import numpy as np
+
+    out = {}
+    for npy in sorted(dest.rglob("*.npy")):
+        tokens = np.fromfile(npy, dtype=dtype)
+        meta = npy.with_suffix(".csv.gz")
+        with gzip.open(meta, "rt", newline="") as fh:
+            for start, end, doc_id, *_ in csv.reader(fh):
+                out[doc_id] = tokens[int(start) : int(end)].tobytes()
+    return out
 
 
 _MEASURE = (
@@ -109,60 +179,92 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mb", type=float, default=40, help="corpus size in MB of text")
+    parser.add_argument("--mb", type=float, default=30, help="corpus size in MB of text")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--tokenizer", action="append", help="tokenizer.json (repeatable; default: ../shared ones)")
     parser.add_argument("--dolma", default=shutil.which("dolma"), help="path of the `dolma` executable")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of ceiling and ours; the best of each counts")
+    parser.add_argument("--datatrove-python", help="a Python with datatrove installed (its own venv)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of ours; the best counts")
+    parser.add_argument("--engines", default="riptoken,tiktoken,hf", help="raw rates measured")
     args = parser.parse_args()
     specs = args.tokenizer or [str(SHARED / n) for n in ("gpt2.json", "cl100k_base.json", "gpt-neox-20b.json")]
     olmo_data_cli = [sys.executable, "-m", "olmo_cli.main"]
+    engines = args.engines.split(",")
     with tempfile.TemporaryDirectory() as tmp_str:
         tmp = Path(tmp_str)
-        files = build_corpus(tmp / "docs", args.mb, args.shards) if (tmp / "docs").mkdir() is None else []
+        (tmp / "docs").mkdir()
+        files = build_corpus(tmp / "docs", args.mb, args.shards)
         mb = sum(len(line) for f in files for line in gzip.open(f)) / 1e6
         print(f"# corpus: {len(files)} shards, {mb:.1f} MB of JSON lines; processes {args.processes}")
         print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
-        print(f"# dolma: {args.dolma or 'not found'}")
-        header = f"{'tokenizer':<20} {'tokens':>11} {'ceiling M/s':>11} {'cold s':>6} {'ours s':>7} {'ours M/s':>8}"
-        header += f" {'% ceil':>6}"
-        print(header + f" {'peak MiB':>8} {'dolma s':>8} {'speed-up':>8}")
+        print(f"# dolma: {args.dolma or 'not given'}; datatrove: {args.datatrove_python or 'not given'}")
+        print("# M/s: million tokens a second, all processes together; x: dolma's (datatrove's) seconds / ours")
+        raw_heads = " ".join(f"{'raw ' + e:>12}" for e in engines)
+        print(
+            f"{'tokenizer':<18} {'tokens':>10} {raw_heads} {'encoder':>8} {'engine':>8} {'cold s':>6} {'ours s':>6} "
+            f"{'ours M/s':>8} {'% raw':>5} {'tiktok s':>8} {'dolma s':>7} {'x':>5} {'same':>4} {'dtrove s':>8} {'x':>5}"
+        )
         for spec in specs:
-            ceilings = [ceiling(spec, files, args.processes) for _ in range(args.repeat)]
-            tokens, encode_s = min(ceilings, key=lambda r: r[1])
+            raws = {}
+            for engine in engines:
+                n, s_ = in_memory(spec, engine, files, args.processes)
+                raws[engine] = n / s_ / 1e6
+            n, s_ = in_memory(spec, "encoder", files, args.processes)
+            encoder_rate = n / s_ / 1e6
             out = tmp / "ours"
-            cmd = [*olmo_data_cli, "tokenize", "-t", spec, "--destination", str(out), "--no-progress"]
-            cmd += ["--processes", str(args.processes), "-d", *files]
+            cache = dict(os.environ, OLMO_DATA_CACHE=str(tmp / f"cache-{Path(spec).stem}"))
+
+            def ours(backend: str, spec: str = spec, out: Path = out, cache: dict[str, str] = cache) -> float:
+                cmd = [*olmo_data_cli, "tokenize", "-t", spec, "--destination", str(out), "--no-progress"]
+                cmd += ["--processes", str(args.processes), "--backend", backend, "-d", *files]
+                shutil.rmtree(out, ignore_errors=True)
+                return timed(cmd, env=cache)[0]
+
             # cold: an empty cache, so the tokenizer is checked against `tokenizers` at start-up (first use of a
             # tokenizer file); warm: the checked plan is cached, as on every later run
-            cold_env = dict(os.environ, OLMO_DATA_CACHE=str(tmp / f"cache-{Path(spec).stem}"))
-            cold_s, _ = timed(cmd, env=cold_env)
-            shutil.rmtree(out)
-            runs = []
-            for _ in range(args.repeat):
-                shutil.rmtree(out, ignore_errors=True)
-                runs.append(timed(cmd, env=cold_env))
-            ours_s, peak = min(r[0] for r in runs), max(r[1] for r in runs)
+            cold_s = ours("auto")
+            ours_s = min(ours("auto") for _ in range(args.repeat))
             manifest = json.loads((out / "manifest.json").read_text())
-            ours_tokens = manifest["totals"]["tokens"]
-            shutil.rmtree(out)
-            dolma_s = float("nan")
+            ours_tokens, dtype = manifest["totals"]["tokens"], manifest["dtype"]
+            chosen = "riptoken" if "riptoken" in raws and _auto_engine(spec, cache) == "riptoken" else "tiktoken"
+            ours_docs = documents_of(out, dtype)
+            tiktoken_s = min(ours("tiktoken") for _ in range(args.repeat))
+            dolma_s, same = float("nan"), "-"
             if args.dolma:
                 eos = manifest["eos_token_id"]
                 dcmd = [args.dolma, "tokens", "--documents", *files, "--destination", str(tmp / "dolma")]
                 dcmd += ["--tokenizer.name_or_path", spec, "--tokenizer.eos_token_id", str(eos)]
-                dcmd += ["--processes", str(args.processes), "--dtype", manifest["dtype"]]
+                dcmd += ["--processes", str(args.processes), "--dtype", dtype]
                 dolma_s, _ = timed(dcmd)
+                same = "yes" if documents_of(tmp / "dolma", dtype) == ours_docs else "NO"
                 shutil.rmtree(tmp / "dolma", ignore_errors=True)
-            ceil_rate = tokens / encode_s / 1e6
+            datatrove_s = float("nan")
+            if args.datatrove_python:
+                from tokenizers import Tokenizer as HFTokenizer
+
+                eos_text = HFTokenizer.from_file(spec).id_to_token(manifest["eos_token_id"])
+                dt = [args.datatrove_python, "-c", _DATATROVE, str(tmp / "docs"), str(tmp / "dt"), spec, eos_text]
+                datatrove_s, _ = timed([*dt, str(args.processes), str(tmp / "dt-logs")])
+                shutil.rmtree(tmp / "dt", ignore_errors=True)
+                shutil.rmtree(tmp / "dt-logs", ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
             ours_rate = ours_tokens / ours_s / 1e6
+            raw_cells = " ".join(f"{raws[e]:>12.2f}" for e in engines)
             print(
-                f"{Path(spec).name:<20} {ours_tokens:>11,} {ceil_rate:>11.2f} {cold_s:>6.1f} {ours_s:>7.1f} "
-                f"{ours_rate:>8.2f} "
-                f"{100 * ours_rate / ceil_rate:>5.0f}% {peak:>8} {dolma_s:>8.1f} {dolma_s / ours_s:>7.1f}x",
+                f"{Path(spec).name:<18} {ours_tokens:>10,} {raw_cells} {encoder_rate:>8.2f} {chosen:>8} {cold_s:>6.2f} "
+                f"{ours_s:>6.2f} {ours_rate:>8.2f} {100 * ours_rate / raws.get(chosen, float('nan')):>4.0f}% "
+                f"{tiktoken_s:>8.2f} {dolma_s:>7.1f} {dolma_s / ours_s:>4.1f}x {same:>4} {datatrove_s:>8.1f} "
+                f"{datatrove_s / ours_s:>4.1f}x",
                 flush=True,
             )
+
+
+def _auto_engine(spec: str, env: dict[str, str]) -> str:
+    """The engine `--backend auto` picks for `spec` (asked in a subprocess with the run's cache)."""
+    code = f"from olmo_data.tokenizer import load_tokenizer; print(load_tokenizer({spec!r}).backend)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return out.stdout.strip()
 
 
 if __name__ == "__main__":
