@@ -73,24 +73,25 @@ FIELDS: tuple[ConfigField, ...] = tuple(
 )
 
 
-def model_config_from_olmo(section: dict[str, Any], source: str = CONFIG) -> ModelConfig:
+def model_config_from_olmo(section: dict[str, Any], source: str = CONFIG, prefix: str = "model.") -> ModelConfig:
     """Our ModelConfig for the `model:` section of an OLMo config.yaml, refusing by key any option that would make
-    OLMo's model compute something ours does not."""
-    model = ModelConfig(**model_values_from_olmo(section, source))
+    OLMo's model compute something ours does not. `prefix` names the keys in messages (hf_olmo's config.json has
+    them at its top level)."""
+    model = ModelConfig(**model_values_from_olmo(section, source, prefix=prefix))
     if section.get("layer_norm_type") == "low_precision":
-        log.info("%s: model.layer_norm_type low_precision is imported as layer_norm (normalised in fp32)", source)
-    _check_shape(model, source)
+        log.info("%s: %slayer_norm_type low_precision is imported as layer_norm (normalised in fp32)", source, prefix)
+    _check_shape(model, source, prefix)
     return model
 
 
-def _check_shape(model: ModelConfig, source: str) -> None:
+def _check_shape(model: ModelConfig, source: str, p: str) -> None:
     heads, kv_heads = model.n_heads, model.n_kv_heads or model.n_heads
     if model.d_model % heads or (model.d_model // heads) % 2:
-        raise DataError(f"{source}: model.d_model {model.d_model} must be n_heads {heads} heads of an even size")
+        raise DataError(f"{source}: {p}d_model {model.d_model} must be n_heads {heads} heads of an even size")
     if heads % kv_heads:
-        raise DataError(f"{source}: model.n_heads {heads} is not a multiple of the {kv_heads} key/value heads")
+        raise DataError(f"{source}: {p}n_heads {heads} is not a multiple of the {kv_heads} key/value heads")
     if model.embedding_size is not None and model.embedding_size < model.vocab_size:
-        raise DataError(f"{source}: model.embedding_size {model.embedding_size} < model.vocab_size {model.vocab_size}")
+        raise DataError(f"{source}: {p}embedding_size {model.embedding_size} < {p}vocab_size {model.vocab_size}")
 
 
 def olmo_model_section(model: ModelConfig) -> dict[str, Any]:
@@ -183,14 +184,14 @@ def read_olmo_weights(spec: str, model: ModelConfig, config: dict[str, Any]) -> 
     if not isinstance(olmo_state, dict) or not all(isinstance(v, torch.Tensor) for v in olmo_state.values()):
         raise DataError(f"{where}: expected a dict of tensors (an OLMo model state dict)")
     group = config["model"].get("block_group_size") or 1
-    olmo_state = {_plain_name(k, group): v for k, v in olmo_state.items()}
+    olmo_state = {plain_olmo_name(k, group): v for k, v in olmo_state.items()}
     return to_our_state(OLMO_TENSORS, olmo_state, model, "OLMo", where)
 
 
 _BLOCK_GROUP = re.compile(r"transformer\.block_groups\.(\d+)\.(\d+)\.")
 
 
-def _plain_name(key: str, group_size: int) -> str:
+def plain_olmo_name(key: str, group_size: int) -> str:
     """OLMo's own loader accepts two other spellings of its names: an FSDP wrapper's prefix, and blocks grouped by
     `block_group_size` (`block_groups.G.J` is block G * size + J)."""
     key = key.replace("_fsdp_wrapped_module.", "")

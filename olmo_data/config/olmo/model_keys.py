@@ -197,29 +197,30 @@ def refuse_unless(
             )
 
 
-def refuse_other_model(section: dict[str, Any], source: str, verb: str = "imported") -> None:
+def refuse_other_model(section: dict[str, Any], source: str, verb: str = "imported", prefix: str = "model.") -> None:
     """Refuse, by key, any option of the `model:` section of an OLMo config that would make OLMo's model compute
-    something ours does not. `verb` says what is refused (imported, trained)."""
+    something ours does not. `verb` says what is refused (imported, trained); `prefix` is how a key is named in
+    the message (an hf_olmo config.json has OLMo's keys at its top level)."""
     olmo = {**OLMO_DEFAULTS, **section}
-    refuse_unless(olmo, section, REQUIRED, source, f"can be {verb}")
+    refuse_unless(olmo, section, REQUIRED, source, f"can be {verb}", prefix)
     unknown = sorted(k for k, v in section.items() if k not in OLMO_DEFAULTS and k not in IGNORED and v)
     if unknown:
         key, who = unknown[0], "import" if verb == "imported" else "trainer"
         raise ConfigError(
-            f"{source}: model.{key} is {yaml_text(section[key])}, an OLMo option this {who} does not know; it "
+            f"{source}: {prefix}{key} is {yaml_text(section[key])}, an OLMo option this {who} does not know; it "
             "cannot tell what the model computes with it"
         )
     if olmo["attention_layer_norm"] and not olmo["attention_layer_norm_with_affine"]:
         raise ConfigError(
-            f"{source}: model.attention_layer_norm_with_affine is false; only true can be {verb} (our QK-norm "
+            f"{source}: {prefix}attention_layer_norm_with_affine is false; only true can be {verb} (our QK-norm "
             "has a learned scale)"
         )
 
 
-def model_values(section: dict[str, Any], source: str) -> dict[str, Any]:
+def model_values(section: dict[str, Any], source: str, prefix: str = "model.") -> dict[str, Any]:
     """Our ModelConfig's values for the `model:` section of an OLMo config, each checked for its kind: the
     shape and sizes, which the data tools need too (the instance length is max_sequence_length) even where
-    `refuse_other_model` would refuse the model itself."""
+    `refuse_other_model` would refuse the model itself. `prefix` as in `refuse_other_model`."""
     olmo = {**OLMO_DEFAULTS, **section}
     values: dict[str, Any] = {}
     for theirs, ours, kind, read in MODEL_KEYS:
@@ -227,13 +228,15 @@ def model_values(section: dict[str, Any], source: str) -> dict[str, Any]:
             raw = read(olmo) if read else olmo[theirs]
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from e
-        values[ours] = as_kind(raw, kind, f"{source}: model.{theirs}")
+        values[ours] = as_kind(raw, kind, f"{source}: {prefix}{theirs}")
     if values["embedding_size"] == values["vocab_size"]:
         values["embedding_size"] = None
     return values
 
 
-def model_values_from_olmo(section: dict[str, Any], source: str, verb: str = "imported") -> dict[str, Any]:
+def model_values_from_olmo(
+    section: dict[str, Any], source: str, verb: str = "imported", prefix: str = "model."
+) -> dict[str, Any]:
     """`model_values` of a section `refuse_other_model` lets through: what importing OLMo's checkpoint needs."""
-    refuse_other_model(section, source, verb)
-    return model_values(section, source)
+    refuse_other_model(section, source, verb, prefix)
+    return model_values(section, source, prefix)
