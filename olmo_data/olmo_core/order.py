@@ -153,15 +153,18 @@ def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chu
     length = dataset_size // chunk_size * chunk_size
     if os.path.isdir(path):
         raise DataError(
-            f"{path}: a directory where OLMo-core's order of epoch {epoch} would be; remove it, or point --order "
+            f"{path}: a directory where OLMo-core's order of epoch {epoch} belongs; remove it, or point --order "
             "at the run's work_dir"
         )
-    if os.path.exists(path):
-        size = os.path.getsize(path)
+    if os.path.lexists(path):
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:  # a dangling link, a file without permission
+            raise DataError(f"{path}: cannot read OLMo-core's order of epoch {epoch} ({e})") from e
         if size != 4 * length:
             raise DataError(
-                f"{path}: {size} bytes, but OLMo-core's order of epoch {epoch} over "
-                f"{dataset_size} instances is {length} uint32 numbers; the file is truncated or not OLMo-core's"
+                f"{path}: {size:,} bytes, but OLMo-core's order of epoch {epoch} over {dataset_size:,} instances "
+                f"is {length:,} uint32 numbers ({4 * length:,} bytes); the file is truncated or not OLMo-core's"
             )
         try:
             stored = np.memmap(path, dtype="<u4", mode="r") if length else np.zeros(0, dtype=np.uint32)

@@ -24,7 +24,12 @@ from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData
 from olmo_data.olmo_core.config import MAX_EPOCHS
-from olmo_data.olmo_core.order import build_olmo_core_order, order_file_name, write_olmo_core_order
+from olmo_data.olmo_core.order import (
+    build_olmo_core_order,
+    olmo_core_order,
+    order_file_name,
+    write_olmo_core_order,
+)
 from olmo_data.olmo_core.runs import run_length
 
 
@@ -135,12 +140,10 @@ def build_olmo_core_orders(
     lines = []
     for epoch in range(first_epoch, first_epoch + epochs):
         path = os.path.join(folder, order_file_name(n, epoch, run.seed, run.chunk_size))
-        if os.path.isdir(path):
-            raise DataError(
-                f"{path}: a directory where OLMo-core's order of epoch {epoch} goes; remove it and build again"
-            )
-        if os.path.exists(path):
-            _check_identical(path, build_olmo_core_order(n, run.seed, epoch, run.chunk_size), epoch, run.seed, n)
+        if os.path.lexists(path):  # checked as every command checks it (a directory, its size, a sample), then whole
+            found = olmo_core_order(folder, n, run.seed, epoch, run.chunk_size)
+            want = build_olmo_core_order(n, run.seed, epoch, run.chunk_size)
+            _check_identical(path, found.order, want, epoch, run.seed, n)
             lines.append(f"epoch {epoch}: {path} is there, identical to OLMo-core's order (kept)")
             continue
         write_olmo_core_order(folder, n, run.seed, epoch, run.chunk_size)
@@ -154,22 +157,15 @@ def build_olmo_core_orders(
 COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time (16 MiB of it)
 
 
-def _check_identical(path: str, want: np.ndarray, epoch: int, seed: int, n: int) -> None:
-    """An order file already there is the order OLMo-core builds, byte for byte: its size first (a file of
-    gigabytes under the order's name is refused without reading it), then a block at a time."""
-    size = os.path.getsize(path)
-    differs = f"not the order OLMo-core builds for epoch {epoch} (seed {seed}, {n} instances)"
-    if size != 4 * len(want):
-        raise DataError(
-            f"{path}: {size:,} bytes, {differs}: that is {4 * len(want):,} bytes; remove it, or check the run's "
-            "dataset and seed"
-        )
-    stored = np.memmap(path, dtype="<u4", mode="r") if len(want) else np.zeros(0, dtype="<u4")
+def _check_identical(path: str, stored: np.ndarray, want: np.ndarray, epoch: int, seed: int, n: int) -> None:
+    """An order file already there (its size checked) is the order OLMo-core builds, byte for byte, compared a
+    block at a time: a large order is never read whole into memory."""
     for lo in range(0, len(want), COMPARE_ENTRIES):
         a, b = stored[lo : lo + COMPARE_ENTRIES], want[lo : lo + COMPARE_ENTRIES]
         if not np.array_equal(a, b):
             at = lo + int(np.argmax(a != b))
             raise DataError(
-                f"{path}: {differs}: entry {at:,} is {int(stored[at]):,}, OLMo-core's is {int(want[at]):,}; remove it, "
-                "or check the run's dataset and seed"
+                f"{path}: not the order OLMo-core builds for epoch {epoch} (seed {seed}, {n} instances): entry "
+                f"{at:,} is {int(stored[at]):,}, OLMo-core's is {int(want[at]):,}; remove it, or check the run's "
+                "dataset and seed"
             )
