@@ -55,6 +55,8 @@ TRANSFORMERS_KEYS = frozenset(
         "dtype",
         "use_cache",
         "_name_or_path",
+        "_attn_implementation",
+        "_attn_implementation_autoset",  # written by some transformers 4.4x releases
         "bos_token_id",
         "tie_word_embeddings",
         "return_dict",

@@ -224,7 +224,7 @@ def _hf_olmo_dir(
     OLMo state dict under `model.`; returns it and our state dict of the same weights."""
     config = {**OLMO_DEFAULTS, **OLMO2, **(overrides or {})}
     config.update(model_type="hf_olmo", architectures=["OLMoForCausalLM"], transformers_version="4.46.3")
-    config.update(torch_dtype="float32", use_cache=False)
+    config.update(torch_dtype="float32", use_cache=False, _attn_implementation_autoset=True, auto_map={"a": "b"})
     directory = tmp_path / "hf_olmo"
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(config))
@@ -276,6 +276,7 @@ def test_a_bin_that_holds_more_than_tensors_is_refused_unread(tmp_path: Path) ->
     [
         ({"clip_qkv": 8}, "clip_qkv is 8; only null can be imported (our attention does not clip q, k and v)"),
         ({"some_new_option": 3}, "some_new_option is 3, an OLMo option this import does not know"),
+        ({"rope_scaling": {"factor": 2.0}}, "rope_scaling is {'factor': 2.0}, an OLMo option this import does not"),
         ({"d_model": "64"}, 'd_model is "64"; expected a int'),
         ({"n_heads": 3, "n_kv_heads": None}, "d_model 64 must be n_heads 3 heads of an even size"),
         ({"layer_norm_type": "fancy"}, 'model.layer_norm_type is "fancy"; OLMo\'s kinds are default, low_precision'),
