@@ -67,8 +67,13 @@ def test_published_configs_answer_every_data_command(
     name: str, tokens: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # OLMo-7B's save_folder is relative (runs/${run_name}): its order goes there
+    # OLMo-1B's is ${path.choose:${oc.env:SCRATCH_DIR,no_exist}/checkpoints,/results}/${oc.env:SLURM_JOB_ID,...}
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.setenv("SCRATCH_DIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     config = str(published(name, tmp_path, tokens))
     stats = json.loads(invoke(["stats", config, "--json"]))
+    assert read_run_config(config).save_folder in ("runs/OLMo-7B", f"{tmp_path}/checkpoints/OLMo-1B")
     assert json.dumps(stats).count(str(tokens[0])) >= 1
     assert "3,072 instances" in invoke(["stats", config])
     assert "epoch 0, 3,072 instances" in invoke(["build-order", config, "--epochs", "2"])
@@ -89,7 +94,10 @@ def test_published_configs_answer_every_data_command(
 
 
 @pytest.mark.parametrize("name", ["OLMo-7B.yaml", "OLMo-1B.yaml"])
-def test_the_trainer_still_refuses_what_it_cannot_train(name: str, tokens: list[Path], tmp_path: Path) -> None:
+def test_the_trainer_still_refuses_what_it_cannot_train(
+    name: str, tokens: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SCRATCH_DIR", raising=False)  # OLMo-1B's save folder then names no folder that exists
     config = published(name, tmp_path, tokens)
     why = {
         "OLMo-7B.yaml": r'model\.init_fn is "mitchell"; only "normal" can be trained',
