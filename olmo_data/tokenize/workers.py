@@ -8,8 +8,11 @@ import array
 import contextlib
 import os
 import queue
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ assert array.array("I").itemsize == 4, "uint32 token buffers need a 4-byte C uns
 
 BATCH_DOCUMENTS = 512  # documents per encode call: large enough to amortise call overhead
 BATCH_CHARS = 1024 * 1024  # ... but bounded in size: memory stays small and the progress bar moves
+PREFETCH_BATCHES = 2  # batches read ahead by the reading thread while one is encoded
 
 _worker: dict[str, Any] = {}
 
@@ -43,7 +47,7 @@ def _init_worker(resolved: ResolvedOptions, tok: Tokenizer, progress: Any, threa
     if stop is not None:  # a worker process
         quiet_worker()
         progress.cancel_join_thread()  # exiting never waits on progress messages nobody reads any more
-    if threads == 1:
+    if threads == 1 or tok.backend != "hf":  # the engines' threads are the encoder's own, not HF's rayon pool
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # N processes on N cores: no thread pools inside each
         os.environ["RAYON_NUM_THREADS"] = "1"
     tok.set_num_threads(threads)
@@ -65,6 +69,83 @@ def _encode(tok: Tokenizer, texts: list[str], eos: int | None, bos: int | None) 
     return np.frombuffer(flat, dtype=np.uint32), lengths
 
 
+@dataclass
+class _Batch:
+    """Documents read and stripped, ready to encode; `at`: the input's bytes read by then (for the progress bar)."""
+
+    docs: list[Document]
+    texts: list[str]
+    chars: int
+    at: int | None
+
+
+def _batches(read: Iterator[Document], position: ReadPosition, empty: list[int]) -> Iterator[_Batch]:
+    """The non-empty documents of `read` in batches of at most BATCH_DOCUMENTS documents or BATCH_CHARS characters
+    (the one that passes the size comes along); `empty[0]` counts the others."""
+    docs: list[Document] = []
+    texts: list[str] = []
+    chars = 0
+    for doc in read:
+        text = doc.text.strip()
+        if not text:
+            empty[0] += 1
+            continue
+        docs.append(doc)
+        texts.append(text)
+        chars += len(text)
+        if len(docs) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
+            yield _Batch(docs, texts, chars, position.bytes())
+            docs, texts, chars = [], [], 0
+    if docs:
+        yield _Batch(docs, texts, chars, position.bytes())
+
+
+def _prefetched(items: Iterator[_Batch], depth: int = PREFETCH_BATCHES) -> Iterator[_Batch]:
+    """`items`, made by a thread while the caller encodes the ones before: reading, decompressing and parsing
+    overlap encoding, since the engines (and zlib) release the GIL while they work. At most `depth` batches wait.
+    An error of the reading thread is raised here, in the caller; a caller that stops early (an error, `Stopped`)
+    ends the thread at its next batch and waits for it, so the input file is closed when this returns."""
+    ready: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
+    done = threading.Event()
+    end = object()
+
+    def put(item: tuple[bool, Any]) -> bool:
+        while not done.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((True, end))
+        except BaseException as e:  # handed to the caller, which raises it with its file and line
+            put((False, e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # the reader's file, closed in the thread that reads it
+
+    thread = threading.Thread(target=run, name="olmo-data-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = ready.get()
+            if not ok:
+                raise item
+            if item is end:
+                return
+            yield item
+    finally:
+        done.set()
+        thread.join()
+
+
 def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     index, path, size, dest = task
     resolved: ResolvedOptions = _worker["resolved"]
@@ -76,24 +157,22 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     bad = BadDocuments() if opts.skip_bad_documents else None
     limit = int(np.iinfo(DTYPES[resolved.dtype]).max)
     writer = PartWriter(Path(dest), index, resolved.dtype, opts.max_tokens_per_file)
-    docs: list[Document] = []
-    texts: list[str] = []
-    chars = 0
     position = ReadPosition()
     reported = 0  # input bytes reported to the progress bar so far
+    empty = [0]  # documents skipped as empty, counted by the reading thread
 
-    def report(docs_done: int, tokens: int, chars: int, end: bool = False) -> None:
+    def report(docs_done: int, tokens: int, chars: int, at: int | None, end: bool = False) -> None:
         nonlocal reported
         if progress is None:
             return
-        now = size if end else min(position.bytes() or reported, size)
+        now = size if end else min(at or reported, size)
         progress.put((index, docs_done, tokens, chars, now - reported))
         reported = now
 
-    def flush() -> None:
-        nonlocal chars
+    def flush(batch: _Batch) -> None:
         if stop is not None and stop.is_set():  # checked once a batch: cheap, and soon enough to end promptly
             raise Stopped(path)
+        docs, texts = batch.docs, batch.texts
         flat, lengths = _encode(tok, texts, resolved.eos, resolved.bos)
         if flat.size and int(flat.max()) > limit:
             offending = int(np.argmax(flat > limit))
@@ -105,27 +184,15 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
         writer.write(flat.astype(resolved.dtype, copy=False), lengths, docs, path)
         result.documents += len(docs)
         result.tokens += int(flat.size)
-        report(len(docs), int(flat.size), chars)
-        docs.clear()
-        texts.clear()
-        chars = 0
+        report(len(docs), int(flat.size), batch.chars, batch.at)
 
     try:
         read = read_documents(path, text_field=opts.text_field, id_field=opts.id_field, bad=bad, position=position)
-        for doc in read:
-            text = doc.text.strip()
-            if not text:
-                result.skipped_empty += 1
-                continue
-            docs.append(doc)
-            texts.append(text)
-            chars += len(text)
-            if len(docs) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-                flush()
-        if docs:
-            flush()
+        for batch in _prefetched(_batches(read, position, empty)):
+            flush(batch)
+        result.skipped_empty = empty[0]
         writer.close_part()
-        report(0, 0, 0, end=True)  # the whole file is done, whatever the position could tell
+        report(0, 0, 0, None, end=True)  # the whole file is done, whatever the position could tell
     except BaseException:
         writer.abort()
         with contextlib.suppress(OSError):  # the error on its way up is the one to report
@@ -220,7 +287,10 @@ def run_tasks(
         ctx = pool_context()
         progress_q, stop = ctx.Queue(), ctx.Event()
         workers = min(processes, len(todo))
-        threads = max(1, processes // workers)  # fewer inputs than processes: encode with threads instead
+        # fewer inputs than processes: encode with threads instead. On an engine, every worker may use `processes`
+        # threads (they release the GIL): while all workers run, the cores are shared; when the last inputs run
+        # alone at the end, their threads keep every core busy
+        threads = processes if tok.backend != "hf" else max(1, processes // workers)
         pool = ProcessPoolExecutor(
             workers, ctx, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads, stop)
         )

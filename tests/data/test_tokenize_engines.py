@@ -106,3 +106,42 @@ def test_cli_backend_option_names_each_engine(demo_corpus: list[str], demo_token
         assert f"{backend} backend)" in result.output
     result = CliRunner().invoke(main, ["tokenize", "-d", demo_corpus[0], "-t", demo_tokenizer, "--backend", "bpe"])
     assert result.exit_code == 2 and "'bpe' is not one of 'auto', 'riptoken', 'tiktoken', 'hf'" in result.output
+
+
+def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
+    """Documents are read in a thread while the batch before is encoded: its errors are raised in the caller, and a
+    caller that stops early ends it (the reader's generator closed, its file with it)."""
+    import threading
+
+    from olmo_data.errors import DataError as Error
+    from olmo_data.tokenize.workers import _prefetched
+
+    closed: list[bool] = []
+
+    def failing():  # type: ignore[no-untyped-def]
+        try:
+            yield 1
+            raise Error("in.jsonl:2: not JSON")
+        finally:
+            closed.append(True)
+
+    got = []
+    with pytest.raises(Error, match=r"in\.jsonl:2: not JSON"):
+        for item in _prefetched(failing()):  # type: ignore[arg-type]
+            got.append(item)
+    assert got == [1] and closed == [True]
+
+    def endless():  # type: ignore[no-untyped-def]
+        try:
+            n = 0
+            while True:
+                n += 1
+                yield n
+        finally:
+            closed.append(True)
+
+    stream = _prefetched(endless())  # type: ignore[arg-type]
+    assert [next(stream), next(stream)] == [1, 2]
+    stream.close()
+    assert closed == [True, True]
+    assert not [t for t in threading.enumerate() if t.name == "olmo-data-read"]
