@@ -33,6 +33,7 @@ from olmo_data.dataset.mixture import build_mix, mix_report
 from olmo_data.dataset.order import (
     build_config_orders,
     build_order,
+    check_order_entries,
     default_order_location,
     ensure_order,
     global_batch_indices,
@@ -82,6 +83,7 @@ __all__ = [
     "dtype_note",
     "ensure_order",
     "format_stats",
+    "check_order_entries",
     "global_batch_indices",
     "instance_filter_of",
     "is_not_found_error",

@@ -372,10 +372,37 @@ def read_order_range(
         )
     if is_remote(path):
         raw = remote_reader().read(path, start * dtype.itemsize, (stop - start) * dtype.itemsize)
-        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).copy()
-    with open(path, "rb") as f:  # a positioned read: no read-ahead around a slice of a large order
-        f.seek(start * dtype.itemsize)
-        return np.frombuffer(f.read((stop - start) * dtype.itemsize), dtype=dtype.newbyteorder("<")).copy()
+    else:
+        with open(path, "rb") as f:  # a positioned read: no read-ahead around a slice of a large order
+            f.seek(start * dtype.itemsize)
+            raw = f.read((stop - start) * dtype.itemsize)
+    out = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).copy()
+    if num_instances is not None:
+        check_order_entries(path, out, start, num_instances)
+    return out
+
+
+def check_order_entries(path: str, entries: np.ndarray, start: int, num_instances: int) -> None:
+    """Entries `start ..` of the order file `path` are instances of the data (below `num_instances`), none twice
+    (a slice of a permutation): a file of another dtype, zeroed or damaged bytes, or an order of other data with
+    the same length is refused here, naming the file and the entry, before any instance is read from it."""
+    if not entries.size:
+        return
+    values = np.asarray(entries, dtype=np.int64)
+    problem = None
+    if int(values.max()) >= num_instances:
+        i = int(np.argmax(values >= num_instances))
+        problem = f"entry {start + i:,} is instance {int(values[i]):,}, past the data's {num_instances:,} instances"
+    else:
+        unique, first = np.unique(values, return_index=True)
+        if len(unique) != len(values):
+            i = int(np.setdiff1d(np.arange(len(values)), first, assume_unique=True)[0])
+            problem = f"entry {start + i:,} is instance {int(values[i]):,} again"
+    if problem is not None:
+        raise DataError(
+            f"{path}: {problem}; an order holds each instance once: the file is damaged, of another dtype, or built "
+            "for other data. Delete it to rebuild it (`olmo-data build-order CONFIG`), or fix data.paths"
+        )
 
 
 def global_batch_indices(
@@ -416,6 +443,27 @@ def global_batch_indices(
         if "past the end" in str(e):
             raise DataError(f"step {step} is past the end of the order: {e}") from e
         raise
+
+
+COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time
+
+
+def check_order_content(path: str, want: np.ndarray) -> None:
+    """An order file already there holds `want` (the permutation it was built as) in its first entries, compared
+    a block at a time through a memory map (a large order is never read whole): the side file and the size say
+    which data and how long, but not that the bytes are still the order's."""
+    stored = load_order(path)
+    count = min(len(stored), len(want))
+    for lo in range(0, count, COMPARE_ENTRIES):
+        hi = min(lo + COMPARE_ENTRIES, count)
+        a, b = np.asarray(stored[lo:hi]), want[lo:hi]
+        if not np.array_equal(a, b):
+            at = lo + int(np.argmax(a != b))
+            raise DataError(
+                f"{path}: entry {at:,} is instance {int(stored[at]):,}, but the order built for this data, seed and "
+                f"epoch has {int(want[at]):,} there; the file is damaged or of another dtype: delete it (and its "
+                ".json side file) and build again"
+            )
 
 
 def order_location(config: TrainConfig) -> str:
@@ -481,6 +529,8 @@ def build_config_orders(
         existed = is_remote(path) or os.path.exists(path)
         t0 = time.perf_counter()
         ensure_order(where, source, config.seed, epoch)
+        if existed and not is_remote(path):  # kept only when it is the permutation, entry for entry
+            check_order_content(path, build_order(n, config.seed, epoch))
         out.append(
             OrderSummary(
                 path,

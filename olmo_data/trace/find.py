@@ -34,6 +34,7 @@ from olmo_data.dataset import (
     InstanceSource,
     batches_per_epoch,
     build_order,
+    check_order_entries,
     load_order,
     open_from_config,
     order_location,
@@ -252,6 +253,8 @@ def trace(
             continue
         perm = _epoch_order(location, source, seed, epoch)
         segment = np.asarray(perm[lo_batch * gbs : hi_batch * gbs])
+        if isinstance(perm, np.memmap):  # a file, not rebuilt: checked as every command checks what it reads
+            check_order_entries(order_path_for_epoch(location, epoch), segment, lo_batch * gbs, len(source))
         for p in (np.flatnonzero(np.isin(segment, wanted)) + lo_batch * gbs).tolist():
             index = int(perm[p])
             for t, base in by_instance[index]:

@@ -327,3 +327,39 @@ def test_the_matrix_configs_are_otherwise_good(tmp_path: Path) -> None:
         out = CliRunner().invoke(data_main, [command, path, *args])
         assert out.exit_code == 0, (command, out.output)
     assert copy.deepcopy(config) == json.loads(Path(path).read_text())
+
+
+# ---- the orders of a run of ours (global_indices.npy and its side file) -----------------------------------------
+
+
+def our_run(tmp_path: Path) -> tuple[str, Path]:
+    """A config of ours over 40 instances of 16 tokens, its epoch-0 order built by build-order."""
+    import yaml
+
+    tokens = tmp_path / "a.npy"
+    (np.arange(40 * L, dtype=np.uint16) % 97 + 2).tofile(tokens)
+    config = {"data": {"paths": [str(tokens)]}, "model": {"max_sequence_length": L}, "seed": 1}
+    config |= {"global_train_batch_size": 8, "max_duration": "1ep", "save_folder": str(tmp_path / "save")}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = CliRunner().invoke(data_main, ["build-order", str(tmp_path / "config.yaml")])
+    assert out.exit_code == 0, out.output
+    return str(tmp_path / "config.yaml"), tmp_path / "save" / "train_data" / "global_indices.npy"
+
+
+@pytest.mark.parametrize(
+    ("position", "value", "said"),
+    [(3, 1000, "entry 3 is instance 1,000, past the data's 40 instances"), (3, None, "is instance")],
+    ids=["past-the-data", "an-entry-twice"],
+)
+def test_a_damaged_order_of_ours_is_one_line_in_every_command(
+    tmp_path: Path, position: int, value: int | None, said: str
+) -> None:
+    """Same size, same side file, one entry changed: inspect-batch and trace name the order file and the entry
+    (not the data as 'out of range', nor a silent answer), and build-order no longer calls it 'checked'."""
+    config, order = our_run(tmp_path)
+    entries = np.fromfile(order, dtype="<u4")
+    entries[position] = value if value is not None else entries[position + 1]
+    entries.tofile(order)
+    for command, args in [("inspect-batch", ["--step", "1"]), ("trace", ["--tokens", "2,3,4"]), ("build-order", [])]:
+        out = CliRunner().invoke(data_main, [command, config, *args])
+        one_line(out, [f"{order}: entry ", said if command != "build-order" else "the order built for this data"])
