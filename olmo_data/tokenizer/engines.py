@@ -72,8 +72,11 @@ class _RiptokenPieces:
         self._make_exact = exact
         self._exact: Callable[[str], list[int]] | None = None
 
-    def __call__(self, text: str) -> list[int]:
-        if len(text) >= _SHORTEST_LONG and may_hold_long_piece(text):
+    def __call__(self, text: str, unpaired: str | None = None) -> list[int]:
+        """`unpaired`: the text before its pairs of spaces became PAIR (`tiktoken_plan.pair_space_runs`), cheaper to
+        look at for long pieces (ASCII, where the paired text is not) and as telling: a piece of the paired text
+        holds no stand-in character (those pieces are short) and so is a piece of the text before."""
+        if len(text) >= _SHORTEST_LONG and may_hold_long_piece(text if unpaired is None else unpaired):
             if self._exact is None:
                 self._exact = self._make_exact()
             return self._exact(text)

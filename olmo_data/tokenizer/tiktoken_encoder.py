@@ -87,7 +87,8 @@ class TiktokenEncoder:
         encode = self._encode_piece
         if self.plan.space_pairs:
             if PAIR[0] not in text and PAIR[1] not in text:  # (a text holding either is cut here, in Python)
-                return encode(text.replace("  ", PAIR))
+                paired = text.replace("  ", PAIR)
+                return encode(paired, text) if self.engine == "riptoken" else encode(paired)  # type: ignore[call-arg]
             encode = self._plain_encoder()
         table = self.plan.normalized_tokens
         ids: list[int] = []
