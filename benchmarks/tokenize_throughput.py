@@ -8,7 +8,8 @@ For each tokenizer, on the same corpus and process count, it measures:
   encoder   the same with our encoder (`Tokenizer.encode_batch`: added tokens, NFC, the long-piece guard)
   ours      `olmo-data tokenize --processes N` as a user runs it (a subprocess, start-up included), with the
             tokenizer's checked plan cached from an earlier run; `cold`: the first run, cache empty; `% raw`: ours
-            against the raw rate of the engine auto chose; also `--backend tiktoken`
+            against the raw rate of the engine auto chose; `start s`: the same command on one short document (its
+            start-up); `phase %`: ours less that start-up, against the raw rate; also `--backend tiktoken`
   dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is given (its own venv)
   datatrove datatrove's `DocumentTokenizer` (HF `tokenizers`' encode_batch) with N tasks, when a Python with
             datatrove installed is given (its own venv; it reads the same .jsonl.gz files)
@@ -203,6 +204,9 @@ def main() -> None:
         tmp = Path(tmp_str)
         (tmp / "docs").mkdir()
         files = build_corpus(tmp / "docs", args.mb, args.shards)
+        tiny = [tmp / f"tiny-{i}.jsonl" for i in range(args.processes)]  # one per process: the pool starts too
+        for i, path in enumerate(tiny):
+            path.write_text(json.dumps({"id": f"tiny-{i}", "text": "Hello, world."}) + "\n")
         mb = sum(len(line) for f in files for line in gzip.open(f)) / 1e6
         print(f"# corpus: {len(files)} shards, {mb:.1f} MB of JSON lines; processes {args.processes}")
         print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
@@ -211,7 +215,8 @@ def main() -> None:
         raw_heads = " ".join(f"{'raw ' + e:>12}" for e in engines)
         print(
             f"{'tokenizer':<18} {'tokens':>10} {raw_heads} {'encoder':>8} {'engine':>8} {'cold s':>6} {'ours s':>6} "
-            f"{'ours M/s':>8} {'% raw':>5} {'tiktok s':>8} {'dolma s':>7} {'x':>5} {'same':>4} {'dtrove s':>8} {'x':>5}"
+            f"{'ours M/s':>8} {'% raw':>5} {'start s':>7} {'phase %':>7} {'tiktok s':>8} {'dolma s':>7} {'x':>5} "
+            f"{'same':>4} {'dtrove s':>8} {'x':>5}"
         )
         for spec in specs:
             rates = in_memory(spec, [*engines, "encoder"], files, args.processes, args.repeat)
@@ -220,9 +225,11 @@ def main() -> None:
             out = tmp / "ours"
             cache = dict(os.environ, OLMO_DATA_CACHE=str(tmp / f"cache-{Path(spec).stem}"))
 
-            def ours(backend: str, spec: str = spec, out: Path = out, cache: dict[str, str] = cache) -> float:
+            def ours(
+                backend: str, spec: str = spec, out: Path = out, cache: dict[str, str] = cache, inputs: Any = files
+            ) -> float:
                 cmd = [*olmo_data_cli, "tokenize", "-t", spec, "--destination", str(out), "--no-progress"]
-                cmd += ["--processes", str(args.processes), "--backend", backend, "-d", *files]
+                cmd += ["--processes", str(args.processes), "--backend", backend, "-d", *inputs]
                 shutil.rmtree(out, ignore_errors=True)
                 return timed(cmd, env=cache)[0]
 
@@ -234,6 +241,8 @@ def main() -> None:
             ours_tokens, dtype = manifest["totals"]["tokens"], manifest["dtype"]
             chosen = "riptoken" if "riptoken" in raws and _auto_engine(spec, cache) == "riptoken" else "tiktoken"
             ours_docs = documents_of(out, dtype)
+            # start-up: the same command on one short document a process (interpreter, imports, cached plan, pool)
+            start_s = min(ours("auto", inputs=tiny) for _ in range(args.repeat))
             tiktoken_s = min(ours("tiktoken") for _ in range(args.repeat))
             dolma_s, same = float("nan"), "-"
             if args.dolma:
@@ -255,10 +264,12 @@ def main() -> None:
                 shutil.rmtree(tmp / "dt-logs", ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
             ours_rate = ours_tokens / ours_s / 1e6
+            phase_rate = ours_tokens / max(ours_s - start_s, 1e-9) / 1e6  # the run less its start-up
             raw_cells = " ".join(f"{raws[e]:>12.2f}" for e in engines)
             print(
                 f"{Path(spec).name:<18} {ours_tokens:>10,} {raw_cells} {encoder_rate:>8.2f} {chosen:>8} {cold_s:>6.2f} "
                 f"{ours_s:>6.2f} {ours_rate:>8.2f} {100 * ours_rate / raws.get(chosen, float('nan')):>4.0f}% "
+                f"{start_s:>7.2f} {100 * phase_rate / raws.get(chosen, float('nan')):>6.0f}% "
                 f"{tiktoken_s:>8.2f} {dolma_s:>7.1f} {dolma_s / ours_s:>4.1f}x {same:>4} {datatrove_s:>8.1f} "
                 f"{datatrove_s / ours_s:>4.1f}x",
                 flush=True,
