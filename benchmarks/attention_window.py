@@ -1,13 +1,15 @@
 """A windowed attention layer against full attention on CPU: time and peak memory of forward + backward.
 
-Three ways to run one layer (d_model 256, 4 heads of 64, batch 1, fp32) at each length:
+Three ways to run one layer's attention (4 heads of 64, batch 1, fp32, q/k/v laid out in memory as the model's
+projections leave them) at each length:
 - `full`: causal attention over every earlier token (SDPA's causal kernel: no mask, O(T) memory, T^2/2 work);
 - `band-mask`: the window as one SDPA call with a (T, T) boolean mask, what a mask-based window costs (T^2 bytes
   of mask, and every score computed then discarded);
 - `window`: the windowed layer as the model runs it (`olmo_train/nn/windows.window_attention`: blocks of queries,
-  each against the keys its window reaches; masks of T x (B + w - 1) bytes in all).
+  each against the keys its window reaches, through views of one shared band mask).
 `--tiny-step` instead trains one step (forward, backward, AdamW) of configs/olmo3-tiny.yaml's model on one
-sequence of `--lengths` tokens with windows of `--window` (document masking on, as in the config).
+sequence of `--lengths` tokens (eight documents) with windows of `--window`, with document masking as in the config
+or `--no-documents` (its full-attention layer then holds no T x T mask either).
 
 Each measurement runs in a fresh process and reports the step's time and its peak resident set size
 (ru_maxrss), with the process's size before the step (torch and the inputs) so the step's own share shows.
@@ -41,7 +43,8 @@ def one_layer(variant: str, length: int, window: int) -> dict[str, float]:
     from olmo_train.nn.windows import window_attention
 
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 4, length, 64, requires_grad=True) for _ in range(3))
+    leaves = [torch.randn(1, length, 4, 64, requires_grad=True) for _ in range(3)]
+    q, k, v = (x.transpose(1, 2) for x in leaves)  # (B, H, T, D) over (B, T, H, D) memory, as the model has them
     before = rss_bytes()
     t0 = time.perf_counter()
     if variant == "full":
@@ -56,7 +59,7 @@ def one_layer(variant: str, length: int, window: int) -> dict[str, float]:
     return {"step_s": time.perf_counter() - t0, "peak_rss_bytes": rss_bytes(), "before_bytes": before}
 
 
-def tiny_step(length: int, window: int) -> dict[str, float]:
+def tiny_step(length: int, window: int, documents: bool = True) -> dict[str, float]:
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -73,7 +76,7 @@ def tiny_step(length: int, window: int) -> dict[str, float]:
     ids[0, :: max(1, length // 8)] = 0  # eight documents
     before = rss_bytes()
     t0 = time.perf_counter()
-    loss = model(ids, labels=ids[:, 1:], doc_ids=doc_ids_from_eos(ids, 0))
+    loss = model(ids, labels=ids[:, 1:], doc_ids=doc_ids_from_eos(ids, 0) if documents else None)
     loss.backward()
     optim.step()
     return {"step_s": time.perf_counter() - t0, "peak_rss_bytes": rss_bytes(), "before_bytes": before}
@@ -96,19 +99,29 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=4096)
     ap.add_argument("--variants", nargs="+", default=["full", "band-mask", "window"])
     ap.add_argument("--tiny-step", action="store_true", help="one training step of the olmo3-tiny model instead")
+    ap.add_argument("--no-documents", action="store_true", help="--tiny-step without document masking")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
+    ap.add_argument("--max-mask-gib", type=float, default=1.0, help="band-mask skipped above: its T x T mask's GiB")
     ap.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         variant, length, window = args.child[0], int(args.child[1]), int(args.child[2])
-        out = tiny_step(length, window) if variant == "tiny-step" else one_layer(variant, length, window)
+        if variant.startswith("tiny-step"):
+            out = tiny_step(length, window, documents=variant == "tiny-step")
+        else:
+            out = one_layer(variant, length, window)
         print(json.dumps(out))
         return
-    variants = ["tiny-step"] if args.tiny_step else args.variants
+    variants = [f"tiny-step{'-no-documents' if args.no_documents else ''}"] if args.tiny_step else args.variants
     print("| tokens | variant | window | step (s) | peak RSS (MiB) | before the step (MiB) |")
     print("|---:|---|---:|---:|---:|---:|")
     for length in args.lengths:
         for variant in variants:
+            gib = length * length / 2**30  # the band mask's bytes (bool; SDPA's CPU kernel takes it as fp32: 4x)
+            if variant == "band-mask" and gib > args.max_mask_gib:
+                print(f"| {length} | {variant} | {args.window} | not run: the mask alone is {gib:.0f} GiB "
+                      f"(bool), {4 * gib:.0f} GiB as SDPA's fp32 mask | | |", flush=True)  # fmt: skip
+                continue
             got = run_child([variant, str(length), str(args.window)], args.timeout)
             if isinstance(got, str):
                 print(f"| {length} | {variant} | {args.window} | {got} | | |", flush=True)

@@ -139,13 +139,15 @@ class Attention(nn.Module):
             flex = _compiled_flex if q.is_cuda and _compiled_flex is not None else flex_attention
             return flex(q, k, v, block_mask=mask, enable_gqa=gqa)  # type: ignore[no-any-return]
         if plain and self.use_flash and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            # flash-attn's window is (keys before, keys after) inclusive: w - 1 before and itself make w tokens
+            window = {} if self.window is None else {"window_size": (self.window - 1, 0)}
             y = flash_attn_func(
                 q.transpose(1, 2),
                 k.transpose(1, 2),
                 v.transpose(1, 2),
                 causal=True,
-                window_size=(-1, -1) if self.window is None else (self.window - 1, 0),  # w - 1 before, w with itself
                 deterministic=torch.are_deterministic_algorithms_enabled(),  # `deterministic: true`
+                **window,
             )
             return y.transpose(1, 2)  # type: ignore[no-any-return]
         if self.window is not None and (S > self.window or isinstance(mask, DocumentIds)):
