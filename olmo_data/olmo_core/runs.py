@@ -20,7 +20,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData, TrainedAt
 from olmo_data.olmo_core.config import read_olmo_core_config
-from olmo_data.olmo_core.steps import StepWalk
+from olmo_data.olmo_core.steps import PastEpochs, StepWalk
 
 
 def olmo_core_of(config: Any, *, work_dir: str | None = None) -> OlmoCoreData | None:
@@ -104,7 +104,12 @@ def _last_step(walk: StepWalk, value: int, unit: str) -> int:
     by bisection over the schedule's replay (which refuses to go past MAX_EPOCHS)."""
 
     def done(step: int) -> bool:  # the Trainer stops before drawing a batch once the duration is due
-        slot = walk.slot(step)
+        try:
+            slot = walk.slot(step)
+        except PastEpochs:
+            if unit == "epochs":  # past MAX_EPOCHS epochs, so past `value` (at most MAX_EPOCHS): done
+                return True
+            raise
         return slot.epoch > value if unit == "epochs" else slot.tokens_before >= value
 
     hi = 1

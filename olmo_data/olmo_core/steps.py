@@ -21,6 +21,10 @@ from olmo_data.errors import DataError
 from olmo_data.olmo_core.config import MAX_EPOCHS, BatchSizeChange
 
 
+class PastEpochs(DataError):
+    """A step the batch-size schedule's replay would reach only past MAX_EPOCHS epochs (it is not walked)."""
+
+
 @dataclass(frozen=True)
 class StepSlot:
     """Where training step `step` read: batch `batch` (0-based, in batches of `instances` instances) of epoch
@@ -87,6 +91,7 @@ class StepWalk:
         self._starts: list[int] = []  # first step of each segment
         self._keys: list[tuple[int, int]] = []  # (epoch, first position) of each segment
         self._walker: Iterator[Segment] | None = None
+        self._end: PastEpochs | None = None  # where the replay stopped, when it did
 
     def batches_per_epoch(self, tokens: int | None = None) -> int:
         """Batches in an epoch at a batch of `tokens` tokens (the configured size when None)."""
@@ -97,7 +102,13 @@ class StepWalk:
         if self._walker is None:
             self._walker = self._walk()
         while not self._segments or self._segments[-1].first_step + self._segments[-1].count <= step:
-            seg = next(self._walker)
+            if self._end is not None:  # the replay stopped at MAX_EPOCHS: every later step is past it too
+                raise self._end
+            try:
+                seg = next(self._walker)
+            except PastEpochs as e:
+                self._end = e
+                raise
             self._segments.append(seg)
             self._starts.append(seg.first_step)
             self._keys.append((seg.epoch, seg.first_batch * seg.instances))
@@ -124,8 +135,8 @@ class StepWalk:
             left = self.dataset_size // per_batch - drawn
             if left <= 0:  # the epoch is over: the next one starts, and the schedule is asked again
                 epoch, drawn = epoch + 1, 0
-                if epoch > MAX_EPOCHS:
-                    raise DataError(
+                if epoch > MAX_EPOCHS + 1:  # one past the last: a run of MAX_EPOCHS epochs ends there
+                    raise PastEpochs(
                         f"{self.source}: trainer.callbacks' batch-size schedule is replayed over at most "
                         f"{MAX_EPOCHS:,} epochs, and step {step:,} ends the last of them"
                     )

@@ -363,3 +363,19 @@ def test_a_damaged_order_of_ours_is_one_line_in_every_command(
     for command, args in [("inspect-batch", ["--step", "1"]), ("trace", ["--tokens", "2,3,4"]), ("build-order", [])]:
         out = CliRunner().invoke(data_main, [command, config, *args])
         one_line(out, [f"{order}: entry ", said if command != "build-order" else "the order built for this data"])
+
+
+def test_a_schedule_replayed_past_the_epoch_bound_is_one_line(tmp_path: Path) -> None:
+    """With a batch-size schedule the run is replayed step by step: a max_duration of 10**17 tokens over 40
+    instances (10**13 epochs) is refused naming the callback and the duration; 10,000 epochs, the bound, answer."""
+    path, config = with_manifest(tmp_path)
+    schedule([4 * L, 8 * L], [0, 4])(config, tmp_path)
+    set_key("trainer.max_duration", {"value": 10**17, "unit": "tokens"})(config, tmp_path)
+    Path(path).write_text(json.dumps(config))
+    for command in ("inspect-batch", "trace", "stats"):
+        out = CliRunner().invoke(data_main, [command, path, *COMMANDS[command]])
+        one_line(out, ["trainer.callbacks' batch-size schedule is replayed over at most 10,000 epochs", "tokens)"])
+    set_key("trainer.max_duration", {"value": 10_000, "unit": "epochs"})(config, tmp_path)
+    Path(path).write_text(json.dumps(config))
+    out = CliRunner().invoke(data_main, ["stats", path, "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["steps"] > 10_000 * 5, out.output
