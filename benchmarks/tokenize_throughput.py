@@ -13,7 +13,8 @@ For each tokenizer, on the same corpus and process count, it measures:
   dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is given (its own venv)
   datatrove datatrove's `DocumentTokenizer` (HF `tokenizers`' encode_batch) with N tasks, when a Python with
             datatrove installed is given (its own venv; it reads the same .jsonl.gz files)
-and whether our documents' tokens equal dolma's (by document id). Ours are the best of --repeat runs (the machine may
+and whether our documents' tokens equal dolma's (by document id); `cpu`: CPU seconds (user + system) of all
+processes of our run (the best one) and of dolma's, and their ratio. Ours are the best of --repeat runs (the machine may
 be shared; the best run is the least disturbed one); dolma and datatrove run once each.
 
 The corpus is real text: Python sources (standard library, tests included) as dolma .jsonl.gz shards.
@@ -172,18 +173,20 @@ _MEASURE = (
     "import resource, subprocess, sys, time\n"
     "t0 = time.perf_counter()\n"
     "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-    "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "print(time.perf_counter() - t0, r.ru_maxrss, r.ru_utime + r.ru_stime)\n"
 )
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
-    """Wall seconds of a command and the largest peak RSS (MiB) of any one of its processes.
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
+    """Wall seconds of a command, the largest peak RSS (MiB) of any one of its processes, and the CPU seconds of all
+    of them (user + system: less disturbed than wall time by other work on a shared machine).
 
     Measured from a fresh wrapper process, so that nothing else this script ran counts in the peak.
     """
     out = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], check=True, capture_output=True, text=True, env=env)
-    wall, kib = out.stdout.split()
-    return float(wall), int(kib) // 1024
+    wall, kib, cpu = out.stdout.split()
+    return float(wall), int(kib) // 1024, float(cpu)
 
 
 def main() -> None:
@@ -216,7 +219,7 @@ def main() -> None:
         print(
             f"{'tokenizer':<18} {'tokens':>10} {raw_heads} {'encoder':>8} {'engine':>8} {'cold s':>6} {'ours s':>6} "
             f"{'ours M/s':>8} {'% raw':>5} {'start s':>7} {'phase %':>7} {'tiktok s':>8} {'dolma s':>7} {'x':>5} "
-            f"{'same':>4} {'dtrove s':>8} {'x':>5}"
+            f"{'same':>4} {'dtrove s':>8} {'x':>5} {'cpu s':>6} {'dolma cpu':>9} {'cpu x':>6}"
         )
         for spec in specs:
             rates = in_memory(spec, [*engines, "encoder"], files, args.processes, args.repeat)
@@ -225,18 +228,29 @@ def main() -> None:
             out = tmp / "ours"
             cache = dict(os.environ, OLMO_DATA_CACHE=str(tmp / f"cache-{Path(spec).stem}"))
 
+            cpus: dict[str, list[float]] = {"auto": [], "tiktoken": []}
+
             def ours(
-                backend: str, spec: str = spec, out: Path = out, cache: dict[str, str] = cache, inputs: Any = files
+                backend: str,
+                spec: str = spec,
+                out: Path = out,
+                cache: dict[str, str] = cache,
+                inputs: Any = files,
+                cpus: dict[str, list[float]] = cpus,
             ) -> float:
                 cmd = [*olmo_data_cli, "tokenize", "-t", spec, "--destination", str(out), "--no-progress"]
                 cmd += ["--processes", str(args.processes), "--backend", backend, "-d", *inputs]
                 shutil.rmtree(out, ignore_errors=True)
-                return timed(cmd, env=cache)[0]
+                wall, _, cpu = timed(cmd, env=cache)
+                cpus[backend].append(cpu)
+                return wall
 
             # cold: an empty cache, so the tokenizer is checked against `tokenizers` at start-up (first use of a
             # tokenizer file); warm: the checked plan is cached, as on every later run
             cold_s = ours("auto")
+            cpus["auto"].clear()
             ours_s = min(ours("auto") for _ in range(args.repeat))
+            ours_cpu = min(cpus["auto"])
             manifest = json.loads((out / "manifest.json").read_text())
             ours_tokens, dtype = manifest["totals"]["tokens"], manifest["dtype"]
             chosen = "riptoken" if "riptoken" in raws and _auto_engine(spec, cache) == "riptoken" else "tiktoken"
@@ -244,13 +258,13 @@ def main() -> None:
             # start-up: the same command on one short document a process (interpreter, imports, cached plan, pool)
             start_s = min(ours("auto", inputs=tiny) for _ in range(args.repeat))
             tiktoken_s = min(ours("tiktoken") for _ in range(args.repeat))
-            dolma_s, same = float("nan"), "-"
+            dolma_s, dolma_cpu, same = float("nan"), float("nan"), "-"
             if args.dolma:
                 eos = manifest["eos_token_id"]
                 dcmd = [args.dolma, "tokens", "--documents", *files, "--destination", str(tmp / "dolma")]
                 dcmd += ["--tokenizer.name_or_path", spec, "--tokenizer.eos_token_id", str(eos)]
                 dcmd += ["--processes", str(args.processes), "--dtype", dtype]
-                dolma_s, _ = timed(dcmd)
+                dolma_s, _, dolma_cpu = timed(dcmd)
                 same = "yes" if documents_of(tmp / "dolma", dtype) == ours_docs else "NO"
                 shutil.rmtree(tmp / "dolma", ignore_errors=True)
             datatrove_s = float("nan")
@@ -259,7 +273,7 @@ def main() -> None:
 
                 eos_text = HFTokenizer.from_file(spec).id_to_token(manifest["eos_token_id"])
                 dt = [args.datatrove_python, "-c", _DATATROVE, str(tmp / "docs"), str(tmp / "dt"), spec, eos_text]
-                datatrove_s, _ = timed([*dt, str(args.processes), str(tmp / "dt-logs")])
+                datatrove_s, _, _ = timed([*dt, str(args.processes), str(tmp / "dt-logs")])
                 shutil.rmtree(tmp / "dt", ignore_errors=True)
                 shutil.rmtree(tmp / "dt-logs", ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
@@ -271,7 +285,7 @@ def main() -> None:
                 f"{ours_s:>6.2f} {ours_rate:>8.2f} {100 * ours_rate / raws.get(chosen, float('nan')):>4.0f}% "
                 f"{start_s:>7.2f} {100 * phase_rate / raws.get(chosen, float('nan')):>6.0f}% "
                 f"{tiktoken_s:>8.2f} {dolma_s:>7.1f} {dolma_s / ours_s:>4.1f}x {same:>4} {datatrove_s:>8.1f} "
-                f"{datatrove_s / ours_s:>4.1f}x",
+                f"{datatrove_s / ours_s:>4.1f}x {ours_cpu:>6.2f} {dolma_cpu:>9.1f} {dolma_cpu / ours_cpu:>5.1f}x",
                 flush=True,
             )
 
