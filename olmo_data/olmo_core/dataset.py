@@ -31,6 +31,7 @@ from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 from olmo_data.olmo_core.mixture import allocate_mixture
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding EOS tokens in a local file (bounded memory)
+SAMPLE_TOKENS = 4096  # ids checked at the start of a token file no manifest describes
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,16 @@ class OlmoCoreDataset:
         tokens = np.full((len(locs), L), self.run.pad_token_id, dtype=np.int64)
         padded = self.documents is not None
         mask = np.zeros((len(locs), L), dtype=bool) if padded or masks_paths is not None else None
+        vocab = self.run.vocab_size
         for row, loc in enumerate(locs):
+            if len(arrays[row]) and int(arrays[row].max()) >= vocab:  # read as another dtype than the file holds
+                at = int(np.argmax(arrays[row] >= vocab))
+                raise DataError(
+                    f"{loc.path}: token {loc.start + at:,} reads as id {int(arrays[row][at]):,}, past "
+                    f"dataset.tokenizer.vocab_size {vocab:,} of {self.run.source}, which reads the file as "
+                    f"{self.run.dtype} ({self.run.dtype_from or 'dataset.dtype'}): the file holds another dtype, or "
+                    "the config names another tokenizer"
+                )
             tokens[row, : loc.length] = arrays[row]
             if mask is not None:
                 mask[row, : loc.length] = arrays[len(locs) + row] if masks_paths is not None else True
@@ -137,13 +147,13 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
         files = allocate_mixture(
             run.mixture, run.sequence_length, lambda p: size_of(p, key=key) // itemsize, where=run.source
         )
-        check_manifests(run, [f.path for f in files], sizes)
+        check_token_files(run, [f.path for f in files], sizes)
         return OlmoCoreDataset(
             run, [f.path for f in files], [f.tokens for f in files], sources=[f.source for f in files]
         )
     paths = list(run.paths)
     tokens = [size_of(p) // itemsize for p in paths]
-    check_manifests(run, paths, sizes)
+    check_token_files(run, paths, sizes)
     if run.label_mask_paths is not None:
         for p, m, t in zip(paths, run.label_mask_paths, tokens, strict=True):
             entries = size_of(m, "label mask", "dataset.label_mask_paths")
@@ -157,17 +167,20 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
     return OlmoCoreDataset(run, paths, tokens, documents=documents)
 
 
-def check_manifests(run: OlmoCoreRun, paths: list[str], sizes: dict[str, int]) -> None:
+def check_token_files(run: OlmoCoreRun, paths: list[str], sizes: dict[str, int]) -> None:
     """Refuse a token file whose directory's manifest (written by `olmo-data tokenize`) says another dtype than the
     config implies, or another token count than the file holds: read as the config says, every token id, every
     instance and every document offset would be wrong (a uint16 file read as uint32 has half the tokens, each two
-    ids in one). Files without a manifest are read as the config says, as OLMo-core reads them."""
+    ids in one). A local file no manifest describes has its first SAMPLE_TOKENS ids checked to be in the
+    vocabulary (the same misreading gives ids far past it); `get_batch` checks every id it reads."""
     manifests = Manifests()
     for path in dict.fromkeys(paths):
         directory, _, name = path.rpartition("/")
         manifest = manifests.get(directory or ".")
         listed = {e.get("path"): e for e in (manifest or {}).get("files", []) if isinstance(e, dict)}
         if manifest is None or name not in listed:
+            if local_path(path):
+                check_first_ids(run, path)
             continue
         where = f"{directory or '.'}/{MANIFEST_NAME}"
         recorded = str(manifest.get("dtype"))
@@ -184,6 +197,22 @@ def check_manifests(run: OlmoCoreRun, paths: list[str], sizes: dict[str, int]) -
                 f"{path}: {sizes[path]:,} bytes, but {where} says it holds {tokens:,} {recorded} tokens "
                 f"({tokens * itemsize:,} bytes); the file changed after it was tokenized"
             )
+
+
+def check_first_ids(run: OlmoCoreRun, path: str) -> None:
+    """The first SAMPLE_TOKENS ids of a local token file are below the vocabulary size (one small read)."""
+    dtype = np.dtype(NUMPY_DTYPES[run.dtype]).newbyteorder("<")
+    with open(path, "rb") as f:
+        raw = f.read(SAMPLE_TOKENS * dtype.itemsize)
+    ids = np.frombuffer(raw[: len(raw) // dtype.itemsize * dtype.itemsize], dtype=dtype)
+    if len(ids) and int(ids.max()) >= run.vocab_size:
+        at = int(np.argmax(ids >= run.vocab_size))
+        raise DataError(
+            f"{path}: token {at:,} reads as id {int(ids[at]):,}, past dataset.tokenizer.vocab_size "
+            f"{run.vocab_size:,} of {run.source}, which reads the file as {run.dtype} "
+            f"({run.dtype_from or 'dataset.dtype'}): the file holds another dtype, or the config names another "
+            "tokenizer"
+        )
 
 
 def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_bytes: int) -> str:

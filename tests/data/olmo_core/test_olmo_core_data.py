@@ -475,7 +475,7 @@ def test_refusals_name_the_class_or_key(config: dict[str, Any], message: str) ->
 
 def test_a_world_size_that_splits_instances_is_refused(tmp_path: Path) -> None:
     tokens = tmp_path / "a.npy"
-    np.arange(40 * L, dtype=np.uint16).tofile(tokens)
+    (np.arange(40 * L, dtype=np.uint16) % 2000).tofile(tokens)  # ids of the 2,048-token vocabulary
     config = minimal(paths=[str(tokens)])
     data = open_olmo_core(config)
     with pytest.raises(DataError, match="cannot be split over 3 ranks"):

@@ -100,6 +100,12 @@ def huge_order(config: dict[str, Any], tmp_path: Path) -> None:
         f.truncate(8 << 30)
 
 
+def vocab_of_uint32_without_manifest(config: dict[str, Any], tmp_path: Path) -> None:
+    """A dolma-style token file (no manifest) of uint16 ids, the config's vocabulary implying uint32."""
+    (tmp_path / "manifest.json").unlink()
+    config["dataset"]["tokenizer"]["vocab_size"] = 100_278
+
+
 def paths_name_the_directory(config: dict[str, Any], tmp_path: Path) -> None:
     config["dataset"]["paths"] = [str(tmp_path)]
 
@@ -123,6 +129,10 @@ CASES: dict[str, tuple[Edit, list[str]]] = {
     "dtype-disagrees": (
         set_key("dataset.dtype", "uint32"),
         ["config.json: dataset.dtype uint32 disagrees with", "manifest.json", "uint16"],
+    ),
+    "vocab-implies-uint32-no-manifest": (
+        vocab_of_uint32_without_manifest,
+        ["a.npy: token 0 reads as id 196,610, past dataset.tokenizer.vocab_size 100,278", "as uint32"],
     ),
     "directory-in-paths": (paths_name_the_directory, ["dataset.paths names", "a directory"]),
     "label-mask-missing": (missing_label_mask, ["label mask", "mask.npy", "dataset.label_mask_paths"]),
