@@ -28,7 +28,7 @@ from olmo_train.nn.documents import document_positions, use_flex
 from olmo_train.nn.loss import token_loss_rows, token_loss_sum, token_loss_sums
 from olmo_train.nn.recompute import checkpointed
 from olmo_train.nn.rope import apply_rotary, rotary_tables
-from olmo_train.nn.windows import DocumentIds, layer_masks, window_attention
+from olmo_train.nn.windows import DocumentIds, document_attention, layer_masks, window_attention
 
 try:  # optional: only on GPU machines that have it
     from flash_attn import flash_attn_func  # type: ignore[import-not-found]
@@ -150,10 +150,9 @@ class Attention(nn.Module):
                 **window,
             )
             return y.transpose(1, 2)  # type: ignore[no-any-return]
-        if self.window is not None and (S > self.window or isinstance(mask, DocumentIds)):
-            # some keys lie outside the window (or documents apply): blocks of queries, no T x T mask
-            if isinstance(mask, DocumentIds):
-                return window_attention(q, k, v, self.window, doc_ids=mask.ids)
+        if isinstance(mask, DocumentIds):  # no T x T mask: documents one at a time, or blocks of queries
+            return document_attention(q, k, v, mask.ids, self.window)
+        if self.window is not None and S > self.window:  # some keys lie outside the window: blocks of queries
             return window_attention(q, k, v, self.window, mask)
         assert not isinstance(mask, DocumentIds)
         if mask is not None and mask.shape[-1] > S:  # a windowed layer's cache keeps the last S keys only

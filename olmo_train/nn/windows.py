@@ -16,6 +16,8 @@ Paths, the fastest first (`Attention.forward` picks):
   kernels are flash-style: the scores are not kept); with document masking or padding, each block has its own
   mask, T x (B + w - 1) in all per row. The document rule is read from the (B, T) ids block by block. Compute is
   (B + w - 1) / w of the band's own, against T / w for a masked full attention.
+- with document masking and rows of SEGMENT_TOKENS or more, every layer (full or windowed) attends one document at
+  a time (`by_document`): no mask across documents at all, for the full layers either.
 """
 
 from __future__ import annotations
@@ -116,20 +118,57 @@ def window_block_mask(doc_ids: torch.Tensor | None, window: int, batch: int, T: 
     return build(in_window, batch, None, T, T, device=device)  # type: ignore[no-any-return]
 
 
+# from this many tokens a row, documents are attended one at a time (`by_document`) rather than through masks
+SEGMENT_TOKENS = 2048
+
+
+def by_document(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """Each document of each row attended on its own, causal (within `window` when given): no mask across
+    documents at all, O(T) memory for a full layer (its causal kernel) and the one band mask for a windowed one,
+    against a T x T mask; the work is each document's own. One SDPA call a document, so for long rows only."""
+    gqa = k.shape[1] != q.shape[1]
+    rows = []
+    for b in range(q.shape[0]):
+        parts, start = [], 0
+        for n in torch.unique_consecutive(doc_ids[b], return_counts=True)[1].tolist():
+            qs, ks, vs = (t[b : b + 1, :, start : start + n] for t in (q, k, v))
+            if window is None:
+                parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=n > 1, enable_gqa=gqa))
+            else:
+                parts.append(window_attention(qs, ks, vs, window))
+            start += n
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0)
+
+
+def document_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: torch.Tensor, window: int | None
+) -> torch.Tensor:
+    """A layer's attention within documents, without a T x T mask: long rows (and full layers) one document at a
+    time, short rows of a windowed layer in blocks of queries with the document rule."""
+    if window is None or q.shape[2] >= SEGMENT_TOKENS:
+        return by_document(q, k, v, doc_ids, window)
+    return window_attention(q, k, v, window, doc_ids=doc_ids)
+
+
 def layer_masks(
     windows: list[int | None], mask: Any, doc_ids: torch.Tensor | None, flex: bool
 ) -> dict[int | None, Any]:
     """What each kind of layer attends through, by its window (None: full attention), built once per forward and
-    shared by the layers of that kind: the given `mask` (generation) without documents; with `doc_ids`, the full
-    layers' document mask (`olmo_train.nn.documents`) and the windowed layers' block mask (flex) or ids."""
+    shared by the layers of that kind: the given `mask` (generation) without documents; with `doc_ids`, FlexAttention's
+    block mask (flex), else the full layers' boolean document mask (`olmo_train.nn.documents`) for short rows and
+    the ids themselves for windowed layers and long rows (`window_attention`, `by_document`)."""
     out: dict[int | None, Any] = {}
     for w in dict.fromkeys(windows):
         if doc_ids is None:
             out[w] = mask
-        elif w is None:
-            out[w] = attention_mask(doc_ids, flex)
         elif flex:
-            out[w] = window_block_mask(doc_ids, w, doc_ids.shape[0], doc_ids.shape[1], doc_ids.device)
+            B, T = doc_ids.shape
+            out[w] = attention_mask(doc_ids, True) if w is None else window_block_mask(doc_ids, w, B, T, doc_ids.device)
+        elif w is None and doc_ids.shape[1] < SEGMENT_TOKENS:
+            out[w] = attention_mask(doc_ids, False)
         else:
             out[w] = DocumentIds(doc_ids)
     return out

@@ -211,3 +211,26 @@ def test_flex_window_mask_equals_the_blocked_path() -> None:
     doc = doc_ids_from_eos(ids, 0)
     with torch.no_grad():
         torch.testing.assert_close(flex(ids, doc_ids=doc), model(ids, doc_ids=doc), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pattern", [[4, -1], [-1]])
+def test_long_rows_attend_one_document_at_a_time(monkeypatch: pytest.MonkeyPatch, pattern: list[int]) -> None:
+    """From SEGMENT_TOKENS a row, documents are attended one by one (no T x T mask for the full layers either):
+    the same logits and gradients as the masks give."""
+    torch.manual_seed(3)
+    model = Transformer(windowed(document_masking=True, eos_token_id=0, sliding_window=SlidingWindowConfig(pattern)))
+    ids = torch.randint(1, 50, (2, 40))
+    ids[0, [11, 25]] = 0
+    ids[1, 3] = 0
+    doc = doc_ids_from_eos(ids, 0)
+    results = []
+    for limit in (10**9, 16):  # masks, then documents one at a time
+        monkeypatch.setattr(windows_module, "SEGMENT_TOKENS", limit)
+        model.zero_grad()
+        loss = model(ids, labels=ids[:, 1:], doc_ids=doc)
+        loss.backward()
+        results.append((float(loss), [p.grad.clone() for p in model.parameters()]))
+    (a, grads_a), (b, grads_b) = results
+    assert b == pytest.approx(a, rel=1e-6)
+    for ga, gb in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=2e-5)
