@@ -10,7 +10,7 @@ import errno
 import reprlib
 from typing import Any
 
-__all__ = ["DataError", "is_disk_full", "shown"]
+__all__ = ["DataError", "is_disk_full", "shown", "yaml_problem"]
 
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 120, 60
@@ -31,3 +31,13 @@ def is_disk_full(e: BaseException) -> bool:
     """Whether `e` is a write refused for want of space (or quota): the user's to fix, so commands turn it into a
     DataError naming the folder, after removing what they had half written."""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def yaml_problem(e: Exception) -> str:
+    """PyYAML's error (several lines: its context, the problem, where, and a quote of the file) as one clause:
+    what is wrong and at which line and column, for a one-line message."""
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"

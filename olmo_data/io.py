@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from olmo_data.errors import DataError
+from olmo_data.errors import DataError, yaml_problem
 from olmo_data.interrupts import signals_deferred
 from olmo_data.remote import remote_reader
 
@@ -282,7 +282,9 @@ def read_yaml(path: str, what: str) -> Any:
     except FileNotFoundError as e:
         raise DataError(f"{path}: {what} not found") from e
     except yaml.YAMLError as e:
-        raise DataError(f"{path}: not valid YAML ({e})") from e
+        raise DataError(f"{path}: not valid YAML ({yaml_problem(e)})") from e
+    except RecursionError as e:
+        raise DataError(f"{path}: nested too deeply to read (thousands of levels)") from e
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import yaml
 
 from olmo_data.config.checks import get_dotted, problems
 from olmo_data.config.olmo import olmo_form_key, translate
-from olmo_data.config.olmo_core_form import refuse_olmo_core_form
+from olmo_data.config.olmo_core_form import olmo_core_form, refuse_olmo_core_form
 from olmo_data.config.schema import (
     CHOICES,
     LORA_TARGETS,
@@ -32,10 +32,13 @@ from olmo_data.config.schema import (
     ReLoRAConfig,
     TrainConfig,
 )
-from olmo_data.errors import DataError, shown
+from olmo_data.errors import DataError, shown, yaml_problem
 
 log = logging.getLogger(__name__)
 _SUMMARIES_LOGGED: set[str] = set()
+# a config file larger than this is refused unread: OLMo 3's config.json, naming thousands of token files, is
+# about a megabyte
+MAX_CONFIG_BYTES = 64 << 20
 
 __all__ = [
     "check_cycles_divide",
@@ -72,10 +75,20 @@ def load_config(
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{path}: config file not found")
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: {p.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a config may have; not a config"
+            )
+        if p.suffix == ".json":
+            olmo_core_form(str(p))  # a config.json cut short or nested too deep: JSON's one line, as every reader
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from e
+            raise ConfigError(f"{path}: not valid YAML ({yaml_problem(e)})") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text at byte {e.start}; not a config") from e
+        except RecursionError as e:
+            raise ConfigError(f"{path}: nested too deeply to read (thousands of levels); not a config") from e
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         raw = loaded or {}

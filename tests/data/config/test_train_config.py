@@ -95,6 +95,36 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        (
+            "bad.yaml",
+            "a: 1\n b: [\n",
+            r"bad\.yaml: not valid YAML \(mapping values are not allowed here at line 2, col",
+        ),
+        ("cut.json", '{"run_name": "x", "trainer": {"a": [1, 2,', r"cut\.json: not valid JSON: .*line 1, column 42"),
+        ("deep.yaml", "[" * 50_000 + "]" * 50_000, r"deep\.yaml: nested too deeply to read"),
+        ("binary.yaml", "\udcff", r"binary\.yaml: not UTF-8 text at byte 0"),
+    ],
+)
+def test_an_unreadable_config_is_one_line(name: str, text: str, match: str, tmp_path: Path) -> None:
+    """PyYAML's own message spans up to 8 lines (context, problem, a quote of the file); ours is one (issue 41)."""
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_huge_config_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with open(path, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: nothing written, nothing read
+    with pytest.raises(ConfigError, match=r"huge\.yaml: 67,108,865 bytes, over the 67,108,864 a config may have"):
+        load_config(path)
+
+
 def test_override_parsing() -> None:
     args = ["--model.n_layers=1", "--data.paths", "[x, y]", "--compile", "--restore-dataloader=off"]
     cfg = load_config(None, args)
