@@ -10,7 +10,8 @@ What this gets right that is easy to get wrong: prompts of different lengths are
 keeps its own positions (the first real token is position 0) and never attends to padding, so a row gives the same
 tokens in a batch as alone; sampling draws from one seeded generator from the first token on, so a seed
 reproduces a sample; beams that end keep their score while the others go on; the cache is allocated once for the
-whole prompt plus continuation, which may be longer than the length the model was trained with.
+whole prompt plus continuation, which may be longer than the length the model was trained with, except that a layer
+with an attention window (OLMo 3's sliding layers) keeps only the window's last tokens.
 """
 
 from __future__ import annotations
