@@ -92,7 +92,7 @@ class ModelConfig:
     document_attention: str = "auto"  # flex | mask | auto (flex on GPUs, mask elsewhere): see olmo_train/nn/documents
     # attention windows (olmo_train/nn/windows): OLMo-core's {pattern, force_full_attention_on_*_layer}, or
     # transformers' window in tokens for the layers that layer_types names sliding_attention
-    sliding_window: int | SlidingWindowConfig | None = None  # None: every layer attends to all earlier tokens
+    sliding_window: int | SlidingWindowConfig | None = None  # {pattern: [...], ...} or tokens with layer_types
     layer_types: list[str] | None = None  # transformers' form: sliding_attention | full_attention, one per layer
     rope_scaling: RopeScalingConfig | None = None  # YaRN in transformers' keys, on the full-attention layers
     rope: RopeConfig | None = None  # OLMo-core's form of the same: {scaling: {factor, beta_fast, ...}}
