@@ -24,6 +24,7 @@ import torch
 from olmo_data.config import ModelConfig
 from olmo_data.errors import DataError, shown
 from olmo_train.convert.hf_files import CONFIG_JSON, local_model_dir, read_hf_weights, read_json, tokenizer_vocab_size
+from olmo_train.convert.hf_olmo import is_hf_olmo, read_hf_olmo
 from olmo_train.convert.hf_olmo3 import needs_olmo3, olmo3_fields, read_olmo3
 from olmo_train.convert.tables import ConfigField, TensorTable, expected_shapes, renamer, to_our_state, to_their_state
 from olmo_train.nn import mlp_hidden_size
@@ -293,6 +294,8 @@ def read_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """
     directory = local_model_dir(path)
     hf_cfg = read_json(directory / CONFIG_JSON, "config")
+    if is_hf_olmo(hf_cfg):  # ai2-olmo's own format (DataDecide): OLMo's config keys, fused weights
+        return read_hf_olmo(str(directory))
     rows = model_config_from_hf(hf_cfg, str(directory / CONFIG_JSON)).vocab_size  # refused before reading weights
     vocab = tokenizer_vocab_size(directory)
     if vocab is not None and vocab > rows:

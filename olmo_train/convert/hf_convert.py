@@ -27,9 +27,11 @@ from olmo_train.convert.hf_files import (
     CONFIG_JSON,
     INSTALL_HINT,
     local_model_dir,
+    read_json,
     safetensors_names,
     write_safetensors,
 )
+from olmo_train.convert.hf_olmo import is_hf_olmo
 from olmo_train.convert.hf_tokenizer import SPECIAL, TOKENIZER_FILES, export_tokenizer, write_json, write_tokenizer
 from olmo_train.convert.load import read_model_state
 
@@ -145,6 +147,11 @@ def import_hf(model: str, destination: Path, *, check: bool = False) -> Path:
     if check:
         require_transformers("--check")
     source = local_model_dir(model)
+    if check and is_hf_olmo(read_json(source / CONFIG_JSON, "config")):
+        raise DataError(
+            f"{source}: --check loads the source with transformers, which has no hf_olmo (ai2-olmo's format); "
+            "import without --check, then `export-hf --check` compares the result with transformers' olmo/olmo2"
+        )
     t0 = time.perf_counter()
     with Stages("import-hf", ["reading", *(["checking"] if check else []), "writing"], delay=1.0) as stages:
         stages.start("reading")

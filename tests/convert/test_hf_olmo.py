@@ -23,9 +23,7 @@ import torch
 from olmo_data.config import ModelConfig
 from olmo_data.config.olmo import OLMO_DEFAULTS
 from olmo_data.errors import DataError
-from olmo_train.checkpoint import lineage
-from olmo_train.checkpoint.files import write_imported
-from olmo_train.convert import export_hf
+from olmo_train.convert import export_hf, import_hf
 from olmo_train.convert.hf_olmo import read_hf_olmo
 from olmo_train.convert.olmo_native import to_olmo_state
 from olmo_train.nn import Transformer
@@ -179,12 +177,9 @@ def test_export_loads_in_plain_transformers(reference: Path, name: str, tmp_path
     source = tmp_path / "source"
     shutil.copytree(reference / name, source)
     shutil.copyfile(demo_tokenizer, source / "tokenizer.json")  # as a DataDecide directory ships its tokenizer
-    model, state = read_hf_olmo(source)
-
-    def add_tokenizer(tmp: Path) -> None:
-        shutil.copyfile(source / "tokenizer.json", tmp / "tokenizer.json")
-
-    write_imported(tmp_path / "ours", model, state, add_tokenizer, [lineage.import_record("import-hf", str(source))])
+    with pytest.raises(DataError, match=r"--check loads the source with transformers, which has no hf_olmo"):
+        import_hf(str(source), tmp_path / "checked", check=True)
+    import_hf(str(source), tmp_path / "ours")  # what `olmo-train import-hf DIR` runs
     export_hf(tmp_path / "ours", tmp_path / "hf", check=True)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["model_type"] == CASES[name][2] and "auto_map" not in config
