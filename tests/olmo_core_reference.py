@@ -80,6 +80,7 @@ class CoreStep:
     input_ids: np.ndarray
     label_mask: np.ndarray | None
     instance_mask: np.ndarray | None
+    doc_lens: list[np.ndarray] | None = None  # per row, its doc_lens without the collator's zero padding
 
 
 def _stub_train_module() -> Any:
@@ -132,6 +133,7 @@ def drive_loader(
                 trainer.global_step += 1
                 trainer.global_train_tokens_seen += loader.global_num_tokens_in_batch(batch)
                 mask, keep = batch.get("label_mask"), batch.get("instance_mask")
+                lens = batch.get("doc_lens")
                 steps.append(
                     CoreStep(
                         trainer.global_step,
@@ -140,6 +142,7 @@ def drive_loader(
                         batch["input_ids"].numpy().astype(np.int64),
                         mask.numpy().astype(bool) if mask is not None else None,
                         keep.numpy().astype(bool) if keep is not None else None,
+                        [row[row > 0].astype(np.int32) for row in lens.numpy()] if lens is not None else None,
                     )
                 )
             trainer.epoch += 1  # the epoch is over (or the last step reached, and this no longer matters)

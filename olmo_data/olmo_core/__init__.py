@@ -34,6 +34,7 @@ from olmo_data.olmo_core.order import (
     order_file_name,
     write_olmo_core_order,
 )
+from olmo_data.olmo_core.packed import packed_documents
 from olmo_data.olmo_core.runs import (
     data_fingerprint,
     instances_holding,
@@ -75,6 +76,7 @@ __all__ = [
     "open_olmo_core",
     "open_trained_on",
     "order_file_name",
+    "packed_documents",
     "read_config_json",
     "read_olmo_core_config",
     "run_length",

@@ -17,7 +17,7 @@ import numpy as np
 from olmo_data.dataset import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
-from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
+from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, instance_doc_lengths, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 
@@ -43,6 +43,7 @@ class OlmoCoreBatch:
     instance_mask: np.ndarray | None  # OLMo-core's: False where its instance filter drops the instance (None: off)
     fingerprint: str | None
     order_note: str  # where the epoch's order came from ("read from ..." or "rebuilt (...)")
+    doc_lens: list[np.ndarray] | None = None  # packed with generate_doc_lengths: each row's OLMo-core doc_lens
 
     @property
     def rank_instances(self) -> np.ndarray:
@@ -110,6 +111,7 @@ class OlmoCoreData:
         check_world(slot.instances, rank, world_size, self.run)
         tokens = mask = keep = None
         fingerprint = None
+        lens: list[np.ndarray] | None = None
         if read:
             tokens, mask = self.dataset.get_batch(instances)
             fingerprint = batch_fingerprint(tokens)
@@ -118,6 +120,8 @@ class OlmoCoreData:
                 tokens = tokens[rank::world_size]
                 mask = mask[rank::world_size] if mask is not None else None
                 keep = keep[rank::world_size] if keep is not None else None
+            if self.run.generate_doc_lengths:
+                lens = instance_doc_lengths(self.run, tokens)
         return OlmoCoreBatch(
             step=step,
             epoch=slot.epoch,
@@ -131,6 +135,7 @@ class OlmoCoreData:
             instance_mask=keep,
             fingerprint=fingerprint,
             order_note=note,
+            doc_lens=lens,
         )
 
     def instance_mask(self, instances: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
@@ -164,6 +169,7 @@ class OlmoCoreData:
         order came from, and for each of its instances (the rank's, when a rank was asked for) the file, first
         token, length and mixture source."""
         rows = batch.rank_instances
+        lens = batch.doc_lens
         return {
             "trainer": "olmo-core",
             "config": self.run.source,
@@ -180,6 +186,8 @@ class OlmoCoreData:
             "instances": [
                 {"index": loc.index, "path": loc.path, "start": loc.start, "length": loc.length, "source": loc.source}
                 | ({"trained": bool(batch.instance_mask[i])} if batch.instance_mask is not None else {})
+                | ({"pieces": [list(p) for p in loc.pieces]} if loc.pieces else {})
+                | ({"doc_lens": lens[i].tolist()} if lens is not None else {})
                 for i, loc in enumerate(self.dataset.locate(rows))
             ],
         }

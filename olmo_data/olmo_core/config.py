@@ -27,12 +27,14 @@ from olmo_data.io import expand_patterns, file_size, read_bytes
 CLASS_KEY = "_CLASS_"
 FSL = "NumpyFSLDatasetConfig"
 PADDED_FSL = "NumpyPaddedFSLDatasetConfig"
+PACKED_FSL = "NumpyPackedFSLDatasetConfig"
+COVERED_DATASETS = {FSL: "fsl", PADDED_FSL: "padded", PACKED_FSL: "packed"}
+LONG_DOC_STRATEGIES = ("truncate", "fragment")  # OLMo-core 3.0.0's LongDocStrategy
 LOADER = "NumpyDataLoaderConfig"
 MIXTURE = "SourceMixtureDatasetConfig"
 BATCH_SIZE_SCHEDULER = "BatchSizeSchedulerCallback"
 # datasets whose instances or order follow rules not reproduced here
 REFUSED_DATASETS = {
-    "NumpyPackedFSLDatasetConfig": "packed instances (documents bin-packed into sequences)",
     "NumpyInterleavedFSLDatasetConfig": "interleaved instances (documents chunked and interleaved)",
     "NumpyVSLDatasetConfig": "variable-sequence-length curricula",
 }
@@ -88,7 +90,7 @@ class BatchSizeChange:
 class OlmoCoreRun:
     """The data side of an OLMo-core run: everything that decides which tokens training step N held."""
 
-    kind: str  # "fsl" (NumpyFSLDataset, or its mixture) or "padded" (NumpyPaddedFSLDataset)
+    kind: str  # "fsl" (NumpyFSLDataset, or its mixture), "padded" or "packed" (NumpyPackedFSLDataset)
     paths: tuple[str, ...]  # token files in dataset order (globs expanded, source_permutation_seed applied)
     label_mask_paths: tuple[str, ...] | None
     sequence_length: int
@@ -108,6 +110,11 @@ class OlmoCoreRun:
     source: str = ""  # the config file read, for messages
     max_duration: tuple[int, str] | None = None  # trainer.max_duration: (value, unit), None when the file gives none
     dtype_from: str = ""  # the key that decided `dtype`, as a message names it ("dataset.dtype uint32", ...)
+    # packed only (olmo_data.olmo_core.packed): how documents become instances
+    long_doc_strategy: str = "truncate"
+    source_group_size: int = 1
+    generate_doc_lengths: bool = False
+    use_array_if_local: bool | None = None
 
     @property
     def chunk_size(self) -> int:
@@ -148,12 +155,12 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     if ds_class in REFUSED_DATASETS:
         raise DataError(
             f"{where}: dataset is OLMo-core's {ds_class} ({REFUSED_DATASETS[ds_class]}); not covered: only "
-            f"{FSL} and {PADDED_FSL} batches are rebuilt"
+            f"{', '.join(COVERED_DATASETS)} batches are rebuilt"
         )
-    if ds_class not in (FSL, PADDED_FSL):
+    if ds_class not in COVERED_DATASETS:
         raise DataError(
-            f"{where}: dataset is {dataset.get(CLASS_KEY)}; not covered: only OLMo-core's {FSL} and {PADDED_FSL} "
-            "batches are rebuilt"
+            f"{where}: dataset is {dataset.get(CLASS_KEY)}; not covered: only OLMo-core's "
+            f"{', '.join(COVERED_DATASETS)} batches are rebuilt"
         )
     loader_class = _class_name(loader, "data_loader", where)
     if loader_class != LOADER:
@@ -192,8 +199,12 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     # own, else the loader's; with neither, both use the training machine's temporary directory
     loader_wd = work_dir or loader.get("work_dir") or dataset.get("work_dir") or tempfile.gettempdir()
     dataset_wd = work_dir or dataset.get("work_dir") or loader.get("work_dir") or tempfile.gettempdir()
+    if ds_class == PACKED_FSL and mixture is not None:
+        raise DataError(
+            f"{where}: dataset.source_mixture_config with {PACKED_FSL}: not covered (OLMo-core packs paths)"
+        )
     return OlmoCoreRun(
-        kind="padded" if ds_class == PADDED_FSL else "fsl",
+        kind=COVERED_DATASETS[ds_class],
         paths=paths,
         label_mask_paths=masks,
         sequence_length=seq_len,
@@ -215,7 +226,38 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         source=where,
         max_duration=_duration(trainer.get("max_duration"), where),
         dtype_from=dtype_from,
+        **(_packing(dataset, seq_len, where) if ds_class == PACKED_FSL else {}),
     )
+
+
+def _packing(dataset: dict[str, Any], seq_len: int, where: str) -> dict[str, Any]:
+    """A NumpyPackedFSLDatasetConfig's packing keys, checked as OLMo-core checks them (its packer's segment tree
+    needs a power-of-two sequence length); documents from metadata files are refused by name."""
+    strategy = dataset.get("long_doc_strategy", "truncate")
+    if strategy not in LONG_DOC_STRATEGIES:
+        raise DataError(
+            f"{where}: dataset.long_doc_strategy is {shown(strategy)}; expected one of {list(LONG_DOC_STRATEGIES)}"
+        )
+    if seq_len & (seq_len - 1):
+        raise DataError(f"{where}: dataset.sequence_length is {seq_len}; OLMo-core's packer needs a power of two")
+    generate = dataset.get("generate_doc_lengths", False)
+    local = dataset.get("use_array_if_local")
+    for key, value in (("generate_doc_lengths", generate), ("use_array_if_local", local)):
+        if value is not None and not isinstance(value, bool):
+            raise DataError(f"{where}: dataset.{key} is {shown(value)}; expected true or false")
+    if local is False:
+        raise DataError(
+            f"{where}: dataset.use_array_if_local is false (packed documents from the .csv.gz metadata); not "
+            "covered: only documents found by their EOS tokens in local files are packed"
+        )
+    return {
+        "long_doc_strategy": str(strategy),
+        "source_group_size": _int(dataset, "source_group_size", "dataset", where, lo=1, hi=1 << 20)
+        if dataset.get("source_group_size") is not None
+        else 1,
+        "generate_doc_lengths": bool(generate),
+        "use_array_if_local": local,
+    }
 
 
 def read_config_json(path: str) -> Any:

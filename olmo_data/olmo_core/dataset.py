@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -26,9 +27,10 @@ import numpy.typing as npt
 
 from olmo_data.dataset import LABEL_MASK_DTYPE, MANIFEST_NAME, Manifests, read_arrays
 from olmo_data.errors import DataError
-from olmo_data.io import file_size, open_file
+from olmo_data.io import file_size, file_sizes, is_remote, open_file
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 from olmo_data.olmo_core.mixture import allocate_mixture
+from olmo_data.olmo_core.packed import PackedInstances, doc_lengths, open_packed
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding EOS tokens in a local file (bounded memory)
 SAMPLE_TOKENS = 4096  # ids checked at the start of a token file no manifest describes
@@ -44,6 +46,9 @@ class CoreInstance:
     start: int
     length: int
     source: str | None  # the mixture source, None without a mixture
+    # packed: (path, start, end) of each document the instance holds, in order (`path`/`start` are the first's,
+    # `length` their total); empty for the other datasets, whose instance is `length` tokens from `start`
+    pieces: tuple[tuple[str, int, int], ...] = ()
 
 
 class OlmoCoreDataset:
@@ -57,6 +62,7 @@ class OlmoCoreDataset:
         *,
         sources: list[str | None] | None = None,
         documents: list[np.ndarray] | None = None,
+        packed: PackedInstances | None = None,
     ) -> None:
         self.run = run
         self.paths = paths
@@ -64,8 +70,11 @@ class OlmoCoreDataset:
         self.sources = sources or [None] * len(paths)
         self.itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
         self.documents = documents  # padded: per file, (n, 2) start/end token offsets of its instances
+        self.packed = packed  # packed: its groups' packing (olmo_data.olmo_core.packed)
         L = run.sequence_length
-        if documents is not None:
+        if packed is not None:
+            counts = packed_counts(packed, len(paths))
+        elif documents is not None:
             counts = [len(d) for d in documents]
         elif run.max_target_sequence_length is not None:
             counts = [t // run.max_target_sequence_length * run.chunk_size for t in file_tokens]
@@ -74,12 +83,14 @@ class OlmoCoreDataset:
         self.offsets = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))]).astype(np.int64)
 
     def __len__(self) -> int:
-        return int(self.offsets[-1])
+        return int(self.offsets[-1]) if self.packed is None else len(self.packed)
 
     def locate(self, indices: npt.ArrayLike) -> list[CoreInstance]:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
             raise DataError(f"instance {int(idx.max())} is out of range: OLMo-core's dataset has {len(self)}")
+        if self.packed is not None:
+            return [packed_instance(int(i), self.packed.pieces(int(i))) for i in idx.tolist()]
         files = np.searchsorted(self.offsets, idx, side="right") - 1
         out = []
         L = self.run.sequence_length
@@ -95,6 +106,10 @@ class OlmoCoreDataset:
     def get_batch(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray | None]:
         """Token ids (int64, (n, L)) as OLMo-core's collator stacks them, and the label mask (bool) when OLMo-core
         gives one (padded datasets always; plain ones when the run has label mask files), else None."""
+        if self.packed is not None:
+            rows, row_mask, _ = self.packed.rows(indices, self.run.label_mask_paths)
+            check_vocab(self.run, rows, self.locate(indices))
+            return rows, row_mask
         locs = self.locate(indices)
         L = self.run.sequence_length
         dtype = NUMPY_DTYPES[self.run.dtype]
@@ -128,6 +143,7 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
     when it has one of ours, agrees with the dtype the config implies."""
     itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
     sizes: dict[str, int] = {}
+    prefetch_remote_sizes(run)
 
     def size_of(path: str, what: str = "token file", key: str = "dataset.paths") -> int:
         if path not in sizes:
@@ -161,10 +177,54 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
                 raise DataError(
                     f"{run.source}: label mask {m} has {entries} entries but its token file {p} has {t} tokens"
                 )
+    if run.kind == "packed":
+        return OlmoCoreDataset(run, paths, tokens, packed=open_packed(run, paths, tokens, itemsize))
     if run.kind != "padded":
         return OlmoCoreDataset(run, paths, tokens)
     documents = [padded_instances(run, p, size_of(p)) for p in paths]
     return OlmoCoreDataset(run, paths, tokens, documents=documents)
+
+
+def packed_counts(packed: PackedInstances, n_files: int) -> list[int]:
+    """Per file, the packed instances whose first document is in it (what `stats` counts per file)."""
+    return np.bincount(packed.first_files(), minlength=n_files).tolist()
+
+
+def packed_instance(index: int, pieces: list[tuple[int, str, int, int]]) -> CoreInstance:
+    """A packed instance as a CoreInstance: its first document's place, its tokens before padding, its pieces."""
+    k, path, start, _ = pieces[0]
+    length = sum(e - s for _, _, s, e in pieces)
+    return CoreInstance(index, k, path, start, length, None, tuple((p, s, e) for _, p, s, e in pieces))
+
+
+def instance_doc_lengths(run: OlmoCoreRun, tokens: np.ndarray) -> list[np.ndarray]:
+    """OLMo-core's `doc_lens` of each row (a packed run with generate_doc_lengths): see `packed.doc_lengths`."""
+    return [doc_lengths(row, run.eos_token_id, run.bos_token_id) for row in tokens]
+
+
+def check_vocab(run: OlmoCoreRun, tokens: np.ndarray, locs: list[CoreInstance]) -> None:
+    """Every id of a packed batch below the vocabulary size, else one line naming the instance's first file."""
+    over = np.flatnonzero((tokens >= run.vocab_size).any(axis=1))
+    if len(over):
+        loc = locs[int(over[0])]
+        raise DataError(
+            f"{loc.path}: packed instance {loc.index} reads an id past dataset.tokenizer.vocab_size "
+            f"{run.vocab_size:,} of {run.source}, which reads the file as {run.dtype} "
+            f"({run.dtype_from or 'dataset.dtype'}): the file holds another dtype, or the config names another "
+            "tokenizer"
+        )
+
+
+def prefetch_remote_sizes(run: OlmoCoreRun) -> None:
+    """Every remote file the run names (token files, label masks, a mixture's paths) sized at once, concurrently
+    and cached (`file_sizes`), so that `size_of` in turn asks nothing; a failure is left for `size_of` to name."""
+    paths = list(run.paths) + list(run.label_mask_paths or [])
+    if run.mixture is not None:
+        paths += [p for source in run.mixture.sources for p in source.paths]
+    remote = [p for p in paths if is_remote(p)]
+    if remote:
+        with contextlib.suppress(DataError):
+            file_sizes(remote)
 
 
 def check_token_files(run: OlmoCoreRun, paths: list[str], sizes: dict[str, int]) -> None:

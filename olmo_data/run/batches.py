@@ -47,7 +47,7 @@ from olmo_data.dataset import (
 from olmo_data.display import marked
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
-from olmo_data.olmo_core import OlmoCoreData, data_fingerprint, olmo_core_of, run_length
+from olmo_data.olmo_core import OlmoCoreData, data_fingerprint, olmo_core_of, packed_documents, run_length
 from olmo_data.run.instance_loss import StepLosses, logged_batch_fingerprint, step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, save_folder_of
 from olmo_data.run.lineage import format_lineage, read_lineage
@@ -72,6 +72,8 @@ class InstanceReport:
     repetition: Repetition | None = None  # of a masked instance, the repetition with the most copies
     loss: float | None = None  # the run's loss on it at this step, per supervised token; None: no record
     supervised_tokens: int | None = None  # its target tokens in that loss
+    pieces: list[list[Any]] | None = None  # OLMo-core packed: [path, start, end] of each document, in order
+    doc_lens: list[int] | None = None  # OLMo-core packed with generate_doc_lengths: its doc_lens
 
 
 @dataclass
@@ -345,7 +347,11 @@ def _inspect_olmo_core(
                 token_ids=ids,
                 label_mask=batch.label_mask[p] if batch.label_mask is not None else None,
                 source=loc.source,
-                documents=docs.lookup(loc.path, loc.start, loc.start + loc.length),
+                documents=packed_documents(docs, loc.pieces)
+                if loc.pieces
+                else docs.lookup(loc.path, loc.start, loc.start + loc.length),
+                pieces=[list(piece) for piece in loc.pieces] or None,
+                doc_lens=batch.doc_lens[p].tolist() if batch.doc_lens is not None else None,
                 text=decoder.decode(ids[: loc.length].tolist()) if decoder is not None else None,
                 masked=bool(not keep[p]) if keep is not None else None,
                 loss=_loss_of(losses.loss[p]) if losses is not None else None,
@@ -440,6 +446,12 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         src = f" (source {inst.source})" if inst.source else ""
         mark = " MASKED (instance filter)" if inst.masked else ""
         lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}{mark}")
+        if inst.pieces:
+            lines.append(
+                f"    packed: {len(inst.pieces)} documents: "
+                + ", ".join(f"{path} [{a}, {b})" for path, a, b in inst.pieces)
+                + (f"; doc_lens {inst.doc_lens}" if inst.doc_lens is not None else "")
+            )
         if inst.supervised_tokens is not None:
             value = "-" if inst.loss is None else f"{inst.loss:.4f}"
             lines.append(f"    loss: {value} over {inst.supervised_tokens} supervised tokens (at this step)")

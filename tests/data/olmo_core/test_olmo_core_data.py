@@ -430,7 +430,6 @@ def minimal(dataset_class: str = "NumpyFSLDatasetConfig", **dataset: Any) -> dic
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (minimal("NumpyPackedFSLDatasetConfig"), "NumpyPackedFSLDatasetConfig (packed instances"),
         (minimal("NumpyInterleavedFSLDatasetConfig"), "NumpyInterleavedFSLDatasetConfig (interleaved"),
         (minimal("NumpyVSLDatasetConfig"), "NumpyVSLDatasetConfig (variable-sequence-length curricula)"),
         (

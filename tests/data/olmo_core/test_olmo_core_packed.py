@@ -1,0 +1,274 @@
+"""OLMo-core's NumpyPackedFSLDataset rebuilt (olmo_data.olmo_core.packed), against OLMo-core 3.0.0 itself.
+
+OLMo-core's real config classes build the run and write its config.json; its real dataset packs the documents
+(OBFD) and its NumpyFSLDataLoader, driven as its Trainer drives it, yields the reference batches on 2 ranks over
+epochs 1 to 3. Our reading of the config.json alone must give every step's instance numbers, tokens, label
+masks and document lengths, from OLMo-core's packing files in the work_dir and, without them, rebuilt (those
+files byte for byte). The token files are small and seeded, their documents found by their EOS tokens as
+OLMo-core finds them in local files (no .csv.gz), with documents longer than an instance and a tail after the
+last EOS. Tests that need OLMo-core skip where it is not installed; the refusals run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from olmo_cli.main import main as data_main
+from olmo_data.dataset.fingerprint import batch_fingerprint
+from olmo_data.errors import DataError
+from olmo_data.olmo_core import open_olmo_core, read_olmo_core_config
+from olmo_data.olmo_core.packed import CACHE_NAMES, cache_path, pack_lengths
+
+L = 64
+SEED = 4321
+WORLD = 2
+EOS, PAD, VOCAB = 0, 1, 2048
+
+
+def token_files(folder: Path, n_files: int = 5, seed: int = 0, bos: int | None = None) -> list[str]:
+    """Seeded uint16 token files of documents 1..150 tokens long (some past L), each ended by EOS, and a tail
+    without one; with `bos`, each document starts with it."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in range(n_files):
+        docs = []
+        for _ in range(int(rng.integers(20, 40))):
+            n = int(rng.choice([rng.integers(1, 20), rng.integers(20, 64), rng.integers(64, 150)], p=[0.4, 0.45, 0.15]))
+            body = rng.integers(2, VOCAB, size=n).astype(np.uint16)
+            if bos is not None:
+                body[0] = bos
+            docs.append(np.append(body, np.uint16(EOS)))
+        docs.append(rng.integers(2, VOCAB, size=int(rng.integers(1, 10))).astype(np.uint16))  # no EOS: no document
+        out.append(str(folder / f"part-{f:02d}.npy"))
+        np.concatenate(docs).tofile(out[-1])
+    return out
+
+
+def packed(core: Any, paths: list[str], tokenizer: Any = None, **kw: Any) -> Any:
+    from olmo_core.data import NumpyPackedFSLDatasetConfig
+
+    return NumpyPackedFSLDatasetConfig(
+        tokenizer=tokenizer or core.tokenizer_config(), paths=paths, sequence_length=L, **kw
+    )
+
+
+def drive(core: Any, tmp_path: Path, dataset: Any, monkeypatch: pytest.MonkeyPatch, per_batch: int = 8) -> Any:
+    """OLMo-core's loader over the run to a step in epoch 3 on WORLD ranks: (config.json, config, reference)."""
+    config = core.experiment_config(
+        dataset,
+        global_batch_size=per_batch * L,
+        seed=SEED,
+        work_dir=str(tmp_path / "work"),
+        save_folder=str(tmp_path / "save"),
+    )
+    config_json = core.save_config_json(config, tmp_path / "save" / "step0")
+    data = open_olmo_core(config_json, work_dir=str(tmp_path / "not-yet"))  # rebuilt: OLMo-core has not packed yet
+    last = 2 * (len(data.dataset) // per_batch) + 2  # two whole epochs, then into the third
+    reference = core.drive_loader(config, world_size=WORLD, last_step=last, monkeypatch=monkeypatch)
+    assert len(reference[0]) == last and reference[0][-1].epoch == 3
+    return config_json, config, reference, data
+
+
+def compare(data: Any, reference: dict[int, list[Any]], core: Any, *, doc_lens: bool) -> None:
+    """Every step, every rank: instance numbers, tokens, label masks, instance masks and doc_lens equal."""
+    for step in range(1, len(reference[0]) + 1):
+        ours = data.batch(step)
+        np.testing.assert_array_equal(ours.instances, core.global_rows(reference, step, "index"), err_msg=str(step))
+        assert ours.epoch == reference[0][step - 1].epoch
+        assert ours.fingerprint == batch_fingerprint(core.global_rows(reference, step, "input_ids"))
+        for rank in range(WORLD):
+            mine, theirs = data.batch(step, rank, WORLD), reference[rank][step - 1]
+            np.testing.assert_array_equal(mine.tokens, theirs.input_ids, err_msg=f"step {step} rank {rank}")
+            np.testing.assert_array_equal(mine.label_mask, theirs.label_mask, err_msg=f"step {step} rank {rank}")
+            if theirs.instance_mask is None:
+                assert mine.instance_mask is None
+            else:
+                np.testing.assert_array_equal(mine.instance_mask, theirs.instance_mask)
+            if doc_lens:
+                assert mine.doc_lens is not None and theirs.doc_lens is not None
+                assert [d.tolist() for d in mine.doc_lens] == [d.tolist() for d in theirs.doc_lens], (step, rank)
+            else:
+                assert mine.doc_lens is None and theirs.doc_lens is None
+
+
+def cache_files(work_dir: Path) -> dict[str, bytes]:
+    folder = work_dir / "dataset-common"
+    return {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder)) if f.startswith(CACHE_NAMES)}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "group", "perm"), [("truncate", 1, None), ("fragment", 2, 123), ("truncate", 3, 7)]
+)
+def test_packed_every_step_on_two_ranks(
+    core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str, group: int, perm: int | None
+) -> None:
+    """Both long-document strategies, source groups of 1 to 3 files (5 files: a short last group), OLMo-core's
+    source_permutation_seed and document lengths; read from OLMo-core's packing files, and rebuilt without
+    them (identical, and their bytes identical too)."""
+    from olmo_core.data.numpy_dataset import InstanceFilterConfig
+
+    paths = token_files(tmp_path / "tokens", seed=group)
+    dataset = packed(
+        core,
+        paths,
+        long_doc_strategy=strategy,
+        source_group_size=group,
+        source_permutation_seed=perm,
+        generate_doc_lengths=True,
+        instance_filter_config=InstanceFilterConfig(repetition_max_count=4),
+    )
+    config_json, config, reference, rebuilt = drive(core, tmp_path, dataset, monkeypatch)
+    data = open_olmo_core(config_json)
+    assert data.run.kind == "packed" and data.run.long_doc_strategy == strategy
+    assert all(g.note.startswith("read from") for g in data.dataset.packed.groups)
+    assert all(g.note.startswith("rebuilt") for g in rebuilt.dataset.packed.groups)
+    assert len(data.dataset.packed.groups) == -(-len(paths) // group)
+    compare(data, reference, core, doc_lens=True)
+    compare(rebuilt, reference, core, doc_lens=True)
+    ids = np.concatenate([s.input_ids for s in reference[0]])
+    assert (ids[:, -1] == PAD).any() and (ids[:, 0] != PAD).all()  # padded instances, none empty
+    # our packing, written as OLMo-core writes it, is its files byte for byte
+    theirs = cache_files(tmp_path / "work")
+    assert len(theirs) == 3 * len(data.dataset.packed.groups)
+    for g in rebuilt.dataset.packed.groups:
+        sizes = tuple(os.path.getsize(p) for p in g.paths)
+        arrays = (g.documents.reshape(-1), g.instance_offsets.reshape(-1), g.docs_by_instance)
+        for name, array in zip(CACHE_NAMES, arrays, strict=True):
+            stored = os.path.basename(cache_path(data.run, name, g.paths, sizes))
+            assert array.astype("<u8").tobytes() == theirs[stored], (name, g.paths)
+    check_commands(config_json, reference)
+
+
+def test_packed_with_a_bos_token(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a BOS id a document ends at an EOS followed by the BOS (a lone EOS inside a document does not end
+    it), and doc_lens follow the same rule; the pad id equal to the EOS makes every pad token a document."""
+    from olmo_core.data import TokenizerConfig
+
+    bos = 2
+    paths = token_files(tmp_path / "tokens", n_files=3, bos=bos)
+    raw = np.fromfile(paths[0], dtype=np.uint16)
+    raw[5] = EOS  # an EOS not followed by the BOS: inside a document
+    raw.tofile(paths[0])
+    tokenizer = TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=bos)
+    dataset = packed(core, paths, tokenizer, generate_doc_lengths=True, long_doc_strategy="fragment")
+    config_json, _, reference, rebuilt = drive(core, tmp_path, dataset, monkeypatch)
+    compare(open_olmo_core(config_json), reference, core, doc_lens=True)
+    compare(rebuilt, reference, core, doc_lens=True)
+
+
+def test_packed_without_doc_lengths_and_label_masks(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Label mask files come with each document's tokens (False on padding); no doc_lens unless asked."""
+    paths = token_files(tmp_path / "tokens", n_files=3, seed=9)
+    rng = np.random.default_rng(1)
+    masks = []
+    for p in paths:
+        masks.append(p + ".mask")
+        (rng.random(os.path.getsize(p) // 2) < 0.7).tofile(masks[-1])
+    dataset = packed(core, paths, label_mask_paths=masks)
+    config_json, _, reference, rebuilt = drive(core, tmp_path, dataset, monkeypatch)
+    compare(open_olmo_core(config_json), reference, core, doc_lens=False)
+    compare(rebuilt, reference, core, doc_lens=False)
+
+
+def check_commands(config_json: str, reference: dict[int, list[Any]]) -> None:
+    """inspect-batch --json at the first steps of epochs 1 and 2 and the last step, each rank: ids and tokens
+    equal OLMo-core's, each instance's pieces are its tokens in the files; stats counts OLMo-core's instances."""
+    runner = CliRunner()
+    steps = reference[0]
+    chosen = sorted({next(s.step for s in steps if s.epoch == e) for e in (1, 2)} | {steps[-1].step})
+    for step in chosen:
+        for rank in range(WORLD):
+            theirs = reference[rank][step - 1]
+            result = runner.invoke(
+                data_main,
+                ["inspect-batch", config_json, "--step", str(step), "--rank", str(rank), "--world-size", "2", "--json"],
+                catch_exceptions=False,
+            )
+            assert result.exit_code == 0, result.output
+            got = json.loads(result.output)
+            assert got["epoch"] == theirs.epoch and [i["instance"] for i in got["instances"]] == theirs.index.tolist()
+            for row, inst in enumerate(got["instances"]):
+                np.testing.assert_array_equal(inst["token_ids"], theirs.input_ids[row])
+                read = [np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in inst["pieces"]]
+                used = sum(len(r) for r in read)
+                np.testing.assert_array_equal(np.concatenate(read), theirs.input_ids[row][:used])
+                assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
+    result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["trainer"] == "olmo-core" and stats["num_instances"] == len(open_olmo_core(config_json).dataset)
+    assert stats["batches_per_epoch"] == sum(1 for s in steps if s.epoch == 1)
+
+
+def test_pack_lengths_is_best_fit_decreasing() -> None:
+    """The least room that holds a document wins, the first opened among equals; no room: a new instance."""
+    assert pack_lengths(np.array([5, 4, 3, 3, 2, 1, 1]), 8) == [[0, 2], [1, 3, 5], [4, 6]]
+    assert pack_lengths(np.array([8, 8]), 8) == [[0], [1]]
+
+
+def minimal(tmp_path: Path, **dataset: Any) -> dict[str, Any]:
+    path = token_files(tmp_path / "tokens", n_files=1)[0]
+    return {
+        "dataset": {
+            "_CLASS_": "olmo_core.data.numpy_dataset.NumpyPackedFSLDatasetConfig",
+            "paths": [path],
+            "sequence_length": L,
+            "tokenizer": {"vocab_size": VOCAB, "eos_token_id": EOS, "pad_token_id": PAD},
+            **dataset,
+        },
+        "data_loader": {
+            "_CLASS_": "olmo_core.data.data_loader.NumpyDataLoaderConfig",
+            "global_batch_size": 12 * L,  # a multiple of 48 too (the power-of-two refusal)
+            "seed": 1,
+            "work_dir": str(tmp_path / "work"),
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            {"long_doc_strategy": "split"},
+            "dataset.long_doc_strategy is 'split'; expected one of ['truncate', 'fragment']",
+        ),
+        ({"sequence_length": 48}, "dataset.sequence_length is 48; OLMo-core's packer needs a power of two"),
+        ({"use_array_if_local": False}, "dataset.use_array_if_local is false (packed documents from the .csv.gz"),
+        ({"source_group_size": 0}, "dataset.source_group_size is 0; expected a whole number from 1"),
+        ({"generate_doc_lengths": "yes"}, "dataset.generate_doc_lengths is 'yes'; expected true or false"),
+    ],
+)
+def test_packed_refusals_name_the_key(tmp_path: Path, keys: dict[str, Any], message: str) -> None:
+    with pytest.raises(DataError) as e:
+        read_olmo_core_config(minimal(tmp_path, **keys))
+    assert message in str(e.value)
+
+
+def test_damaged_packing_files_are_refused(tmp_path: Path) -> None:
+    """A packing file that does not fit the token files is named, with what to do, before any batch is read."""
+    config = minimal(tmp_path)
+    data = open_olmo_core(config)
+    group = data.dataset.packed.groups[0]
+    sizes = tuple(os.path.getsize(p) for p in group.paths)
+    arrays = (group.documents.reshape(-1), group.instance_offsets.reshape(-1), group.docs_by_instance)
+    for name, array in zip(CACHE_NAMES, arrays, strict=True):
+        target = Path(cache_path(data.run, name, group.paths, sizes))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        array.astype("<u8").tofile(target)
+    again = open_olmo_core(config)
+    assert again.dataset.packed.groups[0].note.startswith("read from")
+    assert again.batch(1).fingerprint == data.batch(1).fingerprint
+    target = Path(cache_path(data.run, "documents-by-instance", group.paths, sizes))
+    bad = group.docs_by_instance.copy()
+    bad[0] = 10**6
+    bad.astype("<u8").tofile(target)
+    with pytest.raises(DataError, match="do not fit these token files .* remove the three"):
+        open_olmo_core(config)
