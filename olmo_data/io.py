@@ -22,16 +22,19 @@ from typing import IO, Any
 
 from olmo_data.errors import DataError, yaml_problem
 from olmo_data.interrupts import signals_deferred
-from olmo_data.remote import remote_reader
+from olmo_data.remote import remote_reader, stat_many
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 
 
 def default_cache_dir() -> str:
-    """Where derived files are kept (document indexes, fetched orders, checked tokenizers, downloaded checkpoints):
-    $OLMO_DATA_CACHE, else ~/.cache/olmo-data. Everything there can be deleted at any time; it is rebuilt on
-    demand."""
-    return os.environ.get("OLMO_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "olmo-data")
+    """Where derived files are kept (document indexes, fetched orders, checked tokenizers, downloaded checkpoints,
+    remote files' sizes): $OLMO_DATA_CACHE, else $XDG_CACHE_HOME/olmo-data, else ~/.cache/olmo-data. Everything
+    there can be deleted at any time; it is rebuilt on demand."""
+    if explicit := os.environ.get("OLMO_DATA_CACHE"):
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "olmo-data")
 
 
 def hub_offline_mode() -> bool:
@@ -81,22 +84,44 @@ def open_file(path: str, mode: str = "rb", *, compression: str = "infer_from_ext
 
 
 def file_size(path: str) -> int:
-    """Size in bytes of a local or remote file (one HEAD request for remote ones)."""
+    """Size in bytes of a local or remote file (remote: as `file_sizes` finds it)."""
     if not is_remote(path):
         return os.path.getsize(path)
-    try:
-        return _remote_size(path)
-    except DataError:
-        raise
-    except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
-        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    size = file_sizes([path])[0]
+    assert size is not None
+    return size
 
 
-def _remote_size(path: str) -> int:
-    if path.startswith(("s3://", "http://", "https://")):  # pooled and retried: a 503 must not end a run
-        return remote_reader().size(path)
-    with open_file(path, "rb", compression="disable") as f:
-        return int(f.seek(0, os.SEEK_END))
+def file_sizes(paths: Sequence[str], *, missing_ok: bool = False, progress: bool | None = None) -> list[int | None]:
+    """Sizes in bytes of many local or remote files, in order. Remote ones are asked at once, `concurrency` at a
+    time, at most once per process, and kept in the cache for later commands (`olmo_data.remote.sizes` says where,
+    how a changed file is noticed, and how to clear it). A missing file is a DataError naming it, or None with
+    `missing_ok` (a probe for optional metadata)."""
+    out: list[int | None] = [None] * len(paths)
+    remote = [p for p in paths if is_remote(p)]
+    stats = {}
+    if remote:
+        try:
+            root = default_cache_dir() if all(p.startswith(_HEAD_SCHEMES) for p in remote) else None
+            stats = stat_many(remote_reader(), remote, root, missing_ok=missing_ok, progress=progress)
+        except DataError:
+            raise
+        except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
+            raise DataError(f"{remote[0]}: cannot read ({type(e).__name__}: {e})") from e
+    for i, p in enumerate(paths):
+        if not is_remote(p):
+            if missing_ok and not os.path.exists(p):
+                continue
+            out[i] = os.path.getsize(p)
+            continue
+        stat = stats[p]
+        if stat.size is None and not missing_ok:
+            raise DataError(stat.error or f"{p}: no such file")
+        out[i] = stat.size
+    return out
+
+
+_HEAD_SCHEMES = ("s3://", "http://", "https://")  # sized by one retried HEAD each; and cached (others: not)
 
 
 def read_bytes(path: str) -> bytes:

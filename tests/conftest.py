@@ -80,6 +80,19 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["OLMO_DATA_CACHE"] = previous
 
 
+@pytest.fixture(autouse=True)
+def _remote_sizes_afresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test sizes remote files afresh: loopback servers reuse ports and file names from test to test, so
+    the on-disk size cache is off (tests/data/remote/test_remote_sizes.py turns it on) and the process's memo
+    is cleared."""
+    from olmo_data.remote import clear_memo
+
+    monkeypatch.setenv("OLMO_DATA_SIZE_CACHE", "0")
+    clear_memo()
+    yield
+    clear_memo()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quick_remote_retries() -> Iterator[None]:
     """Remote reads retry after a few milliseconds instead of seconds (also in the commands and trainers the tests

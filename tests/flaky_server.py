@@ -74,6 +74,9 @@ class FlakyServer:
         self.ranges_by_file: Counter[str] = Counter()  # the same, by path
         self.injected: Counter[str] = Counter()  # faults sent, by kind
         self.connections: set[tuple[str, int]] = set()
+        self.heads = 0  # HEAD requests (how many files were sized)
+        self.in_flight = 0  # requests being answered now, and the most at once (a client's concurrency)
+        self.max_in_flight = 0
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"flaky": self})
@@ -135,10 +138,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_HEAD(self) -> None:
-        self._serve(body=False)
+        with self.flaky._lock:
+            self.flaky.heads += 1
+        self._counted(body=False)
 
     def do_GET(self) -> None:
-        self._serve(body=True)
+        self._counted(body=True)
+
+    def _counted(self, body: bool) -> None:
+        server = self.flaky
+        with server._lock:
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        try:
+            self._serve(body)
+        finally:
+            with server._lock:
+                server.in_flight -= 1
 
     def _serve(self, body: bool) -> None:
         server, faults = self.flaky, self.flaky.faults
@@ -182,6 +198,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = end - start + 1 + {"short": -1, "long": 1}.get(fault or "", 0)
         self.send_response(status)
         self.send_header("Content-Length", str(length))
+        stat = path.stat()  # as object stores do: what tells a rewritten file from the one read before
+        self.send_header("ETag", f'"{stat.st_size:x}-{stat.st_mtime_ns:x}"')
+        self.send_header("Last-Modified", self.date_time_string(int(stat.st_mtime)))
         if status == 206 and faults.lie_range:
             start, end = 0, end - start
         elif status == 206:

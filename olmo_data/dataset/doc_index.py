@@ -24,8 +24,7 @@ import numpy as np
 
 from olmo_data.dataset.manifest import read_manifest
 from olmo_data.errors import DataError
-from olmo_data.io import default_cache_dir, file_size, is_remote, local_copy, open_file
-from olmo_data.remote import remote_reader
+from olmo_data.io import default_cache_dir, file_sizes, is_remote, local_copy, open_file
 
 DOCINDEX_VERSION = 2
 INDEX_JSON = "index.json"
@@ -40,10 +39,15 @@ def metadata_path_for(token_path: str) -> str | None:
             for entry in manifest.get("files", []):
                 if entry.get("path") == name and entry.get("metadata"):
                     return f"{directory}/{entry['metadata']}"
-    candidate = token_path[: -len(".npy")] + ".csv.gz" if token_path.endswith(".npy") else None
+    candidate = dolma_metadata(token_path)
     if candidate is None or (not is_remote(candidate) and not os.path.exists(candidate)):
         return None
     return candidate
+
+
+def dolma_metadata(token_path: str) -> str | None:
+    """dolma's name for a token file's metadata: the same stem, `.csv.gz` (None unless the file is `.npy`)."""
+    return token_path[: -len(".npy")] + ".csv.gz" if token_path.endswith(".npy") else None
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ class DocIndex:
     def __init__(self, cache_dir: str | None = None) -> None:
         self.root = Path(cache_dir or default_cache_dir()) / "docindex"
         self._files: dict[str, FileIndex | None] = {}
-        self._sizes: dict[str, int] = {}  # remote metadata files' sizes (part of their index's key)
+        self._sizes: dict[str, int | None] = {}  # remote metadata files' sizes (part of their index's key)
         self._lock = threading.Lock()
         self.built = 0  # how many indexes this object had to build (tests check that lookups reuse them)
 
@@ -110,11 +114,12 @@ class DocIndex:
         with self._lock:
             todo = {m for t, m in files if m and t not in self._files}
             urls = sorted({m for m in todo if is_remote(m)} - set(self._sizes))
-        if urls:
-            sizes = remote_reader().sizes(urls)
+        if urls:  # concurrently, cached on disk; a remote .csv.gz that is not there (404): no documents
+            sizes = file_sizes(urls, missing_ok=True)
             with self._lock:
                 self._sizes.update(zip(urls, sizes, strict=True))
         with self._lock:
+            todo = {m for m in todo if not is_remote(m) or self._sizes.get(m) is not None}  # (absent: no index)
             missing = {m: d for m in sorted(todo) if not ((d := self.root / self._key(m)) / INDEX_JSON).exists()}
         if len(missing) > 1:
             with ThreadPoolExecutor(max_workers=8) as pool:
@@ -122,11 +127,19 @@ class DocIndex:
             with self._lock:
                 self.built += len(missing)
 
+    def _remote_size(self, metadata: str) -> int | None:
+        """A remote metadata file's size, None when it is not there (a token file without documents, as a local
+        token file without its .csv.gz is)."""
+        if metadata not in self._sizes:
+            self._sizes[metadata] = file_sizes([metadata], missing_ok=True)[0]
+        return self._sizes[metadata]
+
+    def _absent(self, metadata: str) -> bool:
+        return is_remote(metadata) and self._remote_size(metadata) is None
+
     def _key(self, metadata: str) -> str:
         if is_remote(metadata):
-            if metadata not in self._sizes:
-                self._sizes[metadata] = file_size(metadata)
-            stamp = f"{metadata}|{self._sizes[metadata]}"
+            stamp = f"{metadata}|{self._remote_size(metadata)}"
         else:
             st = os.stat(metadata)
             stamp = f"{os.path.abspath(metadata)}|{st.st_size}|{st.st_mtime_ns}"
@@ -146,6 +159,8 @@ class DocIndex:
                 return self._files[token_path]
             metadata = metadata or metadata_path_for(token_path)
             index = None
+            if metadata is not None and metadata == dolma_metadata(token_path) and self._absent(metadata):
+                metadata = None  # dolma's .csv.gz absent remotely (404): no documents, as a local file without one
             if metadata is not None:
                 directory = self.root / self._key(metadata)
                 if not (directory / INDEX_JSON).exists():

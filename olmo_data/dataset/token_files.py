@@ -8,10 +8,10 @@ dtype fails here with the file named, not later as garbage tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from olmo_data.dataset.manifest import DTYPES, Manifests, agreed_dtype
 from olmo_data.errors import DataError
-from olmo_data.io import file_size, is_remote
+from olmo_data.io import file_size, file_sizes, is_remote
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,16 @@ def token_files(
         found = token_file(e.path, e.dtype, e.tokens, e.label_mask, e.metadata)
         return dataclasses.replace(found, dtype_assumed=True) if e.dtype_assumed else found
 
-    if sum(is_remote(e.path) and (e.tokens is None or bool(e.label_mask)) for e in expanded) > 1:  # HEADs: overlap
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            return list(pool.map(size, expanded))
+    prefetch_sizes(expanded)
     return [size(e) for e in expanded]
+
+
+def prefetch_sizes(expanded: Sequence[_Entry]) -> None:
+    """Ask for the sizes of every remote token file and label mask that `token_file` will need at once
+    (`file_sizes`: concurrently, once per process, cached on disk), so that sizing them in turn costs nothing.
+    A failure here is left for `token_file` to report, naming the file and the key to check."""
+    urls = [e.path for e in expanded if is_remote(e.path) and e.tokens is None]
+    urls += [e.label_mask for e in expanded if e.label_mask and is_remote(e.label_mask)]
+    if urls:
+        with contextlib.suppress(DataError):
+            file_sizes(urls)

@@ -1,10 +1,21 @@
 """Remote files read by byte range, concurrently, coalesced, retried and checked (`reader`), with bodies read
 under a cap and servers that ignore `Range` streamed once (`body`), and the range arithmetic (`ranges`). Every
 remote read of the data library and the trainer (token files, orders, manifests, checkpoints) goes through the one
-`remote_reader()` of a process, so its settings (`configure`, `OLMO_DATA_REMOTE_*`) apply everywhere.
+`remote_reader()` of a process, so its settings (`configure`, `OLMO_DATA_REMOTE_*`) apply everywhere. File sizes
+are asked together, once a process, and cached on disk (`sizes`).
 """
 
 from olmo_data.remote.ranges import coalesce
 from olmo_data.remote.reader import RemoteOptions, RemoteReader, configure, remote_reader
+from olmo_data.remote.sizes import RemoteStat, clear_memo, stat_many
 
-__all__ = ["RemoteOptions", "RemoteReader", "coalesce", "configure", "remote_reader"]
+__all__ = [
+    "RemoteOptions",
+    "RemoteReader",
+    "RemoteStat",
+    "clear_memo",
+    "coalesce",
+    "configure",
+    "remote_reader",
+    "stat_many",
+]

@@ -10,12 +10,11 @@ every one of those reads is retried the same way.
 Networks fail: a 503, a 429 asking to come back later, a connection reset mid-body, a body shorter (or longer)
 than asked. Those are retried with exponential back-off and jitter, bounded in attempts and in total time, and
 counted (`RemoteReader.retries`, which the trainer logs as a metric). A response whose length or range is not
-the one asked for is never used. A failure that retrying cannot fix (404, a range past the end of the file), or
-the last failed attempt, is a `DataError` naming the URL and the byte range. A server that stalls fails its attempt
-after `timeout_s` of silence; redirects are followed up to a bound, past which the request fails at once, named as
-too many redirects (a loop does not end by retrying). (urllib3's and botocore's own retries are turned off: they
-know nothing of a body of the wrong length, count nothing we could log, and differ per scheme; one loop here
-serves every scheme the same way.)
+the one asked for is never used. A failure that retrying cannot fix (404, a range past the end of the file), or the
+last failed attempt, is a `DataError` naming the URL and the byte range. A stalled server fails its attempt after
+`timeout_s` of silence; redirects are followed up to a bound, past which the request fails at once (a loop does not
+end by retrying). urllib3's and botocore's own retries are off: they know nothing of a body of the wrong length,
+count nothing we could log, and differ per scheme; one loop here serves every scheme the same way.
 
 http(s):// goes through urllib3 pool managers whose connection pool per host is as large as the concurrency;
 s3:// through one boto3 client (thread-safe, pool of the same size, its own retries off so that ours are the
@@ -39,9 +38,9 @@ from typing import Any, TypeVar
 from olmo_data.errors import DataError
 from olmo_data.remote.body import BodyTooLarge, Stream, check_cap, read_capped, read_slice
 from olmo_data.remote.ranges import Range, coalesce, content_range, retry_after
+from olmo_data.remote.sizes import changed_since_sized, text
 
 log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}  # and every other 5xx
@@ -183,7 +182,8 @@ class RemoteReader:
     def sizes(self, urls: Sequence[str]) -> list[int]:
         """The sizes of many remote files, their HEAD requests in flight together."""
         batch = _Batch()
-        return self._run([partial(self._with_retries, u, "size", partial(self._size_once, u), batch) for u in urls])
+        tasks = [partial(self._with_retries, u, "size", partial(self.stat_once, u), batch) for u in urls]
+        return [stat[0] for stat in self._run(tasks)]
 
     def read_all(self, url: str, max_bytes: int | None = None) -> bytes:
         """A whole (small) remote file: manifests, side files. A body of another length than the server
@@ -199,11 +199,9 @@ class RemoteReader:
         chunk_bytes: int = 8 * 2**20,
         max_bytes: int | None = None,
     ) -> None:
-        """Copy a remote file to a local path, or give its bytes in order to a `write` function (a stream that hashes
-        them), in ranged chunks, `concurrency` at a time, each retried on its own: a reset in the middle of a large
-        file costs one chunk, not the whole transfer; a stall fails an attempt after `timeout_s` of silence. Memory
-        stays under `concurrency` chunks; a server that ignores `Range` (answering the first chunk with the whole
-        file) is streamed from that answer once, a piece at a time. Over `max_bytes`: refused naming the URL."""
+        """Copy a remote file to a path, or its bytes in order to a `write` function, in ranged chunks, `concurrency`
+        at a time, each retried on its own (a reset costs one chunk); memory stays under `concurrency` chunks; a
+        server that ignores `Range` is streamed from its first answer once. Over `max_bytes`: refused naming the URL."""
         if isinstance(destination, (str, os.PathLike)):
             with open(destination, "wb") as f:
                 return self.download(url, f.write, chunk_bytes, max_bytes)
@@ -231,8 +229,7 @@ class RemoteReader:
 
     def stats(self) -> dict[str, int]:
         """Counters to log: requests that succeeded and failed attempts that were retried."""
-        with self._lock:
-            return {"requests": self.requests, "retries": self.retries}
+        return {"requests": self.requests, "retries": self.retries}  # (two ints: read without the lock)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -440,6 +437,8 @@ class RemoteReader:
         if status != 206:
             raise _Transient(f"HTTP {status} to a ranged GET")
         _check_range(headers.get("Content-Range"), "206 without a readable Content-Range", start, end)
+        if changed := changed_since_sized(url, headers):  # the size cache's entry was of another file
+            raise _Permanent(changed)
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
         return body
@@ -460,16 +459,18 @@ class RemoteReader:
             raise _Permanent(str(BodyTooLarge(None, cap)))
         return body
 
-    def _size_once(self, url: str) -> int:
+    def stat_once(self, url: str) -> tuple[int, str | None, str | None]:
+        """One attempt at (size, ETag, Last-Modified): the size cache (`sizes`) keeps all three."""
         if url.startswith(("http://", "https://")):
             _, headers, _ = self._http_request("HEAD", url, {})
             if headers.get("Content-Length") is None:
                 raise _Permanent("the server does not say the file's size (no Content-Length)")
-            return int(headers["Content-Length"])
+            return int(headers["Content-Length"]), headers.get("ETag"), headers.get("Last-Modified")
         if url.startswith("s3://"):
             bucket, key = url[5:].split("/", 1)
-            return self._s3_call(lambda: int(self._s3_client().head_object(Bucket=bucket, Key=key)["ContentLength"]))
-        return self._smart_open_call(url, lambda f: int(f.seek(0, os.SEEK_END)))
+            head = self._s3_call(lambda: self._s3_client().head_object(Bucket=bucket, Key=key))
+            return int(head["ContentLength"]), head.get("ETag"), text(head.get("LastModified"))
+        return self._smart_open_call(url, lambda f: int(f.seek(0, os.SEEK_END))), None, None
 
     def _s3_client(self) -> Any:
         """A boto3 client for $AWS_ENDPOINT_URL (one per endpoint: a process may point it elsewhere later)."""
@@ -493,6 +494,8 @@ class RemoteReader:
         end = start + length - 1
         obj = self._s3_call(lambda: self._s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}"))
         _check_range(obj.get("ContentRange"), "ranged GET answered without a readable ContentRange", start, end)
+        if changed := changed_since_sized(url, obj):
+            raise _Permanent(changed)
         body = self._s3_call(lambda: self._s3_body(obj))
         if len(body) != length:
             raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
@@ -590,8 +593,7 @@ def configure(**options: Any) -> RemoteReader:
 
 def _forget_after_fork() -> None:
     """A forked child cannot use its parent's pool threads or connections: it starts a reader of its own."""
-    global _READER
-    _READER = None
+    globals()["_READER"] = None
 
 
 if hasattr(os, "register_at_fork"):
