@@ -221,6 +221,42 @@ class PackedInstances:
             out.append(np.searchsorted(bounds, starts, side="right") - 1 + g * self.run.source_group_size)
         return np.concatenate(out).astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
+    def held_per_file(self) -> list[int]:
+        """Tokens of each file (in dataset order) that some instance holds: the rest are cut from long documents
+        (truncate) or after a file's last document."""
+        out: list[int] = []
+        for group in self.groups:
+            bounds = np.cumsum([0, *group.sizes])
+            files = np.searchsorted(bounds, group.documents[:, 0], side="right") - 1
+            lengths = group.documents[:, 1] - group.documents[:, 0]
+            out += np.bincount(files, weights=lengths, minlength=len(group.sizes)).astype(np.int64).tolist()
+        return out
+
+    def holding(self, path: str, start: int, end: int) -> list[tuple[int, int, int, int]]:
+        """(instance, first file token, tokens, position in the instance) of every document piece holding a token
+        of tokens [start, end) of `path`, for `trace`: each document is in one instance, at one place."""
+        out: list[tuple[int, int, int, int]] = []
+        for g, group in enumerate(self.groups):
+            if path not in group.paths:
+                continue
+            offset = sum(group.sizes[: group.paths.index(path)])
+            docs = group.documents
+            hit = np.flatnonzero((docs[:, 0] < offset + end) & (docs[:, 1] > offset + start))
+            if not len(hit):
+                continue
+            counts = group.instance_offsets[:, 1] - group.instance_offsets[:, 0]
+            instance_of = np.empty(len(docs), dtype=np.int64)
+            instance_of[group.docs_by_instance] = np.repeat(np.arange(len(counts)), counts)
+            lengths = docs[group.docs_by_instance, 1] - docs[group.docs_by_instance, 0]
+            before = np.cumsum(lengths) - lengths  # tokens before each flat entry, from the start of the whole list
+            at = np.empty(len(docs), dtype=np.int64)
+            at[group.docs_by_instance] = before - np.repeat(before[group.instance_offsets[:, 0]], counts)
+            first = int(self.group_offsets[g])
+            for d in hit.tolist():
+                a, b = int(docs[d, 0]), int(docs[d, 1])
+                out.append((first + int(instance_of[d]), a - offset, b - a, int(at[d])))
+        return sorted(out)
+
     def pieces(self, index: int) -> list[tuple[int, str, int, int]]:
         """(file index in the dataset, path, start, end) of each document instance `index` holds, in order."""
         if not 0 <= index < len(self):

@@ -77,6 +77,12 @@ def data_fingerprint(data: OlmoCoreData) -> str:
         "label_masks": list(run.label_mask_paths or []),
         "instances": len(ds),
     }
+    if run.kind == "packed":  # how documents became instances (absent for the others: their digests unchanged)
+        described |= {
+            "long_doc_strategy": run.long_doc_strategy,
+            "source_group_size": run.source_group_size,
+            "bos": run.bos_token_id,
+        }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -122,12 +128,17 @@ def _last_step(walk: StepWalk, value: int, unit: str) -> int:
     return lo
 
 
-def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> list[tuple[int, int, int]]:
-    """(instance, first token of the instance in `path`, its length) of every OLMo-core instance holding a token
-    of tokens [start, end) of token file `path`: each occurrence of the file in the dataset (a mixture may repeat
-    a file), each instance cut from it that overlaps the span."""
+def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """(instance, first file token it holds, tokens held, position of that token in the instance) for every
+    OLMo-core instance holding a token of tokens [start, end) of token file `path`: each occurrence of the file in
+    the dataset (a mixture may repeat a file), each instance cut from it that overlaps the span; a packed instance
+    once per document piece of the file it holds there."""
     ds, L = data.dataset, data.run.sequence_length
-    out: list[tuple[int, int, int]] = []
+    out: list[tuple[int, int, int, int]] = []
+    if ds.packed is not None:
+        for instance, file_start, tokens, at in ds.packed.holding(path, start, end):
+            out.append((instance, file_start, tokens, at))
+        return out
     for k, p in enumerate(ds.paths):
         if p != path:
             continue
@@ -135,10 +146,10 @@ def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> li
         if ds.documents is not None:
             spans = ds.documents[k]
             hit = np.flatnonzero((spans[:, 0] < end) & (spans[:, 1] > start))
-            out += [(first + int(j), int(spans[j, 0]), int(spans[j, 1] - spans[j, 0])) for j in hit]
+            out += [(first + int(j), int(spans[j, 0]), int(spans[j, 1] - spans[j, 0]), 0) for j in hit]
         else:
             for j in range(start // L, min((end - 1) // L, count - 1) + 1):
-                out.append((first + j, j * L, L))
+                out.append((first + j, j * L, L, 0))
     return out
 
 

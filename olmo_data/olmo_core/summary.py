@@ -56,13 +56,19 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     L = run.sequence_length
     files: list[FileStats] = []
     by_source: dict[str, list[int]] = {}
+    packed_held = ds.packed.held_per_file() if ds.packed is not None else None
     for k, path in enumerate(ds.paths):
         tokens = file_size(path) // ds.itemsize
         used = ds.file_tokens[k]
         instances = int(ds.offsets[k + 1] - ds.offsets[k])
         index = docs.index_for(path)
         name = ds.sources[k] if ds.sources[k] is not None else os.path.dirname(path) or "."
-        held = instances * L if ds.documents is None else int((ds.documents[k][:, 1] - ds.documents[k][:, 0]).sum())
+        if packed_held is not None:  # packed: the tokens of its documents (instances counted by their first one)
+            held = packed_held[k]
+        elif ds.documents is None:
+            held = instances * L
+        else:
+            held = int((ds.documents[k][:, 1] - ds.documents[k][:, 0]).sum())
         files.append(
             FileStats(
                 path=path,

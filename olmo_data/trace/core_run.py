@@ -74,18 +74,20 @@ def trace_olmo_core(
     if world_size is not None and (world_size < 1 or per_batch % world_size):
         raise DataError(f"--world-size {world_size} must divide the global batch size {per_batch}")
     holding = [instances_holding(core, paths[t.file_index], t.start, t.end) for t in targets]
-    found = trained_at(core, [i for h in holding for i, _, _ in h], first, last, world_size or 1)
+    found = trained_at(core, [h[0] for held in holding for h in held], first, last, world_size or 1)
     L = core.run.sequence_length
     hits: list[Hit] = []
     for t, (target, held) in enumerate(zip(targets, holding, strict=True)):
-        for instance, start, length in held:
+        for instance, start, length, offset in held:  # file tokens [start, start + length) from position `offset`
             lo, hi = max(target.start, start), min(target.end, start + length)
             if hi <= lo:
                 continue
             supervised = None
             if core.run.label_mask_paths is not None:
                 _, masks = core.dataset.get_batch(np.array([instance]))
-                supervised = int(masks[0][lo - start : hi - start].sum()) if masks is not None else None
+                supervised = (
+                    int(masks[0][lo - start + offset : hi - start + offset].sum()) if masks is not None else None
+                )
             for at in found[instance]:
                 hits.append(
                     Hit(
@@ -97,8 +99,8 @@ def trace_olmo_core(
                         rank=at.rank if world_size else None,
                         instance=instance,
                         path=paths[target.file_index],
-                        instance_start=lo - start,
-                        instance_end=hi - start,
+                        instance_start=lo - start + offset,
+                        instance_end=hi - start + offset,
                         target_start=lo - target.start,
                         target_end=hi - target.start,
                         supervised=supervised,

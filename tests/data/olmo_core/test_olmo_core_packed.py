@@ -11,6 +11,7 @@ last EOS. Tests that need OLMo-core skip where it is not installed; the refusals
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -32,9 +33,12 @@ WORLD = 2
 EOS, PAD, VOCAB = 0, 1, 2048
 
 
-def token_files(folder: Path, n_files: int = 5, seed: int = 0, bos: int | None = None) -> list[str]:
+def token_files(
+    folder: Path, n_files: int = 5, seed: int = 0, bos: int | None = None, metadata: bool = False
+) -> list[str]:
     """Seeded uint16 token files of documents 1..150 tokens long (some past L), each ended by EOS, and a tail
-    without one; with `bos`, each document starts with it."""
+    without one; with `bos`, each document starts with it. With `metadata`, a tokenize-style .csv.gz beside each
+    (for the commands' document lookups: OLMo-core finds a local file's documents by its EOS tokens)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
@@ -49,6 +53,11 @@ def token_files(folder: Path, n_files: int = 5, seed: int = 0, bos: int | None =
         docs.append(rng.integers(2, VOCAB, size=int(rng.integers(1, 10))).astype(np.uint16))  # no EOS: no document
         out.append(str(folder / f"part-{f:02d}.npy"))
         np.concatenate(docs).tofile(out[-1])
+        if metadata:
+            ends = np.cumsum([len(d) for d in docs[:-1]])
+            with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
+                for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+                    meta.write(f"{a},{b},doc-{f}-{i},src-{f}.jsonl,{i + 1}\n")
     return out
 
 
@@ -115,7 +124,7 @@ def test_packed_every_step_on_two_ranks(
     them (identical, and their bytes identical too)."""
     from olmo_core.data.numpy_dataset import InstanceFilterConfig
 
-    paths = token_files(tmp_path / "tokens", seed=group)
+    paths = token_files(tmp_path / "tokens", seed=group, metadata=True)
     dataset = packed(
         core,
         paths,
@@ -144,7 +153,16 @@ def test_packed_every_step_on_two_ranks(
         for name, array in zip(CACHE_NAMES, arrays, strict=True):
             stored = os.path.basename(cache_path(data.run, name, g.paths, sizes))
             assert array.astype("<u8").tobytes() == theirs[stored], (name, g.paths)
-    check_commands(config_json, reference)
+    stats = check_commands(config_json, reference)
+    # the tokens instances hold, by OLMo-core's document-indices files: the rest were cut (a truncated document's
+    # tail) or follow a file's last EOS
+    held = sum(
+        int(np.diff(np.frombuffer(b, dtype="<u8").astype(np.int64).reshape(-1, 2)).sum())
+        for name, b in theirs.items()
+        if name.startswith("document-indices")
+    )
+    assert sum(f["tokens"] - f["dropped_tokens"] for f in stats["files"]) == held
+    check_trace(config_json, reference, data, tmp_path / "work")
 
 
 def test_packed_with_a_bos_token(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,7 +196,7 @@ def test_packed_without_doc_lengths_and_label_masks(core: Any, tmp_path: Path, m
     compare(rebuilt, reference, core, doc_lens=False)
 
 
-def check_commands(config_json: str, reference: dict[int, list[Any]]) -> None:
+def check_commands(config_json: str, reference: dict[int, list[Any]]) -> dict[str, Any]:
     """inspect-batch --json at the first steps of epochs 1 and 2 and the last step, each rank: ids and tokens
     equal OLMo-core's, each instance's pieces are its tokens in the files; stats counts OLMo-core's instances."""
     runner = CliRunner()
@@ -201,11 +219,63 @@ def check_commands(config_json: str, reference: dict[int, list[Any]]) -> None:
                 used = sum(len(r) for r in read)
                 np.testing.assert_array_equal(np.concatenate(read), theirs.input_ids[row][:used])
                 assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
+                if inst["documents"] is not None:  # the metadata's documents of each piece, where it sits
+                    spans = [(d["instance_start"], d["instance_end"]) for d in inst["documents"]]
+                    assert spans[0][0] == 0 and spans[-1][1] == used
+                    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)
     assert stats["trainer"] == "olmo-core" and stats["num_instances"] == len(open_olmo_core(config_json).dataset)
     assert stats["batches_per_epoch"] == sum(1 for s in steps if s.epoch == 1)
+    assert sum(f["instances"] for f in stats["files"]) == stats["num_instances"]
+    assert all(f["dropped_tokens"] > 0 for f in stats["files"])  # every file has a tail after its last EOS
+    return stats
+
+
+def check_trace(config_json: str, reference: dict[int, list[Any]], data: Any, work_dir: Path) -> None:
+    """trace --document names exactly the (step, rank) pairs whose OLMo-core batches held one of its tokens, by
+    OLMo-core's own packing files (which instance holds which token span of the group's files)."""
+    last = reference[0][-1]
+    instance = int(last.index[0])
+    g = int(np.searchsorted(data.dataset.packed.group_offsets, instance, side="right")) - 1
+    group = data.dataset.packed.groups[g]
+    sizes = tuple(os.path.getsize(p) for p in group.paths)
+    docs, offsets, flat = (
+        np.fromfile(cache_path(data.run, name, group.paths, sizes), dtype="<u8").astype(np.int64)
+        for name in CACHE_NAMES
+    )
+    docs, offsets = docs.reshape(-1, 2), offsets.reshape(-1, 2)
+    local = instance - int(data.dataset.packed.group_offsets[g])
+    a, b = docs[flat[offsets[local, 0]]]  # its first document, in the group's tokens
+    k = int(np.searchsorted(np.cumsum([0, *group.sizes]), a, side="right")) - 1
+    base = sum(group.sizes[:k])
+    with gzip.open(group.paths[k][: -len(".npy")] + ".csv.gz", "rt") as meta:
+        rows = [line.split(",") for line in meta]
+    doc_id, d_start, d_end = next((r[2], int(r[0]), int(r[1])) for r in rows if int(r[0]) <= a - base < int(r[1]))
+    holding = set()
+    for j in range(len(offsets)):
+        for d in flat[offsets[j, 0] : offsets[j, 1]]:
+            lo, hi = docs[d] - base
+            if lo < d_end and hi > d_start and 0 <= lo and hi <= group.sizes[k]:
+                holding.add(int(data.dataset.packed.group_offsets[g]) + j)
+    want = sorted({(s.step, r) for r, steps in reference.items() for s in steps if holding & set(s.index.tolist())})
+    result = CliRunner().invoke(
+        data_main,
+        ["trace", config_json, "--document", doc_id, "--steps", f"1..{last.step}", "--world-size", "2", "--json"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert sorted({(h["step"], h["rank"]) for h in hits}) == want and want
+    assert {h["instance"] for h in hits} == holding
+    for h in hits:  # each hit's span of the instance is the document's tokens there
+        row = data.batch(h["step"]).tokens[h["position"]]
+        piece = np.fromfile(group.paths[k], dtype=np.uint16)[d_start:d_end]
+        span = row[h["instance_start"] : h["instance_end"]]
+        assert len(span) and any(
+            np.array_equal(span, piece[i : i + len(span)]) for i in range(len(piece) - len(span) + 1)
+        )
 
 
 def test_pack_lengths_is_best_fit_decreasing() -> None:
