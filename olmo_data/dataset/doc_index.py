@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from olmo_data.dataset.manifest import read_manifest
+from olmo_data.dataset.manifest import Manifests
 from olmo_data.errors import DataError
 from olmo_data.io import default_cache_dir, file_sizes, is_remote, local_copy, open_file
 
@@ -30,11 +30,12 @@ DOCINDEX_VERSION = 2
 INDEX_JSON = "index.json"
 
 
-def metadata_path_for(token_path: str) -> str | None:
-    """The `.csv.gz` beside a token file: the manifest's `metadata` entry, else dolma's naming (same stem)."""
+def metadata_path_for(token_path: str, manifests: Manifests | None = None) -> str | None:
+    """The `.csv.gz` beside a token file: the manifest's `metadata` entry, else dolma's naming (same stem).
+    `manifests` reads each directory's manifest once (thousands of remote files share one)."""
     directory, _, name = token_path.rpartition("/")
     with contextlib.suppress(DataError):
-        manifest = read_manifest(directory or ".")
+        manifest = (manifests or Manifests()).get(directory or ".")
         if manifest:
             for entry in manifest.get("files", []):
                 if entry.get("path") == name and entry.get("metadata"):
@@ -103,6 +104,7 @@ class DocIndex:
         self.root = Path(cache_dir or default_cache_dir()) / "docindex"
         self._files: dict[str, FileIndex | None] = {}
         self._sizes: dict[str, int | None] = {}  # remote metadata files' sizes (part of their index's key)
+        self._manifests = Manifests()  # token directories' manifests, each read once
         self._lock = threading.Lock()
         self.built = 0  # how many indexes this object had to build (tests check that lookups reuse them)
 
@@ -111,8 +113,9 @@ class DocIndex:
         would do in turn: ask for the sizes of the remote metadata files (each index's key needs one: a HEAD
         request), and build the indexes not built yet (each a download and a parse). A batch touches up to
         hundreds of files; in turn, each would cost network round trips."""
-        with self._lock:
-            todo = {m for t, m in files if m and t not in self._files}
+        with self._lock:  # (a file without a known metadata path: the one beside it, if any)
+            named = [(t, m or metadata_path_for(t, self._manifests)) for t, m in files if t not in self._files]
+            todo = {m for _, m in named if m}
             urls = sorted({m for m in todo if is_remote(m)} - set(self._sizes))
         if urls:  # concurrently, cached on disk; a remote .csv.gz that is not there (404): no documents
             sizes = file_sizes(urls, missing_ok=True)
@@ -157,7 +160,7 @@ class DocIndex:
         with self._lock:
             if token_path in self._files:
                 return self._files[token_path]
-            metadata = metadata or metadata_path_for(token_path)
+            metadata = metadata or metadata_path_for(token_path, self._manifests)
             index = None
             if metadata is not None and metadata == dolma_metadata(token_path) and self._absent(metadata):
                 metadata = None  # dolma's .csv.gz absent remotely (404): no documents, as a local file without one

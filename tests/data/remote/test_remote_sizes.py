@@ -116,3 +116,17 @@ def test_absent_remote_metadata_is_no_documents_as_a_local_file_without_it(
     clear_memo()
     assert DocIndex(str(tmp_path / "docs")).lookup(urls[6], 0, 4) is None
     assert server.heads == heads + 1
+
+
+def test_documents_of_many_remote_files_are_probed_together(
+    store: tuple[FlakyServer, list[str]], cache: Path, tmp_path: Path
+) -> None:
+    """What `stats` asks of every file: its documents. The manifest is read once for the folder, the .csv.gz
+    beside each file probed concurrently, and the lookups after that ask nothing."""
+    server, urls = store
+    docs = DocIndex(str(tmp_path / "docs"))
+    docs.prepare([(u, None) for u in urls])
+    assert server.requests == 1 + N  # manifest.json (404) once, one HEAD per .csv.gz (404)
+    assert server.max_in_flight >= 16
+    assert all(docs.lookup(u, 0, 1) is None for u in urls)
+    assert server.requests == 1 + N
