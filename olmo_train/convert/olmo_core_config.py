@@ -1,16 +1,18 @@
 """OLMo-core's run config (the `config.json` its ConfigSaverCallback writes into each checkpoint) as our model and
 optimizer settings, for `import-olmo-core` (olmo_core.py).
 
-OLMo-core writes its config with `as_config_dict()`: every dataclass as a dict with its class under `_CLASS_`, and
-every field whose value is None left out. So a key that is absent means the field's default in OLMo-core's source,
-and several of those defaults differ from what an OLMo 2 run states: a linear's `bias` left out is *on*, a norm's
-`eps` left out is 1e-5. Each section below lists the keys OLMo-core 3.0 has, with that default, and reads them
-strictly: a value that would make OLMo-core's model compute something ours does not (biases, MoE, sliding windows,
-gated attention, interleaved RoPE, per-head QK-norm, ...) is refused by its key; settings of OLMo-core's machinery
-that do not change what the model computes (dtypes, kernels, backends, fp8) are listed and ignored. A key this
-table does not know is ignored only when it is null or false (a feature left off), and refused otherwise, so a later
-OLMo-core's new option cannot be silently dropped. Nothing in the file is executed or imported: `_CLASS_` is only
-compared with the names OLMo-core uses.
+OLMo-core writes its config with `as_config_dict()`: every dataclass as a dict with its class under `_CLASS_`, and every
+field whose value is None left out. So a key that is absent means the field's default in OLMo-core's source, and several
+of those defaults differ from what an OLMo 2 run states: a linear's `bias` left out is *on*, a norm's `eps` left out is
+1e-5. Each section below lists the keys OLMo-core 3.0 has, with that default, and reads them strictly: a value that
+would make OLMo-core's model compute something ours does not (biases, MoE, gated attention, interleaved RoPE, per-head
+QK-norm, ...) is refused by its key; settings of OLMo-core's machinery that do not change what the model computes
+(dtypes, kernels, backends, fp8) are listed and ignored. A key this table does not know is ignored only when it is null
+or false (a feature left off), and refused otherwise, so a later OLMo-core's new option cannot be silently dropped.
+Nothing in the file is executed or imported: `_CLASS_` is only compared with the names OLMo-core uses. OLMo 3's
+attention windows (`sliding_window`, OLMo-core's own keys, which our ModelConfig shares) and its YaRN on the
+full-attention layers (`with_rope_scaling`'s `block_overrides`: the block again with `rope.scaling`, on exactly those
+layers) are read; any other override or scaling is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from olmo_data.config import ModelConfig, OptimizerConfig
+from olmo_data.config import ModelConfig, OptimizerConfig, RopeConfig, SlidingWindowConfig, YaRNScalingConfig
 from olmo_data.errors import DataError, shown
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,9 @@ _LM_HEAD: dict[str, Any] = {"name": "default", "layer_norm": None, "bias": True}
 _MODEL: dict[str, Any] = {"d_model": None, "vocab_size": None, "n_layers": None, "block": None, "lm_head": None}
 _MODEL |= {"embedding_norm": None, "name": "default", "init_std": 0.02, "block_pattern": None}
 _MODEL |= {"block_overrides": None, "embed_scale": None, "tie_word_embeddings": False}
+_WINDOW: dict[str, Any] = {"pattern": None, "force_full_attention_on_first_layer": True}
+_WINDOW |= {"force_full_attention_on_last_layer": True}
+_YARN: dict[str, Any] = {"factor": 8.0, "beta_fast": 32, "beta_slow": 1, "old_context_len": 8192}
 BLOCK_KINDS = {"reordered_norm": True, "default": False}  # block name -> our norm_after
 
 
@@ -145,7 +150,7 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
     """Our ModelConfig for the run config an OLMo-core checkpoint carries, refusing by key what ours cannot compute."""
     m = Section(config.get("model"), "model", source, _MODEL, ("TransformerConfig",))
     m.require("name", ("default",), "a dense decoder; MoE and normalized transformers have no counterpart here")
-    for key in ("embedding_norm", "block_pattern", "block_overrides", "embed_scale"):
+    for key in ("embedding_norm", "block_pattern", "embed_scale"):
         m.require(key, (None,), "every block alike, embeddings used as they are")
     d_model, rows, n_layers = _int(m, "d_model"), _int(m, "vocab_size"), _int(m, "n_layers")
     block = m.section("block", _BLOCK, ("TransformerBlockConfig",))
@@ -158,8 +163,9 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
     att = block.section(mixer, _ATTENTION, ("AttentionConfig",))
     att.require("name", ("default",), "separate q, k, v projections; fused and other attentions are not read")
     att.require("bias", (False,), "our projections have no bias")
-    for key, why in (("gate", "no output gate"), ("clip_qkv", "no clipping"), ("sliding_window", "full attention")):
+    for key, why in (("gate", "no output gate"), ("clip_qkv", "no clipping")):
         att.require(key, (None,), why)
+    window = _sliding_window(att)
     att.require("dropout", (0.0, 0), "no dropout")
     for key in ("use_head_qk_norm", "scalable_softmax", "qk_norm_per_head_gains", "attention_sinks"):
         att.require(key, (False,), "QK-norm over the whole projection, plain softmax")
@@ -175,7 +181,8 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
     rope = att.section("rope", _ROPE, ("RoPEConfig",))
     rope.require("name", ("default", "fused"), "rotate-half RoPE; complex (interleaved) RoPE is not read")
     rope.require("no_global_rope", (False,), "RoPE in every layer")
-    rope.require("scaling", (None,), "unscaled RoPE")
+    windows = ModelConfig(n_layers=n_layers, sliding_window=window).attention_windows()
+    scaling = _rope_scaling(m, block, rope, windows)
     rope.require("partial_rotary_factor", (1.0, 1), "RoPE over the whole head")
     norm = _norm(block, "layer_norm")
     if norm is None:
@@ -217,7 +224,83 @@ def model_config_from_olmo_core(config: dict[str, Any], source: str) -> ModelCon
         norm_after=norm_after,
         weight_tying=bool(m.get("tie_word_embeddings")),
         init_std=_float(m, "init_std"),
+        sliding_window=window,
+        rope=RopeConfig(scaling=scaling) if scaling is not None else None,
     )
+
+
+def _sliding_window(att: Section) -> SlidingWindowConfig | None:
+    """OLMo-core's SlidingWindowAttentionConfig as ours (the same keys, the same first/last-layer rule)."""
+    if att.value.get("sliding_window") is None:
+        return None
+    s = att.section("sliding_window", _WINDOW, ("SlidingWindowAttentionConfig",))
+    pattern = s.get("pattern")
+    ok = isinstance(pattern, list) and pattern
+    if not ok or any(not isinstance(w, int) or isinstance(w, bool) or (w < 1 and w != -1) for w in pattern):
+        raise DataError(
+            f"{s.source}: {s.key('pattern')} is {shown(pattern)}; expected window sizes (>= 1 tokens) or -1 (full "
+            "attention), at least one"
+        )
+    flags = [s.require(k, (True, False), "a boolean") for k in list(_WINDOW)[1:]]
+    return SlidingWindowConfig(list(pattern), *flags)
+
+
+def _yarn(rope: Section) -> YaRNScalingConfig | None:
+    """The rope's `scaling`: OLMo-core's YaRNRoPEScalingConfig as ours; any other scaling refused by its class."""
+    if rope.value.get("scaling") is None:
+        return None
+    if not isinstance(rope.value["scaling"], dict) or "_CLASS_" not in rope.value["scaling"]:
+        raise DataError(f"{rope.source}: {rope.key('scaling')} has no _CLASS_; which RoPE scaling it is is unknown")
+    s = rope.section("scaling", _YARN, ("YaRNRoPEScalingConfig",))
+    factor, fast, slow = _float(s, "factor", positive=True), _float(s, "beta_fast"), _float(s, "beta_slow")
+    return YaRNScalingConfig(factor, fast, slow, _int(s, "old_context_len"))
+
+
+def _without_scaling(block: dict[str, Any], mixer: str) -> dict[str, Any]:
+    rope = {k: v for k, v in block[mixer]["rope"].items() if k != "scaling"}
+    return block | {mixer: block[mixer] | {"rope": rope}}
+
+
+def _rope_scaling(m: Section, block: Section, rope: Section, windows: list[int | None]) -> YaRNScalingConfig | None:
+    """YaRN on the full-attention layers, as ours computes it: the block's own rope.scaling when every layer is
+    full attention, or (OLMo-core's `with_rope_scaling`) `block_overrides` that are the block with YaRN on exactly
+    the full-attention layers. Any other override, or a scaling that would reach a windowed layer, is refused."""
+    own = _yarn(rope)
+    if own is not None and any(w is not None for w in windows):
+        raise DataError(
+            f"{rope.source}: {rope.key('scaling')} scales every layer, windowed ones too; only YaRN on the "
+            "full-attention layers (OLMo-core's with_rope_scaling: block_overrides) can be imported"
+        )
+    overrides = m.value.get("block_overrides")
+    if overrides is None:
+        return own
+    where = m.key("block_overrides")
+    full = {i for i, w in enumerate(windows) if w is None}
+    if own is not None or not isinstance(overrides, dict) or {str(i) for i in full} != set(map(str, overrides)):
+        raise DataError(
+            f"{m.source}: {where} overrides layers {sorted(overrides) if isinstance(overrides, dict) else overrides}; "
+            f"only YaRN on exactly the full-attention layers {sorted(full)} can be imported (every block alike else)"
+        )
+    mixer = "sequence_mixer" if block.value.get("sequence_mixer") is not None else "attention"
+    found: list[YaRNScalingConfig] = []
+    for layer, override in overrides.items():
+        here = f"{where}.{layer}"
+        try:
+            same = _without_scaling(override, mixer) == _without_scaling(block.value, mixer)
+        except (AttributeError, KeyError, TypeError):
+            same = False
+        if not same:
+            raise DataError(
+                f"{m.source}: {here} differs from model.block in more than {mixer}.rope.scaling; only YaRN on the "
+                "full-attention layers can be imported"
+            )
+        scaling = _yarn(Section(override[mixer]["rope"], f"{here}.{mixer}.rope", m.source, _ROPE, ("RoPEConfig",)))
+        if scaling is None:
+            raise DataError(f"{m.source}: {here}.{mixer}.rope.scaling is absent; the override then changes nothing")
+        found.append(scaling)
+    if any(f != found[0] for f in found):
+        raise DataError(f"{m.source}: {where} scales its layers differently; only one YaRN for all can be imported")
+    return found[0]
 
 
 def _tokenizer_vocab(config: dict[str, Any], rows: int) -> int:
