@@ -9,7 +9,8 @@ batch, and `labels_for` masks them as for our own data.
 
 Refused at start, by name: a `BatchSizeSchedulerCallback` (the loop's learning rate, token counts and
 checkpoints assume one batch size) and `model.document_masking` (its document starts are read from our
-token-file index, which OLMo-core's instances, padded or mixed, do not follow).
+token-file index, which OLMo-core's instances, padded or mixed, do not follow), and a NumpyPackedFSLDataset (its
+doc_lens are not yet turned into document masking here).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
         raise ConfigError(
             f"{where} changes its batch size during the run (trainer.callbacks: BatchSizeSchedulerCallback); "
             "training on it here is not supported (inspect-batch and trace read such a run)"
+        )
+    if core.run.kind == "packed":
+        raise ConfigError(
+            f"{where}: its dataset is OLMo-core's NumpyPackedFSLDataset; training here on its batches (their doc_lens "
+            "as document masking, their sources per packed document) is not covered yet (inspect-batch, trace and "
+            "stats read such a run)"
         )
     if cfg.model.document_masking:
         raise ConfigError(
