@@ -56,6 +56,7 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     L = run.sequence_length
     files: list[FileStats] = []
     by_source: dict[str, list[int]] = {}
+    docs.prepare([(p, None) for p in dict.fromkeys(ds.paths)])  # every file's metadata probed at once, not in turn
     packed_held = ds.packed.held_per_file() if ds.packed is not None else None
     for k, path in enumerate(ds.paths):
         tokens = file_size(path) // ds.itemsize
