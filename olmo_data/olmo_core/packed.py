@@ -334,3 +334,33 @@ def packed_documents(docs: DocIndex, pieces: tuple[tuple[str, int, int], ...]) -
         out += [replace(d, instance_start=d.instance_start + at, instance_end=d.instance_end + at) for d in spans]
         at += end - start
     return out
+
+
+def write_packing(run: OlmoCoreRun, packed: PackedInstances, folder: str, itemsize: int) -> list[str]:
+    """Each group's three packing files under OLMo-core's names and bytes in `folder/dataset-common` (its dataset
+    takes them as its own with that work_dir); one already there is kept only when identical, byte for byte."""
+    lines = []
+    for group in packed.groups:
+        sizes = tuple(s * itemsize for s in group.sizes)
+        arrays = (group.documents.reshape(-1), group.instance_offsets.reshape(-1), group.docs_by_instance)
+        for name, array in zip(CACHE_NAMES, arrays, strict=True):
+            path = os.path.join(folder, "dataset-common", os.path.basename(cache_path(run, name, group.paths, sizes)))
+            data = array.astype(INDEX_DTYPE).tobytes()
+            if os.path.lexists(path):
+                if not os.path.isfile(path) or os.path.getsize(path) != len(data):
+                    raise DataError(f"{path}: not OLMo-core's {name} for {', '.join(group.paths)}; remove it")
+                with open(path, "rb") as f:
+                    if f.read() != data:
+                        raise DataError(
+                            f"{path}: not the {name} OLMo-core packs for {', '.join(group.paths)}; remove it, or "
+                            "check the run's dataset"
+                        )
+                lines.append(f"packing: {path} is there, identical to OLMo-core's (kept)")
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            lines.append(f"packing: wrote {path} ({len(array):,} entries): OLMo-core's name and bytes")
+    return lines

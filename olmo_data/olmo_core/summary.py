@@ -30,6 +30,7 @@ from olmo_data.olmo_core.order import (
     order_file_name,
     write_olmo_core_order,
 )
+from olmo_data.olmo_core.packed import write_packing
 from olmo_data.olmo_core.runs import run_length
 
 
@@ -158,6 +159,8 @@ def build_olmo_core_orders(
             f"epoch {epoch}: wrote {path} ({n // run.chunk_size * run.chunk_size:,} instances): OLMo-core's name "
             "and bytes, read as its own by its loader with this work_dir"
         )
+    if data.dataset.packed is not None:  # its dataset's packing files: in the dataset's work_dir, or beside these
+        lines += write_packing(run, data.dataset.packed, destination or run.dataset_work_dir, data.dataset.itemsize)
     return lines
 
 

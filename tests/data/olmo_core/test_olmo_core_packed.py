@@ -163,6 +163,28 @@ def test_packed_every_step_on_two_ranks(
     )
     assert sum(f["tokens"] - f["dropped_tokens"] for f in stats["files"]) == held
     check_trace(config_json, reference, data, tmp_path / "work")
+    check_build_order(config_json, tmp_path, theirs)
+
+
+def check_build_order(config_json: str, tmp_path: Path, theirs: dict[str, bytes]) -> None:
+    """build-order writes the epochs' orders and the packing files as OLMo-core wrote them (names and bytes);
+    in the run's own work_dir, OLMo-core's files are recognised as identical and kept."""
+    runner = CliRunner()
+    other = tmp_path / "built"
+    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3", "--destination", str(other)])
+    assert result.exit_code == 0, result.output
+    assert cache_files(other) == theirs
+    orders = sorted(f for f in os.listdir(tmp_path / "work") if f.startswith("global_indices"))
+    assert sorted(f for f in os.listdir(other) if f.startswith("global_indices")) == orders
+    for name in orders:
+        assert (other / name).read_bytes() == (tmp_path / "work" / name).read_bytes()
+    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("identical to OLMo-core's (kept)") == len(theirs)
+    name = sorted(theirs)[0]
+    (other / "dataset-common" / name).write_bytes(theirs[name][:-8] + bytes(8))  # one entry changed
+    result = runner.invoke(data_main, ["build-order", config_json, "--destination", str(other)])
+    assert result.exit_code != 0 and f"{name}: not the" in result.output and "remove it" in result.output
 
 
 def test_packed_with_a_bos_token(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
