@@ -17,6 +17,7 @@ from olmo_data.dataset.token_files import token_files
 from olmo_data.errors import DataError
 from olmo_data.io import file_sizes
 from olmo_data.remote import RemoteReader, clear_memo
+from tests.data.remote.test_remote import s3_server  # noqa: F401  (a fixture)
 from tests.flaky_server import Faults, FlakyServer
 
 N, LATENCY = 200, 0.02
@@ -130,3 +131,38 @@ def test_documents_of_many_remote_files_are_probed_together(
     assert server.max_in_flight >= 16
     assert all(docs.lookup(u, 0, 1) is None for u in urls)
     assert server.requests == 1 + N
+
+
+def test_metadata_a_manifest_names_but_missing_stays_an_error(
+    store: tuple[FlakyServer, list[str]], cache: Path, tmp_path: Path
+) -> None:
+    """Only dolma's guess beside a file is optional: a file the manifest names is damage when absent."""
+    server, urls = store
+    named = f"{server.url}/tok/meta-5.csv.gz"
+    docs = DocIndex(str(tmp_path / "docs"))
+    docs.prepare([(urls[5], named)])
+    with pytest.raises(DataError, match=r"meta-5\.csv\.gz.*HTTP 404"):
+        docs.lookup(urls[5], 0, 4, metadata=named)
+
+
+def test_s3_sizes_are_cached_and_checked_by_ranged_reads(
+    s3_server: str,  # noqa: F811
+    cache: Path,
+    fresh_reader: RemoteReader,
+) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.create_bucket(Bucket="tok")
+    for i in range(3):
+        s3.put_object(Bucket="tok", Key=f"d/part-{i}.npy", Body=b"\1" * (8 * (i + 1)))
+    urls = [f"s3://tok/d/part-{i}.npy" for i in range(3)]
+    assert file_sizes(urls) == [8, 16, 24]
+    assert fresh_reader.read(urls[1], 0, 4) == b"\1" * 4  # the same ETag: agrees
+    clear_memo()
+    s3.put_object(Bucket="tok", Key="d/part-1.npy", Body=b"\2" * 16)  # rewritten in place: a new ETag
+    assert file_sizes(urls) == [8, 16, 24]  # from the cache
+    with pytest.raises(DataError, match=r"s3://tok/d/part-1\.npy: ranged read of bytes 4\.\.7 failed \(the file "):
+        fresh_reader.read(urls[1], 4, 4)
+    (entries,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
+    assert sorted(entries["files"]) == ["part-0.npy", "part-2.npy"]  # the stale entry dropped on disk too
