@@ -166,3 +166,15 @@ def test_s3_sizes_are_cached_and_checked_by_ranged_reads(
         fresh_reader.read(urls[1], 4, 4)
     (entries,) = [json.loads(p.read_text()) for p in cache.glob("*.json")]
     assert sorted(entries["files"]) == ["part-0.npy", "part-2.npy"]  # the stale entry dropped on disk too
+
+
+def test_a_long_first_sizing_draws_a_bar(
+    store: tuple[FlakyServer, list[str]], cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a terminal the bar waits PROGRESS_AFTER_S before it shows; asked for (--progress), it shows at once."""
+    _, urls = store
+    file_sizes(urls[:50], progress=True)
+    err = capsys.readouterr().err
+    assert "sizing remote files: 100%" in err and "50/50" in err, err
+    file_sizes(urls[:50], progress=True)  # nothing asked: no bar
+    assert "sizing" not in capsys.readouterr().err
