@@ -14,8 +14,10 @@ For each tokenizer, on the same corpus and process count, it measures:
   datatrove datatrove's `DocumentTokenizer` (HF `tokenizers`' encode_batch) with N tasks, when a Python with
             datatrove installed is given (its own venv; it reads the same .jsonl.gz files)
 and whether our documents' tokens equal dolma's (by document id); `cpu`: CPU seconds (user + system) of all
-processes of our run (the best one) and of dolma's, and their ratio. Ours are the best of --repeat runs (the machine may
-be shared; the best run is the least disturbed one); dolma and datatrove run once each.
+processes of our run (the best one) and of dolma's, and their ratio; `raw/cpu`: the chosen engine's tokens a CPU
+second in memory, `ours/cpu` our run's less its start-up's CPU seconds, `cpu %` the one against the other (the
+encode phase against the engine's rate, per core: less disturbed by other work). Ours are the best of --repeat
+runs (the machine may be shared; the best run is the least disturbed one); dolma and datatrove run once each.
 
 The corpus is real text: Python sources (standard library, tests included) as dolma .jsonl.gz shards.
 
@@ -81,7 +83,7 @@ def build_corpus(dest: Path, megabytes: float, shards: int) -> list[str]:
     return out
 
 
-def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str, tuple[int, float]]:
+def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str, tuple[int, float, float]]:
     """One worker's share, encoded in memory by each of `modes` (an engine's bare call, or our encoder), the modes
     taking turns `repeat` times (so that a disturbance of the machine hits them alike); the best time of each."""
     spec, modes, files, repeat, barrier = args
@@ -111,30 +113,38 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
             seen = texts
             if plan.space_pairs:
                 seen = [unicodedata.normalize("NFC", t).replace("  ", PAIR) for t in texts]
+            # riptoken's call with its long-piece guard (texts that may hold a piece of 500+ bytes go to tiktoken):
+            # bare, it is both inexact and slow on those pieces
             encode = build_piece_encoder(mode, "raw", plan)  # type: ignore[arg-type]
-            bare = getattr(encode, "_encode", encode)  # riptoken's own call, without the long-piece guard
-            runs[mode] = lambda bare=bare, seen=seen: sum(len(bare(t)) for t in seen)
-    best: dict[str, tuple[int, float]] = {}
+            runs[mode] = lambda encode=encode, seen=seen: sum(len(encode(t)) for t in seen)
+    best: dict[str, tuple[int, float, float]] = {}
     barrier.wait()
     for _ in range(repeat):
         for mode, run in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             n = run()
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             if mode not in best or dt < best[mode][1]:
-                best[mode] = (n, dt)
+                best[mode] = (n, dt, min(cpu, best.get(mode, (0, 0, cpu))[2]))
+            else:
+                best[mode] = (*best[mode][:2], min(cpu, best[mode][2]))
     return best
 
 
-def in_memory(spec: str, modes: list[str], files: list[str], processes: int, repeat: int) -> dict[str, float]:
-    """M tokens/s of each mode, all processes together: aggregate tokens / the slowest worker's best time."""
+def in_memory(
+    spec: str, modes: list[str], files: list[str], processes: int, repeat: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """M tokens/s of each mode, all processes together: aggregate tokens / the slowest worker's best time; and
+    M tokens per CPU second (a core's rate, less disturbed by other work on the machine)."""
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(processes)
         shares = [(spec, modes, files[i::processes], repeat, barrier) for i in range(processes)]
         with ctx.Pool(processes) as pool:
             results = pool.map(_encode_share, shares)
-    return {m: sum(r[m][0] for r in results) / max(r[m][1] for r in results) / 1e6 for m in modes}
+    wall = {m: sum(r[m][0] for r in results) / max(r[m][1] for r in results) / 1e6 for m in modes}
+    cpu = {m: sum(r[m][0] for r in results) / sum(r[m][2] for r in results) / 1e6 for m in modes}
+    return wall, cpu
 
 
 _DATATROVE = """
@@ -219,10 +229,11 @@ def main() -> None:
         print(
             f"{'tokenizer':<18} {'tokens':>10} {raw_heads} {'encoder':>8} {'engine':>8} {'cold s':>6} {'ours s':>6} "
             f"{'ours M/s':>8} {'% raw':>5} {'start s':>7} {'phase %':>7} {'tiktok s':>8} {'dolma s':>7} {'x':>5} "
-            f"{'same':>4} {'dtrove s':>8} {'x':>5} {'cpu s':>6} {'dolma cpu':>9} {'cpu x':>6}"
+            f"{'same':>4} {'dtrove s':>8} {'x':>5} {'cpu s':>6} {'dolma cpu':>9} {'cpu x':>6} {'raw/cpu':>7} "
+            f"{'ours/cpu':>8} {'cpu %':>5}"
         )
         for spec in specs:
-            rates = in_memory(spec, [*engines, "encoder"], files, args.processes, args.repeat)
+            rates, per_cpu = in_memory(spec, [*engines, "encoder"], files, args.processes, args.repeat)
             raws = {e: rates[e] for e in engines}
             encoder_rate = rates["encoder"]
             out = tmp / "ours"
@@ -256,7 +267,9 @@ def main() -> None:
             chosen = "riptoken" if "riptoken" in raws and _auto_engine(spec, cache) == "riptoken" else "tiktoken"
             ours_docs = documents_of(out, dtype)
             # start-up: the same command on one short document a process (interpreter, imports, cached plan, pool)
+            cpus["auto"].clear()
             start_s = min(ours("auto", inputs=tiny) for _ in range(args.repeat))
+            start_cpu = min(cpus["auto"])
             tiktoken_s = min(ours("tiktoken") for _ in range(args.repeat))
             dolma_s, dolma_cpu, same = float("nan"), float("nan"), "-"
             if args.dolma:
@@ -279,13 +292,15 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             ours_rate = ours_tokens / ours_s / 1e6
             phase_rate = ours_tokens / max(ours_s - start_s, 1e-9) / 1e6  # the run less its start-up
+            ours_per_cpu = ours_tokens / max(ours_cpu - start_cpu, 1e-9) / 1e6  # ... in CPU seconds
             raw_cells = " ".join(f"{raws[e]:>12.2f}" for e in engines)
             print(
                 f"{Path(spec).name:<18} {ours_tokens:>10,} {raw_cells} {encoder_rate:>8.2f} {chosen:>8} {cold_s:>6.2f} "
                 f"{ours_s:>6.2f} {ours_rate:>8.2f} {100 * ours_rate / raws.get(chosen, float('nan')):>4.0f}% "
                 f"{start_s:>7.2f} {100 * phase_rate / raws.get(chosen, float('nan')):>6.0f}% "
                 f"{tiktoken_s:>8.2f} {dolma_s:>7.1f} {dolma_s / ours_s:>4.1f}x {same:>4} {datatrove_s:>8.1f} "
-                f"{datatrove_s / ours_s:>4.1f}x {ours_cpu:>6.2f} {dolma_cpu:>9.1f} {dolma_cpu / ours_cpu:>5.1f}x",
+                f"{datatrove_s / ours_s:>4.1f}x {ours_cpu:>6.2f} {dolma_cpu:>9.1f} {dolma_cpu / ours_cpu:>5.1f}x "
+                f"{per_cpu[chosen]:>7.2f} {ours_per_cpu:>8.2f} {100 * ours_per_cpu / per_cpu[chosen]:>4.0f}%",
                 flush=True,
             )
 
