@@ -17,7 +17,7 @@ import numpy as np
 from olmo_data.dataset import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
-from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, instance_doc_lengths, open_core_dataset
+from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 
@@ -120,8 +120,9 @@ class OlmoCoreData:
                 tokens = tokens[rank::world_size]
                 mask = mask[rank::world_size] if mask is not None else None
                 keep = keep[rank::world_size] if keep is not None else None
-            if self.run.generate_doc_lengths:
-                lens = instance_doc_lengths(self.run, tokens)
+            if self.run.generate_doc_lengths and self.dataset.packed is not None:
+                rows = instances[rank::world_size] if rank is not None else instances
+                lens = self.dataset.packed.doc_lens(rows, tokens)
         return OlmoCoreBatch(
             step=step,
             epoch=slot.epoch,

@@ -232,7 +232,7 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
 
 def _packing(dataset: dict[str, Any], seq_len: int, where: str) -> dict[str, Any]:
     """A NumpyPackedFSLDatasetConfig's packing keys, checked as OLMo-core checks them (its packer's segment tree
-    needs a power-of-two sequence length); documents from metadata files are refused by name."""
+    needs a power-of-two sequence length)."""
     strategy = dataset.get("long_doc_strategy", "truncate")
     if strategy not in LONG_DOC_STRATEGIES:
         raise DataError(
@@ -245,11 +245,6 @@ def _packing(dataset: dict[str, Any], seq_len: int, where: str) -> dict[str, Any
     for key, value in (("generate_doc_lengths", generate), ("use_array_if_local", local)):
         if value is not None and not isinstance(value, bool):
             raise DataError(f"{where}: dataset.{key} is {shown(value)}; expected true or false")
-    if local is False:
-        raise DataError(
-            f"{where}: dataset.use_array_if_local is false (packed documents from the .csv.gz metadata); not "
-            "covered: only documents found by their EOS tokens in local files are packed"
-        )
     return {
         "long_doc_strategy": str(strategy),
         "source_group_size": _int(dataset, "source_group_size", "dataset", where, lo=1, hi=1 << 20)

@@ -30,7 +30,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import file_size, file_sizes, is_remote, open_file
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 from olmo_data.olmo_core.mixture import allocate_mixture
-from olmo_data.olmo_core.packed import PackedInstances, doc_lengths, open_packed
+from olmo_data.olmo_core.packed import PackedInstances, open_packed
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding EOS tokens in a local file (bounded memory)
 SAMPLE_TOKENS = 4096  # ids checked at the start of a token file no manifest describes
@@ -195,11 +195,6 @@ def packed_instance(index: int, pieces: list[tuple[int, str, int, int]]) -> Core
     k, path, start, _ = pieces[0]
     length = sum(e - s for _, _, s, e in pieces)
     return CoreInstance(index, k, path, start, length, None, tuple((p, s, e) for _, p, s, e in pieces))
-
-
-def instance_doc_lengths(run: OlmoCoreRun, tokens: np.ndarray) -> list[np.ndarray]:
-    """OLMo-core's `doc_lens` of each row (a packed run with generate_doc_lengths): see `packed.doc_lengths`."""
-    return [doc_lengths(row, run.eos_token_id, run.bos_token_id) for row in tokens]
 
 
 def check_vocab(run: OlmoCoreRun, tokens: np.ndarray, locs: list[CoreInstance]) -> None:

@@ -14,10 +14,14 @@ on its own, the group's files read as one concatenated array:
 * `generate_doc_lengths`: the instance's `doc_lens`, OLMo-core's `get_document_lengths` of the padded row (padding
   after the last EOS counts as one more document; a pad id equal to the EOS makes each pad token one).
 
+With `use_array_if_local: false`, or for a remote file, the documents are the rows of the `.csv.gz` beside the
+file instead (so a document without its EOS stays one), and `doc_lens` are those documents' lengths with the
+padding split as OLMo-core splits it.
+
 OLMo-core keeps each group's result in `work_dir/dataset-common` (`document-indices`, `instance-offsets`,
-`documents-by-instance`, uint64, named by a sha256 of the group's paths, sizes, strategy and index dtype); those
-are read when all three are there, else the packing is rebuilt here, byte for byte the same. Remote token files
-and `use_array_if_local: false` (documents from the `.csv.gz` metadata) are refused by name.
+`documents-by-instance`, uint64, named by a sha256 of the group's paths, sizes, strategy, index dtype and, with
+metadata, each metadata file's own sha256); those are read when all three are there, else the packing is rebuilt
+here, byte for byte the same.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy.typing as npt
 
 from olmo_data.dataset import LABEL_MASK_DTYPE, DocIndex, DocumentSpan, read_arrays
 from olmo_data.errors import DataError
+from olmo_data.io import open_file, read_bytes
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding document boundaries (bounded memory)
@@ -50,6 +55,7 @@ class PackedGroup:
     instance_offsets: np.ndarray  # (n_instances, 2) [start, end) into docs_by_instance
     docs_by_instance: np.ndarray  # (n_docs,) document ids (rows of `documents`), instance after instance
     note: str  # where the packing came from ("read from ..." or "rebuilt ...")
+    from_metadata: bool = False  # documents from .csv.gz metadata (use_array_if_local false, or a remote file)
 
     def pieces(self, instance: int) -> list[tuple[int, str, int, int]]:
         """(file in group, path, start, end) of each document of `instance` of this group, in its order."""
@@ -115,6 +121,30 @@ def document_bounds(run: OlmoCoreRun, path: str, n_tokens: int) -> np.ndarray:
     return np.stack([np.concatenate([[0], end[:-1]]), end], axis=1).astype(np.int64)
 
 
+def metadata_bounds(path: str, n_tokens: int) -> np.ndarray:
+    """(n, 2) documents of a token file from its .csv.gz rows (start, end, ...), each checked to lie within the
+    file as OLMo-core checks it."""
+    meta = metadata_of(path)
+    rows: list[tuple[int, int]] = []
+    try:
+        with open_file(meta, "rt") as f:
+            for number, line in enumerate(f, start=1):
+                fields = line.split(",")
+                try:
+                    start, end = int(fields[0]), int(fields[1])
+                except (ValueError, IndexError) as e:
+                    raise DataError(f"{meta}: row {number} is not start,end,... token offsets") from e
+                if start >= n_tokens or end > n_tokens or end < start:
+                    raise DataError(
+                        f"{meta}: row {number} is tokens [{start:,}, {end:,}), outside its token file {path} "
+                        f"({n_tokens:,} tokens); the metadata does not belong to these tokens"
+                    )
+                rows.append((start, end))
+    except (OSError, EOFError) as e:
+        raise DataError(f"{meta}: OLMo-core packs {path}'s documents from this metadata file ({e})") from e
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+
+
 def cut_long(docs: np.ndarray, L: int, strategy: str) -> np.ndarray:
     """Documents longer than L: their first L tokens (truncate) or consecutive pieces of L (fragment)."""
     if strategy == "truncate":
@@ -131,8 +161,35 @@ def cut_long(docs: np.ndarray, L: int, strategy: str) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
 
 
-def cache_path(run: OlmoCoreRun, name: str, paths: tuple[str, ...], size_bytes: tuple[int, ...]) -> str:
-    """OLMo-core's name for one of a group's packing files (`_get_indices_path` with its packing extra ids)."""
+def from_metadata(run: OlmoCoreRun, path: str) -> bool:
+    """Whether OLMo-core takes this file's documents from its .csv.gz (`iter_document_indices`'s rule)."""
+    return run.use_array_if_local is False or not local_path(path)
+
+
+def metadata_of(path: str) -> str:
+    """The .csv.gz OLMo-core reads a token file's documents from (`basename.replace('.npy', '.csv.gz')`)."""
+    head, _, name = path.rpartition("/")
+    return f"{head}/{name.replace('.npy', '.csv.gz')}" if head else name.replace(".npy", ".csv.gz")
+
+
+def metadata_digest(path: str) -> str:
+    """sha256 of a token file's metadata file's bytes, as OLMo-core keys its packing files by it."""
+    meta = metadata_of(path)
+    try:
+        return hashlib.sha256(read_bytes(meta)).hexdigest()
+    except (OSError, DataError) as e:
+        raise DataError(f"{meta}: OLMo-core packs {path}'s documents from this metadata file ({e})") from e
+
+
+def cache_path(
+    run: OlmoCoreRun,
+    name: str,
+    paths: tuple[str, ...],
+    size_bytes: tuple[int, ...],
+    digests: dict[str, str] | None = None,
+) -> str:
+    """OLMo-core's name for one of a group's packing files (`_get_indices_path` with its packing extra ids;
+    `digests`: the metadata digests of the group's files read from metadata, computed when not given)."""
     digest = hashlib.sha256()
     for path, size in zip(paths, size_bytes, strict=True):
         digest.update(str(path).encode())
@@ -140,6 +197,9 @@ def cache_path(run: OlmoCoreRun, name: str, paths: tuple[str, ...], size_bytes: 
     extra = [run.long_doc_strategy, "uint64"]
     if run.use_array_if_local is not None:
         extra.append(f"use_array_if_local={run.use_array_if_local}")
+    if any(from_metadata(run, p) for p in paths):
+        digests = digests if digests is not None else {p: metadata_digest(p) for p in paths if from_metadata(run, p)}
+        extra += [f"metadata={p},sha256={digests[p]}" for p in paths if p in digests]
     for e in extra:
         digest.update(e.encode())
     return os.path.join(
@@ -150,12 +210,15 @@ def cache_path(run: OlmoCoreRun, name: str, paths: tuple[str, ...], size_bytes: 
 def pack_group(run: OlmoCoreRun, paths: tuple[str, ...], sizes: tuple[int, ...], itemsize: int) -> PackedGroup:
     """A group's packing: OLMo-core's files when all three are in the work_dir (checked), else rebuilt."""
     L = run.sequence_length
-    stored = [cache_path(run, name, paths, tuple(s * itemsize for s in sizes)) for name in CACHE_NAMES]
+    meta = any(from_metadata(run, p) for p in paths)
+    digests = {p: metadata_digest(p) for p in paths if from_metadata(run, p)}
+    stored = [cache_path(run, name, paths, tuple(s * itemsize for s in sizes), digests) for name in CACHE_NAMES]
     if all(os.path.isfile(p) for p in stored):
-        return _read_cached(stored, paths, sizes, L)
+        return replace(_read_cached(stored, paths, sizes, L), from_metadata=meta)
     parts, offset = [], 0
     for path, n in zip(paths, sizes, strict=True):
-        parts.append(cut_long(document_bounds(run, path, n), L, run.long_doc_strategy) + offset)
+        found = metadata_bounds(path, n) if from_metadata(run, path) else document_bounds(run, path, n)
+        parts.append(cut_long(found, L, run.long_doc_strategy) + offset)
         offset += n
     docs = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
     lengths = docs[:, 1] - docs[:, 0]
@@ -167,7 +230,8 @@ def pack_group(run: OlmoCoreRun, paths: tuple[str, ...], sizes: tuple[int, ...],
     offsets = np.stack([ends - counts, ends], axis=1) if len(bins) else np.zeros((0, 2), dtype=np.int64)
     flat = np.array([d for b in bins for d in b], dtype=np.int64)
     where = os.path.dirname(stored[0])
-    return PackedGroup(paths, sizes, docs, offsets, flat, f"rebuilt (OLMo-core's packing files not found in {where})")
+    note = f"rebuilt (OLMo-core's packing files not found in {where})"
+    return PackedGroup(paths, sizes, docs, offsets, flat, note, meta)
 
 
 def _read_cached(stored: list[str], paths: tuple[str, ...], sizes: tuple[int, ...], L: int) -> PackedGroup:
@@ -210,6 +274,28 @@ class PackedInstances:
 
     def __len__(self) -> int:
         return int(self.group_offsets[-1])
+
+    def doc_lens(self, indices: npt.ArrayLike, tokens: np.ndarray) -> list[np.ndarray]:
+        """OLMo-core's `doc_lens` of each instance's row: `get_document_lengths` of the padded row, or, where the
+        group's documents came from metadata, the lengths of its documents and the padding split as OLMo-core
+        splits it (one segment per EOS in it; with a BOS, the last document's boundary judged with its last token)."""
+        out = []
+        eos, bos = self.run.eos_token_id, self.run.bos_token_id
+        for index, row in zip(np.asarray(indices).reshape(-1).tolist(), tokens, strict=True):
+            g = int(np.searchsorted(self.group_offsets, index, side="right")) - 1
+            if not self.groups[g].from_metadata:
+                out.append(doc_lengths(row, eos, bos))
+                continue
+            lens = [e - s for _, _, s, e in self.pieces(index)]
+            padding = len(row) - sum(lens)
+            if padding > 0 and bos is None:
+                lens += doc_lengths(row[-padding:], eos, None).tolist()
+            elif padding > 0:
+                tail = doc_lengths(row[-padding - 1 :], eos, bos).tolist()
+                lens[-1] += tail[0] - 1
+                lens += tail[1:]
+            out.append(np.asarray(lens, dtype=np.int32))
+        return out
 
     def first_files(self) -> np.ndarray:
         """Per instance, the dataset's index of the file its first document is in (`stats` counts by it)."""
@@ -308,12 +394,6 @@ def doc_lengths(row: np.ndarray, eos: int, bos: int | None) -> np.ndarray:
 
 def open_packed(run: OlmoCoreRun, paths: list[str], tokens: list[int], itemsize: int) -> PackedInstances:
     """Every group of the run packed (or its packing read) as OLMo-core packs it."""
-    for p in paths:
-        if not local_path(p):
-            raise DataError(
-                f"{run.source}: dataset.paths names {p}, a remote file; OLMo-core's NumpyPackedFSLDataset then takes "
-                "documents from its .csv.gz metadata, not covered: packed runs on local token files only"
-            )
     size = run.source_group_size
     groups = [
         pack_group(run, tuple(paths[i : i + size]), tuple(tokens[i : i + size]), itemsize)

@@ -218,6 +218,59 @@ def test_packed_without_doc_lengths_and_label_masks(core: Any, tmp_path: Path, m
     compare(rebuilt, reference, core, doc_lens=False)
 
 
+def unterminated(paths: list[str], every: int = 3) -> None:
+    """Drop the EOS of every `every`-th document (the metadata still ends it there), as a producer that cuts
+    documents to a length and loses their terminator does: scanning for EOS would merge them with the next."""
+    for p in paths:
+        tokens = np.fromfile(p, dtype=np.uint16)
+        with gzip.open(p[: -len(".npy")] + ".csv.gz", "rt") as meta:
+            ends = [int(line.split(",")[1]) for line in meta]
+        for end in ends[::every]:
+            tokens[end - 1] = 7
+        tokens.tofile(p)
+
+
+def test_packed_documents_from_the_metadata(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """use_array_if_local: false takes documents from each file's .csv.gz, where some lack their EOS: OLMo-core's
+    packing (its files keyed by the metadata's sha256) and its doc_lens from the documents themselves."""
+    paths = token_files(tmp_path / "tokens", n_files=4, seed=5, metadata=True)
+    unterminated(paths)
+    dataset = packed(
+        core,
+        paths,
+        use_array_if_local=False,
+        generate_doc_lengths=True,
+        source_group_size=2,
+        long_doc_strategy="fragment",
+    )
+    config_json, _, reference, rebuilt = drive(core, tmp_path, dataset, monkeypatch)
+    data = open_olmo_core(config_json)
+    assert all(g.note.startswith("read from") and g.from_metadata for g in data.dataset.packed.groups)
+    compare(data, reference, core, doc_lens=True)
+    compare(rebuilt, reference, core, doc_lens=True)
+    lens = [d for s in reference[0] for d in s.doc_lens]
+    merged = [len(row[:-1][row[:-1] == EOS]) for s in reference[0] for row in s.input_ids]
+    assert sum(len(d) for d in lens) > sum(merged)  # documents without their EOS are documents still
+
+
+def test_packed_over_http_reads_documents_from_the_metadata(
+    core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote token files: OLMo-core (and we) take the documents from the .csv.gz beside each, over HTTP."""
+    from tests.flaky_server import FlakyServer
+
+    root = tmp_path / "www"
+    paths = token_files(root, n_files=3, seed=6, metadata=True)
+    server = FlakyServer(root)
+    server._server.RequestHandlerClass.protocol_version = "HTTP/1.0"  # type: ignore[attr-defined]
+    with server:
+        urls = [f"{server.url}/{os.path.basename(p)}" for p in paths]
+        dataset = packed(core, urls, generate_doc_lengths=True)
+        config_json, _, reference, rebuilt = drive(core, tmp_path, dataset, monkeypatch)
+        compare(open_olmo_core(config_json), reference, core, doc_lens=True)
+        compare(rebuilt, reference, core, doc_lens=True)
+
+
 def check_commands(config_json: str, reference: dict[int, list[Any]]) -> dict[str, Any]:
     """inspect-batch --json at the first steps of epochs 1 and 2 and the last step, each rank: ids and tokens
     equal OLMo-core's, each instance's pieces are its tokens in the files; stats counts OLMo-core's instances."""
@@ -333,7 +386,7 @@ def minimal(tmp_path: Path, **dataset: Any) -> dict[str, Any]:
             "dataset.long_doc_strategy is 'split'; expected one of ['truncate', 'fragment']",
         ),
         ({"sequence_length": 48}, "dataset.sequence_length is 48; OLMo-core's packer needs a power of two"),
-        ({"use_array_if_local": False}, "dataset.use_array_if_local is false (packed documents from the .csv.gz"),
+        ({"use_array_if_local": "no"}, "dataset.use_array_if_local is 'no'; expected true or false"),
         ({"source_group_size": 0}, "dataset.source_group_size is 0; expected a whole number from 1"),
         ({"generate_doc_lengths": "yes"}, "dataset.generate_doc_lengths is 'yes'; expected true or false"),
     ],
@@ -395,3 +448,17 @@ def test_pack_lengths_equals_olmo_core_at_olmo3_length(core: Any) -> None:
     theirs, _, _ = InstancePacker(65_536).pack_documents(spans)
     order = np.argsort(-1 * lengths)
     assert pack_lengths(lengths[order], 65_536) == theirs
+
+
+def test_metadata_faults_are_one_line_naming_the_file(tmp_path: Path) -> None:
+    """With documents from metadata: a missing .csv.gz, and a row outside its token file, each named."""
+    config = minimal(tmp_path, use_array_if_local=False)
+    path = config["dataset"]["paths"][0]
+    meta = path[: -len(".npy")] + ".csv.gz"
+    with pytest.raises(DataError, match=f"{meta}: OLMo-core packs {path}'s documents from this metadata file"):
+        open_olmo_core(config)
+    n = os.path.getsize(path) // 2
+    with gzip.open(meta, "wt") as f:
+        f.write(f"0,10,a,s,1\n10,{n + 5},b,s,2\n")
+    with pytest.raises(DataError, match=rf"{meta}: row 2 is tokens \[10, {n + 5:,}\), outside its token file"):
+        open_olmo_core(config)
