@@ -139,6 +139,11 @@ def metadata_bounds(path: str, n_tokens: int) -> np.ndarray:
                         f"{meta}: row {number} is tokens [{start:,}, {end:,}), outside its token file {path} "
                         f"({n_tokens:,} tokens); the metadata does not belong to these tokens"
                     )
+                if end == start:  # OLMo-core's packer fails on one (or puts it where this one would not)
+                    raise DataError(
+                        f"{meta}: row {number} is an empty document (tokens [{start:,}, {end:,})); "
+                        "OLMo-core's packer cannot place one: remove the row"
+                    )
                 rows.append((start, end))
     except (OSError, EOFError) as e:
         raise DataError(f"{meta}: OLMo-core packs {path}'s documents from this metadata file ({e})") from e

@@ -462,3 +462,7 @@ def test_metadata_faults_are_one_line_naming_the_file(tmp_path: Path) -> None:
         f.write(f"0,10,a,s,1\n10,{n + 5},b,s,2\n")
     with pytest.raises(DataError, match=rf"{meta}: row 2 is tokens \[10, {n + 5:,}\), outside its token file"):
         open_olmo_core(config)
+    with gzip.open(meta, "wt") as f:
+        f.write("0,10,a,s,1\n10,10,b,s,2\n")
+    with pytest.raises(DataError, match=rf"{meta}: row 2 is an empty document .* remove the row"):
+        open_olmo_core(config)
