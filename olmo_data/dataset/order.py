@@ -445,25 +445,33 @@ def global_batch_indices(
         raise
 
 
-COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time
+COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time (16 MiB of uint32)
 
 
-def check_order_content(path: str, want: np.ndarray) -> None:
-    """An order file already there holds `want` (the permutation it was built as) in its first entries, compared
-    a block at a time through a memory map (a large order is never read whole): the side file and the size say
-    which data and how long, but not that the bytes are still the order's."""
-    stored = load_order(path)
+def first_difference(stored: np.ndarray, want: np.ndarray) -> int | None:
+    """The first entry of their common length where `stored` (an order file's memory map) and `want` differ,
+    or None: compared a block at a time, so that a large order is never read whole into memory. Both trainers'
+    `build-order` check an order already there with it."""
     count = min(len(stored), len(want))
     for lo in range(0, count, COMPARE_ENTRIES):
         hi = min(lo + COMPARE_ENTRIES, count)
         a, b = np.asarray(stored[lo:hi]), want[lo:hi]
         if not np.array_equal(a, b):
-            at = lo + int(np.argmax(a != b))
-            raise DataError(
-                f"{path}: entry {at:,} is instance {int(stored[at]):,}, but the order built for this data, seed and "
-                f"epoch has {int(want[at]):,} there; the file is damaged or of another dtype: delete it (and its "
-                ".json side file) and build again"
-            )
+            return lo + int(np.argmax(a != b))
+    return None
+
+
+def check_order_content(path: str, want: np.ndarray) -> None:
+    """An order file already there holds `want` (the permutation it was built as) in its first entries: the side
+    file and the size say which data and how long, but not that the bytes are still the order's."""
+    stored = load_order(path)
+    at = first_difference(stored, want)
+    if at is not None:
+        raise DataError(
+            f"{path}: entry {at:,} is instance {int(stored[at]):,}, but the order built for this data, seed and "
+            f"epoch has {int(want[at]):,} there; the file is damaged or of another dtype: delete it (and its "
+            ".json side file) and build again"
+        )
 
 
 def order_location(config: TrainConfig) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.dataset import DatasetStats, DocIndex, FileStats, SourceStats
+from olmo_data.dataset import DatasetStats, DocIndex, FileStats, SourceStats, first_difference
 from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData
@@ -164,18 +164,12 @@ def build_olmo_core_orders(
     return lines
 
 
-COMPARE_ENTRIES = 1 << 22  # entries of an existing order compared at a time (16 MiB of it)
-
-
 def _check_identical(path: str, stored: np.ndarray, want: np.ndarray, epoch: int, seed: int, n: int) -> None:
-    """An order file already there (its size checked) is the order OLMo-core builds, byte for byte, compared a
-    block at a time: a large order is never read whole into memory."""
-    for lo in range(0, len(want), COMPARE_ENTRIES):
-        a, b = stored[lo : lo + COMPARE_ENTRIES], want[lo : lo + COMPARE_ENTRIES]
-        if not np.array_equal(a, b):
-            at = lo + int(np.argmax(a != b))
-            raise DataError(
-                f"{path}: not the order OLMo-core builds for epoch {epoch} (seed {seed}, {n} instances): entry "
-                f"{at:,} is {int(stored[at]):,}, OLMo-core's is {int(want[at]):,}; remove it, or check the run's "
-                "dataset and seed"
-            )
+    """An order file already there (its size checked) is the order OLMo-core builds, byte for byte."""
+    at = first_difference(stored, want)
+    if at is not None:
+        raise DataError(
+            f"{path}: not the order OLMo-core builds for epoch {epoch} (seed {seed}, {n} instances): entry "
+            f"{at:,} is {int(stored[at]):,}, OLMo-core's is {int(want[at]):,}; remove it, or check the run's "
+            "dataset and seed"
+        )
