@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +80,28 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         ) from e
 
 
+def read_sharded(index: Path, read_shard: Callable[[Path], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The tensors of a sharded checkpoint: each shard file its index's weight_map names, read once with
+    `read_shard` (safetensors, or a weights-only pytorch_model.bin), every tensor the map names checked there."""
+    weight_map = read_json(index, "shard index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise DataError(f"{index}: no weight_map (tensor name -> shard file) in it")
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(set(map(str, weight_map.values())))
+    for n, name in enumerate(files, 1):
+        log.debug("reading %s (%d of %d)", name, n, len(files))
+        state.update(read_shard(index.parent / name))
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise DataError(f"{index}: names tensors its shards do not hold, e.g. {missing[:4]}")
+    return state
+
+
 def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the shards its index names (each read once)."""
     index = directory / SAFETENSORS_INDEX
     if index.is_file():
-        weight_map = read_json(index, "shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise DataError(f"{index}: no weight_map (tensor name -> shard file) in it")
-        state: dict[str, torch.Tensor] = {}
-        files = sorted(set(weight_map.values()))
-        for n, name in enumerate(files, 1):
-            log.debug("reading %s (%d of %d)", name, n, len(files))
-            state.update(read_safetensors(directory / name))
-        missing = sorted(set(weight_map) - set(state))
-        if missing:
-            raise DataError(f"{index}: names tensors its shards do not hold, e.g. {missing[:4]}")
-        return state
+        return read_sharded(index, read_safetensors)
     if (directory / SAFETENSORS).is_file():
         log.debug("reading %s", directory / SAFETENSORS)
         return read_safetensors(directory / SAFETENSORS)

@@ -30,6 +30,7 @@ from olmo_train.convert.hf_files import (
     local_model_dir,
     read_hf_weights,
     read_json,
+    read_sharded,
     tokenizer_vocab_size,
 )
 from olmo_train.convert.olmo_native import OLMO_TENSORS, model_config_from_olmo, plain_olmo_name
@@ -115,16 +116,7 @@ def _read_weights(directory: Path) -> tuple[dict[str, torch.Tensor], str]:
         return read_hf_weights(directory), str(index if index.is_file() else directory / SAFETENSORS)
     index = directory / BIN_INDEX
     if index.is_file():
-        weight_map = read_json(index, "shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise DataError(f"{index}: no weight_map (tensor name -> shard file) in it")
-        state: dict[str, torch.Tensor] = {}
-        for name in sorted(set(map(str, weight_map.values()))):
-            state.update(_read_bin(directory / name))
-        missing = sorted(set(weight_map) - set(state))
-        if missing:
-            raise DataError(f"{index}: names tensors its shards do not hold, e.g. {missing[:4]}")
-        return state, str(index)
+        return read_sharded(index, _read_bin), str(index)
     if (directory / BIN).is_file():
         return _read_bin(directory / BIN), str(directory / BIN)
     raise DataError(f"{directory}: no weights ({SAFETENSORS}, {SAFETENSORS_INDEX}, {BIN} or {BIN_INDEX})")

@@ -246,6 +246,25 @@ def test_the_same_tensors_from_safetensors_and_bin(tmp_path: Path, bin: bool) ->
     assert list(state) == list(ours) and all(torch.equal(state[k], ours[k]) for k in ours)
 
 
+def test_the_same_tensors_from_a_sharded_bin(tmp_path: Path) -> None:
+    """pytorch_model.bin.index.json and its shards, read through the same sharded reader safetensors use."""
+    directory, ours = _hf_olmo_dir(tmp_path, bin=True)
+    whole = torch.load(directory / "pytorch_model.bin", weights_only=True)
+    (directory / "pytorch_model.bin").unlink()
+    names = list(whole)
+    shards = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for file, keys in shards.items():
+        torch.save({k: whole[k] for k in keys}, directory / file)
+    weight_map = {k: file for file, keys in shards.items() for k in keys}
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _, state = read_hf_olmo(directory)
+    assert sorted(state) == sorted(ours) and all(torch.equal(state[k], ours[k]) for k in ours)
+    weight_map["extra.weight"] = "pytorch_model-00001-of-00002.bin"
+    (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(DataError, match=r"index\.json: names tensors its shards do not hold, e\.g\. \['extra"):
+        read_hf_olmo(directory)
+
+
 class _Payload:
     """Unpickling this would run code of the file's choosing; a weights-only load refuses it."""
 
