@@ -103,9 +103,8 @@ class TrainData:
     def __init__(self, cfg: TrainConfig, d: Dist) -> None:
         self.cfg, self.d = cfg, d
         # data.olmo_core: OLMo-core's batches (olmo_core_data), its batch size written into the config first
-        self.core = (
-            CoreReader(open_olmo_core_data(cfg, d.world_size), d.rank, d.world_size) if cfg.data.olmo_core else None
-        )
+        core = open_olmo_core_data(cfg, d.world_size) if cfg.data.olmo_core else None
+        self.core = CoreReader(core, d.rank, d.world_size, masking=cfg.model.document_masking) if core else None
         self.gbs = cfg.global_train_batch_size
         if self.gbs % d.world_size:
             raise ConfigError(
@@ -214,6 +213,7 @@ class TrainData:
                 label_mask=torch.from_numpy(np.ascontiguousarray(mask)) if mask is not None else None,
                 fingerprint=rows.fingerprint,
                 instance_mask=torch.from_numpy(rows.instance_mask) if rows.instance_mask is not None else None,
+                doc_starts=torch.from_numpy(rows.doc_starts) if rows.doc_starts is not None else None,
                 sources=rows.sources,
             )
         indices = global_batch_indices(

@@ -419,24 +419,6 @@ def test_damaged_packing_files_are_refused(tmp_path: Path) -> None:
         open_olmo_core(config)
 
 
-def test_training_here_on_packed_batches_is_refused(tmp_path: Path) -> None:
-    """Our trainer does not yet turn OLMo-core's doc_lens into document masking (nor label a packed instance's
-    sources): refused by name, not trained across documents OLMo-core kept apart."""
-    import yaml
-
-    from olmo_data.config import ConfigError, load_config
-    from olmo_train.train.olmo_core_data import open_olmo_core_data
-
-    config_json = tmp_path / "config.json"
-    config_json.write_text(json.dumps(minimal(tmp_path, generate_doc_lengths=True)))
-    ours = tmp_path / "ours.yaml"
-    model = {"d_model": 32, "n_heads": 2, "n_layers": 1, "vocab_size": VOCAB, "max_sequence_length": L}
-    ours.write_text(yaml.safe_dump({"model": model, "data": {"olmo_core": str(config_json)}}))
-    with pytest.raises(ConfigError) as e:
-        open_olmo_core_data(load_config(ours), 1)
-    assert "its dataset is OLMo-core's NumpyPackedFSLDataset; training here on its batches" in str(e.value)
-
-
 def test_pack_lengths_equals_olmo_core_at_olmo3_length(core: Any) -> None:
     """At OLMo 3's long-context length (65,536) on 20,000 documents of spread lengths, the same instances as
     OLMo-core's InstancePacker (its segment tree), document for document."""
