@@ -10,17 +10,25 @@ of `k` neighbouring instances stay together (and a tail of fewer than `k` instan
 
 It writes each epoch's order, headerless uint32, as `global_indices_[chunk{k}_]dataset_size{N}_epoch{e}_seed{s}
 _v1.npy` (its fields in sorted order, `chunk` only when k > 1) in the data loader's work_dir.
+
+A run's work_dir names the training cluster's folder (`/weka/...`), absent where the run is inspected; its order
+files are given with `--order`: a local folder or a URL (the folder they were copied to, or one of the files,
+whose folder then holds the others). A remote order file is read by ranges, never whole, for what a step needs
+(`RemoteOrderFile`): at OLMo 3's scale it is 2.9 GB and a batch's slice 2 KiB.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path
+from olmo_data.io import atomic_path, cached_download, default_cache_dir, is_remote
+from olmo_data.remote import remote_reader, stat_many
 
 
 def order_file_name(dataset_size: int, epoch: int, seed: int, chunk_size: int = 1) -> str:
@@ -147,10 +155,14 @@ def sample_check(path: str, order: np.ndarray, size: int, epoch: int, chunk_size
 
 
 def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
-    """Epoch `epoch`'s order: OLMo-core's file in `work_dir` when it is there (mapped, not read: a large run's
-    orders are gigabytes; checked as `EpochOrder` says), else rebuilt by the same rule, and the note says which."""
-    path = os.path.join(work_dir, order_file_name(dataset_size, epoch, seed, chunk_size))
+    """Epoch `epoch`'s order: OLMo-core's file in `work_dir` (a folder, a URL, or one of its order files) when it
+    is there (mapped, or read by ranges when remote, never read whole: a large run's orders are gigabytes; checked
+    as `EpochOrder` says), else rebuilt by the same rule, and the note says which."""
+    name = order_file_name(dataset_size, epoch, seed, chunk_size)
+    path = order_path(work_dir, name, dataset_size, seed, chunk_size)
     length = dataset_size // chunk_size * chunk_size
+    if is_remote(path):
+        return _remote_order(path, length, dataset_size, seed, epoch, chunk_size)
     if os.path.isdir(path):
         raise DataError(
             f"{path}: a directory where OLMo-core's order of epoch {epoch} belongs; remove it, or point --order "
@@ -161,11 +173,7 @@ def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chu
             size = os.path.getsize(path)
         except OSError as e:  # a dangling link, a file without permission
             raise DataError(f"{path}: cannot read OLMo-core's order of epoch {epoch} ({e})") from e
-        if size != 4 * length:
-            raise DataError(
-                f"{path}: {size:,} bytes, but OLMo-core's order of epoch {epoch} over {dataset_size:,} instances "
-                f"is {length:,} uint32 numbers ({4 * length:,} bytes); the file is truncated or not OLMo-core's"
-            )
+        _check_size(path, size, length, dataset_size, epoch)
         try:
             stored = np.memmap(path, dtype="<u4", mode="r") if length else np.zeros(0, dtype=np.uint32)
         except OSError as e:
@@ -174,6 +182,103 @@ def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chu
         return EpochOrder(epoch, stored, path, f"read from {path}", length)
     order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
     return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)", length)
+
+
+def order_path(location: str, name: str, dataset_size: int, seed: int, chunk_size: int = 1) -> str:
+    """Where the order file `name` is, given a folder (local or a URL) or one of the run's order files (an
+    `.npy` named as OLMo-core names this run's orders, of any epoch: the others lie beside it). A file of another
+    name is refused: it is another run's order, or renamed, and would be passed over without a word."""
+    remote = is_remote(location)
+    if not location.endswith(".npy"):
+        return f"{location.rstrip('/')}/{name}" if remote else os.path.join(location, name)
+    folder, given = location.rpartition("/")[::2] if remote else os.path.split(location)
+    head, _, tail = order_file_name(dataset_size, 1, seed, chunk_size).partition("_epoch1_")
+    if not re.fullmatch(re.escape(head) + r"_epoch\d+_" + re.escape(tail), given):
+        raise DataError(
+            f"{location}: not one of this run's order files, which OLMo-core names {name} (epoch 1: "
+            f"{head}_epoch1_{tail}, for {dataset_size:,} instances and seed {seed}); give the folder they were "
+            "copied to, or one of them under its own name"
+        )
+    return f"{folder}/{name}" if remote else os.path.join(folder or ".", name)
+
+
+def _check_size(path: str, size: int, length: int, dataset_size: int, epoch: int) -> None:
+    if size != 4 * length:
+        raise DataError(
+            f"{path}: {size:,} bytes, but OLMo-core's order of epoch {epoch} over {dataset_size:,} instances "
+            f"is {length:,} uint32 numbers ({4 * length:,} bytes); the file is truncated or not OLMo-core's"
+        )
+
+
+def _remote_order(path: str, length: int, dataset_size: int, seed: int, epoch: int, chunk_size: int) -> EpochOrder:
+    """A remote order file, sized (one HEAD, cached as every remote size) and sampled by ranges; absent (404):
+    rebuilt. Its absence is not kept in the disk cache, so an order copied there later is used at once."""
+    root = default_cache_dir() if path.startswith(("s3://", "http://", "https://")) else None
+    size = stat_many(remote_reader(), [path], root)[path].size
+    if size is None:
+        order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
+        return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)", length)
+    _check_size(path, size, length, dataset_size, epoch)
+    stored = RemoteOrderFile(path, length)
+    sample_check(path, stored, length, epoch, chunk_size)  # type: ignore[arg-type]
+    return EpochOrder(epoch, stored, path, f"read from {path} (by ranges)", length)  # type: ignore[arg-type]
+
+
+class RemoteOrderFile:
+    """An order file in object storage as an array of uint32, read by ranges: a slice is one ranged read, a list
+    of positions one read per run of neighbouring ones (all in flight together, through the process's remote
+    reader). Only a command that walks the whole order (`np.asarray`: trace's search, a permutation check) fetches
+    it whole, once, into the cache (`olmo_data.io.cached_download`: `<cache>/downloads`, reused while the file keeps
+    its size), and maps it from there."""
+
+    dtype = np.dtype("<u4")
+    ndim = 1
+
+    def __init__(self, url: str, length: int) -> None:
+        self.url, self.length = url, length
+        self._whole: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.length,)
+
+    def __getitem__(self, key: Any) -> Any:
+        if self._whole is not None:
+            return self._whole[key]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self.length)
+            if step < 0:
+                return np.asarray(self)[key]
+            return self._read(start, max(start, stop))[::step]
+        if isinstance(key, (int, np.integer)):
+            at = int(key) + (self.length if key < 0 else 0)
+            if not 0 <= at < self.length:
+                raise IndexError(f"entry {int(key)} of an order of {self.length} entries")
+            return self._read(at, at + 1)[0]
+        positions = np.asarray(key, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= self.length):
+            raise IndexError(f"entries past an order of {self.length} entries")
+        wanted = np.unique(positions)
+        breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(wanted, breaks)] if wanted.size else []
+        blocks = remote_reader().read_many([(self.url, 4 * lo, 4 * (hi - lo)) for lo, hi in runs])
+        values = np.frombuffer(b"".join(blocks), dtype=self.dtype)
+        return values[np.searchsorted(wanted, positions)].astype(np.uint32)
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros(0, dtype=np.uint32)
+        raw = remote_reader().read(self.url, 4 * start, 4 * (stop - start))
+        return np.frombuffer(raw, dtype=self.dtype).astype(np.uint32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._whole is None:
+            local = cached_download(self.url, f"{4 * self.length}")
+            self._whole = np.memmap(local, dtype=self.dtype, mode="r") if self.length else np.zeros(0, np.uint32)
+        return self._whole if dtype is None else self._whole.astype(dtype)
 
 
 def write_olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> str:
