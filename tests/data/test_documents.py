@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,8 +85,14 @@ def test_expand_patterns(tmp_path: Path) -> None:
         expand_patterns([str(tmp_path)])
 
 
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
-def test_a_truncated_compressed_file_is_named_with_its_last_good_line(tmp_path: Path, suffix: str) -> None:
+def test_a_truncated_compressed_file_is_named_with_its_last_good_line(
+    tmp_path: Path, suffix: str, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import olmo_data.documents as documents
+
+    monkeypatch.setattr(documents, "FAST_READING", fast)
     rows = [{"id": str(i), "text": "hello world " * 50} for i in range(2000)]
     path = tmp_path / f"t{suffix}"
     write_jsonl(path, rows)
@@ -93,3 +100,119 @@ def test_a_truncated_compressed_file_is_named_with_its_last_good_line(tmp_path: 
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(DataError, match=rf"t{re.escape(suffix)}: cannot be read past line \d+ .*truncated or corrupt"):
         list(read_documents(str(path)))
+
+
+# Lines where a JSON parser other than the standard library's could differ from it: each is read with the `fast`
+# extra's readers (msgspec, isal) and without them, and must give the same documents, errors and skipped counts.
+TRICKY_LINES = [
+    b'{"id": "a", "text": "plain", "source": "s"}',
+    b'{"text": "no id or source"}',
+    b'{"id": 7, "text": "int id", "source": null}',
+    b'{"id": true, "text": "bool id", "source": 3}',
+    b'{"id": 1.5, "text": "float id"}',
+    b'{"id": 1e2, "text": "exponent id"}',
+    b'{"id": 123456789012345678901234567890, "text": "huge int id"}',
+    b'{"id": -9223372036854775809, "text": "just below int64"}',
+    b'{"id": 18446744073709551615, "text": "largest uint64"}',
+    b'{"id": [1.5, {"k": 1, "k": 2}], "text": "container id"}',
+    b'{"id": NaN, "text": "nan id"}',
+    b'{"id": 1E400, "text": "infinite id"}',
+    b'{"text": "first", "text": "duplicate key: the last wins"}',
+    b'{"text": "\\ud83d\\ude00 a surrogate pair, escaped"}',
+    b'{"text": "\\ud800 lone surrogate"}',
+    b'{"text": "ok", "meta": "\\udc00 lone surrogate elsewhere"}',
+    b'{"text": "ok", "meta": "\xff invalid UTF-8 elsewhere"}',
+    b'{"text": "ok", "\xed\xa0\x80": "an encoded surrogate in a key"}',
+    b'{"text": "caf\xc3\xa9 \xe2\x80\xa8 \xef\xbf\xbe non-ASCII"}',
+    b'{"text": "caf\xe9 invalid UTF-8"}',
+    b'\xef\xbb\xbf{"text": "a BOM"}',
+    b'{"text": "raw\ttab"}',
+    b'{"text": "escapes \\u0000 \\/ \\" \\\\ \\t"}',
+    b'{"text": "ok", "meta": {"deep": ' + b"[" * 3000 + b"]" * 3000 + b"}}",
+    b'{"text": "ok", "meta": NaN, "more": 1E400}',
+    b'{"text": "trailing comma",}',
+    b'{"text": "trailing garbage"} x',
+    b'  {"text": "spaces around"}  \t\r',
+    b'{"text": 5}',
+    b'{"text": null}',
+    b'{"id": "no text"}',
+    b'["not", "an object"]',
+    b'"a string"',
+    b"\x0c",
+    b" \t ",
+    b"",
+]
+
+
+def _read_both_ways(path: str, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> list[Any]:
+    import olmo_data.documents as documents
+
+    out = []
+    for fast in (True, False):
+        monkeypatch.setattr(documents, "FAST_READING", fast)
+        bad = BadDocuments()
+        got = [(d.id, d.text, d.source, d.line, d.raw) for d in read_documents(path, bad=bad, **kwargs)]
+        out.append((got, bad.count, bad.examples))
+    return out
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz"])
+def test_fast_readers_give_the_standard_documents_and_errors(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import olmo_data.documents as documents
+
+    path = write_jsonl(tmp_path / name, [], raw_lines=[line + b"\n" for line in TRICKY_LINES * 2])
+    fast, standard = _read_both_ways(path, monkeypatch, keep_raw=True)
+    assert fast == standard
+    assert (len(standard[0]), standard[1]) == (2 * 19, 2 * 14)  # (so that both kinds are there to compare)
+    assert ("123456789012345678901234567890", "huge int id") in {d[:2] for d in standard[0]}
+    other_fields = _read_both_ways(path, monkeypatch, text_field="id", id_field="text")
+    assert other_fields[0] == other_fields[1]
+    for line in TRICKY_LINES:  # each bad line alone: the same error
+        one = write_jsonl(tmp_path / f"one-{name}", [], raw_lines=[line])
+        errors: list[Any] = []
+        for on in (True, False):
+            monkeypatch.setattr(documents, "FAST_READING", on)
+            try:
+                errors.append([d.text for d in read_documents(one)])
+            except DataError as e:
+                errors.append(str(e))
+        assert errors[0] == errors[1], line
+
+
+def test_fast_readers_are_used_where_installed(tmp_path: Path) -> None:
+    """Not a vacuous comparison above: with the `fast` extra, a good line takes msgspec and a .gz file isal."""
+    from olmo_data.documents import _fast_document, _fast_fields, _open_jsonl
+
+    msgspec = pytest.importorskip("msgspec")
+    isal = pytest.importorskip("isal.igzip")
+    fields = _fast_fields("text", "id")
+    assert fields is not None and isinstance(fields.decode(b'{"text": "x"}'), msgspec.Struct)
+    assert _fast_document(fields, b'{"id": "a", "text": "x", "meta": {"m": [1.5]}}') == ("x", "a", "")
+    # msgspec refuses a lone surrogate escape in the fields it builds (the fast path relies on it, see there)
+    assert _fast_document(fields, b'{"id": "a", "text": "\\ud800"}') is None
+    assert _fast_fields("text", "source") is None  # names that coincide: the standard path
+    path = write_jsonl(tmp_path / "a.jsonl.gz", docs("x"))
+    with _open_jsonl(path) as f:
+        assert isinstance(f, isal.IGzipFile)
+
+
+def test_without_the_fast_extra_the_standard_readers_are_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from olmo_data.documents import _fast_fields, _igzip
+
+    path = write_jsonl(tmp_path / "a.jsonl.gz", docs("first", "second"))
+    expected = [(d.id, d.text, d.line) for d in read_documents(path)]
+    monkeypatch.setitem(sys.modules, "msgspec", None)  # `import msgspec` raises ImportError, as when absent
+    monkeypatch.setitem(sys.modules, "isal", None)
+    monkeypatch.setitem(sys.modules, "isal.igzip", None)
+    _fast_fields.cache_clear()
+    _igzip.cache_clear()
+    try:
+        assert _fast_fields("text", "id") is None and _igzip() is None
+        assert [(d.id, d.text, d.line) for d in read_documents(path)] == expected
+    finally:
+        _fast_fields.cache_clear()
+        _igzip.cache_clear()

@@ -5,6 +5,7 @@ import errno
 import gzip
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -335,7 +336,9 @@ def test_progress_bar_counts_input_bytes_to_100_percent_and_stays(
 def test_read_position_follows_a_gzip_file(tmp_path: Path) -> None:
     from olmo_data.documents import ReadPosition
 
-    path = write_jsonl(tmp_path / "a.jsonl.gz", docs(*[f"document {i} " * 50 for i in range(2000)]))
+    # about 1.6 MB compressed: more than one block of the decompressor's read-ahead (igzip reads 512 KiB at once)
+    texts = [random.Random(i).randbytes(500).hex() for i in range(3000)]
+    path = write_jsonl(tmp_path / "a.jsonl.gz", docs(*texts))
     position = ReadPosition()
     seen = [position.bytes() for _ in read_documents(path, position=position)]
     assert seen[0] is not None and 0 < seen[0] < seen[-1] <= os.path.getsize(path)

@@ -145,3 +145,23 @@ def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
     stream.close()
     assert closed == [True, True]
     assert not [t for t in threading.enumerate() if t.name == "olmo-data-read"]
+
+
+def test_token_files_are_byte_identical_with_and_without_the_fast_readers(
+    demo_corpus: list[str], demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `fast` extra's readers (msgspec, isal: `olmo_data.documents`) change no byte of the output, bad and
+    tricky lines (skipped or read) included."""
+    import olmo_data.documents as documents
+    from tests.data.test_documents import TRICKY_LINES
+
+    tricky = write_jsonl(tmp_path / "tricky.jsonl.gz", docs(*TRICKY), raw_lines=[b + b"\n" for b in TRICKY_LINES])
+    outputs = []
+    for fast in (True, False):
+        monkeypatch.setattr(documents, "FAST_READING", fast)
+        dest = tmp_path / f"fast-{fast}"
+        opts = TokenizeOptions(tokenizer=demo_tokenizer, skip_bad_documents=True)
+        summary = tokenize([demo_corpus[0], tricky], dest, opts, processes=1)
+        assert summary.skipped_bad == 14
+        outputs.append(_files(dest))
+    assert outputs[0] == outputs[1]
