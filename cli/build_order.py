@@ -33,15 +33,8 @@ def build_order(config: str, epochs: int, first_epoch: int | None, destination: 
     Examples:
       olmo-data build-order configs/tiny.yaml --epochs 2
     """
-    from olmo_data.dataset import build_config_orders
-    from olmo_data.olmo_core import build_olmo_core_orders, olmo_core_of
+    from olmo_data.run import read_run
 
-    core = olmo_core_of(config)
-    if core is not None:  # an OLMo-core run (or a run of ours on its batches): its own order files
-        first = 1 if first_epoch is None else first_epoch
-        for line in build_olmo_core_orders(core, epochs=epochs, first_epoch=first, destination=destination):
-            click.echo(line)
-        return
-    first = 0 if first_epoch is None else first_epoch
-    for summary in build_config_orders(config, epochs=epochs, first_epoch=first, location=destination):
-        click.echo(summary.line())
+    run = read_run(config)
+    for line in run.build_orders(epochs=epochs, first_epoch=first_epoch, destination=destination):
+        click.echo(line)

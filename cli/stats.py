@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from olmo_cli.options import Command, echo_json, progress_option
-from olmo_data.errors import DataError
 
 
 @click.command("stats", cls=Command)
@@ -42,19 +41,16 @@ def stats(
       olmo-data stats runs/demo/tokens --sequence-length 128 --global-batch-size 16
     """
     from olmo_data.dataset import format_stats, stats_for
-    from olmo_data.olmo_core import format_olmo_core_stats, olmo_core_of, olmo_core_stats
+    from olmo_data.run import read_run
 
-    core = olmo_core_of(paths[0]) if len(paths) == 1 and paths[0].endswith((".json", ".yaml", ".yml")) else None
-    if core is not None:  # an OLMo-core run's config.json: its data as OLMo-core's loader reads it
-        if mix or sequence_length or global_batch_size or duration or dtype:
-            raise DataError(
-                "an OLMo-core run's data (its config.json) gives the data, batch size and duration: no options"
-            )
-        found = olmo_core_stats(core)
+    if len(paths) == 1 and paths[0].endswith((".json", ".yaml", ".yml")):  # a run's config: its trainer's reading
+        run = read_run(paths[0])
+        options = dict(sequence_length=sequence_length, global_batch_size=global_batch_size, duration=duration)
+        found = run.stats(document_lengths=not no_lengths, progress=progress, mix=mix, dtype=dtype, **options)
         if as_json:
             echo_json(found.to_json())
         else:
-            click.echo(format_olmo_core_stats(found, format_stats(found.stats)))
+            click.echo(run.format_stats(found))
         return
     result = stats_for(
         paths,

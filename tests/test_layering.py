@@ -332,3 +332,68 @@ def test_every_package_folder_is_in_the_distribution() -> None:
     listed = set(re.findall(r'"([\w.]+)"', block.group(1)))
     folders = {m for m in MODULES if MODULES[m].name == "__init__.py"}
     assert folders == listed, (sorted(folders - listed), sorted(listed - folders))
+
+
+# -- one reader of a run (issue 42): no module outside the per-trainer implementations asks which trainer made a run
+TRAINER_QUESTIONS = {"olmo_core_form", "is_olmo_core_form", "olmo_core_of", "open_trained_on", "is_olmo_core_config"}
+# where the question may be asked: the config reader (a config's form and its data.olmo_core key), OLMo-core's own
+# package, the chooser of the run reader and its OLMo-core implementation, the trainer's chooser and its OLMo-core
+# reader; the instance index's one-line refusal of data.olmo_core for commands that read only data.paths/mix; and
+# the model converters, which read OLMo-core's checkpoints (models, not runs' data)
+TRAINER_ASKED_IN = (
+    "olmo_data.config",
+    "olmo_data.olmo_core",
+    "olmo_data.run.open",
+    "olmo_data.run.reader_olmo_core",
+    "olmo_data.dataset.instances",
+    "olmo_train.train.readers",
+    "olmo_train.train.olmo_core_data",
+    "olmo_train.convert",
+    "olmo_cli.import_olmo_core",
+)
+
+
+def trainer_questions(source: str) -> list[tuple[int, str]]:
+    """Where a module asks which trainer made a run: imports OLMo-core's data package or a function that tells an
+    OLMo-core config apart, calls one, or reads the `olmo_core` key of a config (`cfg.data.olmo_core`,
+    `data["olmo_core"]`, `data.get("olmo_core")`)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("olmo_data.olmo_core"):
+                out.append((node.lineno, f"from {node.module} import ..."))
+            out += [(node.lineno, f"imports {a.name}") for a in node.names if a.name in TRAINER_QUESTIONS]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, f"import {a.name}") for a in node.names if a.name.startswith("olmo_data.olmo_core")]
+        elif isinstance(node, ast.Attribute) and node.attr in TRAINER_QUESTIONS | {"olmo_core"}:
+            out.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Constant) and node.value == "olmo_core":
+            out.append((node.lineno, "'olmo_core'"))
+    return out
+
+
+def test_no_module_outside_the_run_readers_asks_which_trainer_made_a_run() -> None:
+    asked = [
+        f"{MODULES[m].relative_to(ROOT)}:{line}: {what}"
+        for m in MODULES
+        if not any(m == a or m.startswith(a + ".") for a in TRAINER_ASKED_IN)
+        for line, what in trainer_questions(MODULES[m].read_text())
+    ]
+    assert not asked, (
+        "read a run through olmo_data.run.read_run (RunData) instead of asking which trainer made it:\n"
+        + "\n".join(asked)
+    )
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "from olmo_data.config import olmo_core_form\n",
+        "import olmo_data.olmo_core.runs\n",
+        "def f(cfg):\n    return cfg.data.olmo_core\n",
+        "def f(raw):\n    return raw.get('olmo_core')\n",
+    ],
+)
+def test_the_trainer_question_finder_finds_a_planted_branch(planted: str) -> None:
+    assert trainer_questions(planted)
+    assert not trainer_questions("from olmo_data.run import read_run\nrun = read_run('c.yaml')\n")

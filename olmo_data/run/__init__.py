@@ -1,7 +1,8 @@
 """A run read back from its config and save folder, never through the trainer: the save folder's file names
-(`layout`, the one module of the project that spells them), the batches of its steps rebuilt (`batches`:
-`inspect-batch`), its per-instance losses (`instance_loss`), the stages that shaped its weights (`lineage`), and
-its loss spikes with the instances behind them (`spikes`).
+(`layout`, the one module of the project that spells them), one reader of a run whichever trainer made it
+(`reader`; its implementations `reader_olmo` and `reader_olmo_core`, chosen by `open.read_run`), the batches of
+its steps rebuilt (`batches`: `inspect-batch`), its per-instance losses (`instance_loss`), the stages that shaped
+its weights (`lineage`), and its loss spikes with the instances behind them (`spikes`).
 """
 
 from olmo_data.run.batches import BatchReport, InstanceReport, format_report, inspect_batch, sort_instances
@@ -47,9 +48,18 @@ from olmo_data.run.lineage import (
     run_stage,
     stage_line,
 )
+from olmo_data.run.open import read_run
+from olmo_data.run.reader import Filtered, Held, Placed, RunData, StepBatch, Trained
 from olmo_data.run.spikes import Spike, SpikeReport, find_spikes, format_spikes
 
 __all__ = [
+    "Filtered",
+    "Held",
+    "Placed",
+    "RunData",
+    "StepBatch",
+    "Trained",
+    "read_run",
     "BatchReport",
     "CHECKSUMS",
     "CONFIG",

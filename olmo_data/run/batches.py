@@ -25,33 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.config import TrainConfig, olmo_core_form, read_run_config
-from olmo_data.dataset import (
-    BatchPosition,
-    DocIndex,
-    DocumentSpan,
-    InstanceSource,
-    Repetition,
-    batch_fingerprint,
-    batch_position,
-    dtype_note,
-    instance_filter_of,
-    open_from_config,
-    order_location,
-    order_path_for_epoch,
-    rank_positions,
-    read_order_range,
-    run_steps,
-    step_position,
-)
+from olmo_data.config import TrainConfig
+from olmo_data.dataset import DocIndex, DocumentSpan, InstanceSource, Repetition, dtype_note, rank_positions
 from olmo_data.display import marked
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
-from olmo_data.olmo_core import OlmoCoreData, data_fingerprint, olmo_core_of, packed_documents, run_length
 from olmo_data.run.instance_loss import StepLosses, logged_batch_fingerprint, step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, save_folder_of
-from olmo_data.run.lineage import format_lineage, read_lineage
-from olmo_data.tokenizer import data_tokenizer, load_tokenizer
+from olmo_data.run.lineage import format_lineage
+from olmo_data.run.open import read_run
+from olmo_data.run.reader import RunData
 
 _ARRAYS_AND_RECORDS = ("documents", "token_ids", "label_mask", "repetition")  # converted one by one in to_json
 
@@ -103,6 +85,7 @@ class BatchReport:
     trainer: str | None = None  # "olmo-core": the batch of an OLMo-core run (epochs 1-based, as it counts them)
     global_batch_tokens: int | None = None  # OLMo-core's global batch size, in tokens (its unit)
     order_note: str | None = None  # OLMo-core: where the epoch's order came from (its file, or rebuilt)
+    note: str | None = None  # how the run's trainer counts (epochs from 1, batches in tokens), where it differs
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (built field by field: `asdict` would deep-copy millions of token ids)."""
@@ -135,6 +118,7 @@ def inspect_batch(
     verify_data: bool = True,
     save_folder: str | None = None,
     positions: list[int] | None = None,
+    run: RunData | None = None,
 ) -> BatchReport:
     """The global batch of training step `step` (1-based) or `batch_index` (0-based), or rank `rank`'s part.
 
@@ -144,102 +128,78 @@ def inspect_batch(
     trainer's. `verify_data=False` uses an order whose recorded data fingerprint differs from the data's (the
     same files moved elsewhere, say); compare the batch fingerprint with the run's metrics to be sure.
     The per-instance losses are read from `save_folder` (default: the config's, or the folder of a run's own
-    config.yaml). `positions` reports only those positions of the global batch.
+    config.yaml). `positions` reports only those positions of the global batch. `run` is the run already read
+    (`read_run`), for a caller asking about many steps.
     """
     if (step is None) == (batch_index is None):
         raise DataError("give exactly one of --step (1-based training step) and --batch-index (0-based)")
     if (rank is None) != (world_size is None):
         raise DataError("--rank and --world-size go together: rank r of world size W trains positions r, r+W, ...")
-    core = olmo_core_of(config, work_dir=order)
-    if core is not None:  # an OLMo-core run, or a run of ours on its batches: OLMo-core's rules (olmo_core)
-        own = None if olmo_core_form(config) is not None else read_run_config(config)
-        options = dict(decode=decode, tokenizer=tokenizer, doc_index=doc_index, save_folder=save_folder)
-        step = step if step is not None else int(batch_index or 0) + 1
-        return _inspect_olmo_core(core, config, own, step, rank, world_size, positions, **options)  # type: ignore[arg-type]
-    cfg = read_run_config(config)
-    rule = instance_filter_of(cfg)
-    if source is None:
-        source = open_from_config(cfg)
-    gbs = cfg.global_train_batch_size
-    n = len(source)
-    pos: BatchPosition = (
-        step_position(step, gbs, n) if step is not None else batch_position(int(batch_index or 0), gbs, n)
-    )
-    path = order_path_for_epoch(order or order_location(cfg), pos.epoch)
-    start, stop = pos.order_range(gbs)
-    if not is_remote(path) and not os.path.exists(path):
+    if batch_index is not None and batch_index < 0:
+        raise DataError(f"batch index must be >= 0, got {batch_index}")
+    if run is None:
+        run = read_run(config, order=order, source=source, verify_data=verify_data)
+    decoder = run.decoder(tokenizer) if decode else None  # before any reading: a missing tokenizer said at once
+    batch = run.batch(step if step is not None else run.step_of_batch_index(int(batch_index or 0)))
+    gbs = len(batch.instances)
+    if world_size is not None and (world_size < 1 or gbs % world_size):
         raise DataError(
-            f"step {pos.step} is past the end of the orders built: it is batch {pos.batch_in_epoch} of epoch "
-            f"{pos.epoch} ({pos.batches_per_epoch} batches per epoch) and {path}: order file not found; "
-            "build it "
-            f"with `olmo-data build-order CONFIG --first-epoch {pos.epoch}`, or point data.order_path / "
-            "--order at "
-            "the order file"
+            f"--world-size {world_size}: world size {world_size} does not divide the global batch size {gbs} (of step "
+            f"{batch.step})"
         )
-    try:
-        expected = source.fingerprint() if verify_data else None
-        indices = read_order_range(
-            path, start, stop, expected_fingerprint=expected, num_instances=n, seed=cfg.seed, epoch=pos.epoch
-        )
-    except DataError as e:
-        if "past the end" in str(e):
-            raise DataError(
-                f"step {pos.step} (batch index {pos.global_batch}) is past the end of the order: {e}"
-            ) from e
-        raise
-    tokens, masks = source.get_batch(indices)
     report = BatchReport(
-        step=pos.step,
-        global_batch=pos.global_batch,
-        epoch=pos.epoch,
-        batch_in_epoch=pos.batch_in_epoch,
-        batches_per_epoch=pos.batches_per_epoch,
+        step=batch.step,
+        global_batch=batch.global_batch,
+        epoch=batch.epoch,
+        batch_in_epoch=batch.batch_in_epoch,
+        batches_per_epoch=batch.batches_per_epoch,
         global_batch_size=gbs,
-        sequence_length=source.sequence_length,
-        seed=cfg.seed,
-        num_instances=n,
-        order_path=path,
-        data_fingerprint=source.fingerprint(),
-        batch_fingerprint=batch_fingerprint(tokens),
+        sequence_length=run.sequence_length,
+        seed=run.seed,
+        num_instances=run.num_instances,
+        order_path=batch.order_path,
+        data_fingerprint=run.data_fingerprint(),
+        batch_fingerprint=batch.fingerprint,
         rank=rank,
         world_size=world_size,
-        run_steps=run_steps(cfg, n),
-        assumed_dtype=source.assumed_dtype,
+        run_steps=run.run_steps(),
+        assumed_dtype=run.assumed_dtype,
+        trainer=run.trainer,
+        global_batch_tokens=batch.global_batch_tokens,
+        order_note=batch.order_note,
+        note=run.batch_note(batch),
     )
     chosen = _chosen(positions, rank, world_size, gbs)
-    losses = _losses(report, cfg, config, save_folder, gbs)
+    losses = _losses(report, run.own, config, save_folder, gbs) if run.own is not None else None
     if isinstance(config, str):
-        _add_lineage(report, config, cfg)
-    locations = source.locate_many(indices[chosen])
+        _add_lineage(report, run)
+    placed = run.place(batch.instances[chosen])
     docs = doc_index or DocIndex()
-    docs.prepare((loc.path, source.files[loc.file_index].metadata_path) for loc in locations)
-    decoder = data_tokenizer(tokenizer, source) if decode else None
-    L = source.sequence_length
-    masked = rule.filtered(tokens[chosen]) if rule is not None else None
-    if rule is not None and masked is not None:
-        report.instance_filter, report.masked_instances = rule.settings(), int(masked.sum())
-    for row, (p, loc) in enumerate(zip(chosen.tolist(), locations, strict=True)):
-        ids = tokens[p]
-        caught = rule.repetitions(ids) if rule is not None and masked is not None and masked[row] else []
+    run.prepare_documents(placed, docs)
+    rows = batch.tokens[chosen]
+    filtered = run.instance_filter(batch.instances[chosen], rows, why=True)
+    if filtered is not None:
+        report.instance_filter, report.masked_instances = filtered.settings, int(filtered.masked.sum())
+    masks = batch.label_mask
+    for row, (p, where) in enumerate(zip(chosen.tolist(), placed, strict=True)):
+        ids = batch.tokens[p]
+        caught = filtered.repetitions[row] if filtered is not None and filtered.repetitions else []
+        shown = ids[: where.length] if where.length < len(ids) else ids  # a padded instance: its own tokens
         report.instances.append(
             InstanceReport(
                 position=p,
-                instance=loc.index,
-                path=loc.path,
-                token_offset=loc.token_offset,
+                instance=where.index,
+                path=where.path,
+                token_offset=where.start,
                 token_ids=ids,
                 label_mask=masks[p] if masks is not None else None,
-                source=loc.source,
-                documents=docs.lookup(
-                    loc.path,
-                    loc.token_offset,
-                    loc.token_offset + L,
-                    source.files[loc.file_index].metadata_path,
-                    source.files[loc.file_index].num_tokens,
-                ),
-                text=decoder.decode(ids.tolist()) if decoder is not None else None,
+                source=where.source,
+                documents=run.documents(where, docs),
+                pieces=[list(piece) for piece in where.pieces] or None,
+                doc_lens=batch.doc_lens[p].tolist() if batch.doc_lens is not None else None,
+                text=decoder.decode(shown.tolist()) if decoder is not None else None,
                 untrained_text=_runs(decoder, ids, masks[p]) if decoder is not None and masks is not None else None,
-                masked=bool(masked[row]) if masked is not None else None,
+                masked=bool(filtered.masked[row]) if filtered is not None else None,
                 repetition=max(caught, key=lambda r: r.times) if caught else None,
                 loss=_loss_of(losses.loss[p]) if losses is not None else None,
                 supervised_tokens=int(losses.tokens[p]) if losses is not None else None,
@@ -281,86 +241,6 @@ def _losses(report: BatchReport, cfg: TrainConfig, config: Any, save_folder: str
     return losses
 
 
-def _inspect_olmo_core(
-    core: OlmoCoreData,
-    config: Any,
-    own: TrainConfig | None,
-    step: int,
-    rank: int | None,
-    world_size: int | None,
-    positions: list[int] | None,
-    *,
-    decode: bool,
-    tokenizer: str | None,
-    doc_index: DocIndex | None,
-    save_folder: str | None,
-) -> BatchReport:
-    """`inspect_batch` of an OLMo-core run (`own` None) or of a run of ours that trained on one's batches
-    (`own`: its config, for its losses): OLMo-core's global batch at `step`, its epoch as OLMo-core numbers it,
-    each instance's tokens, masks and documents."""
-    if decode and tokenizer is None:
-        raise DataError("--decode of an OLMo-core run needs --tokenizer PATH (its config names no tokenizer file)")
-    batch = core.batch(step)
-    assert batch.tokens is not None
-    gbs, L = len(batch.instances), core.run.sequence_length
-    if world_size is not None and (world_size < 1 or gbs % world_size):
-        raise DataError(f"--world-size {world_size} does not divide step {step}'s batch of {gbs} instances")
-    epoch_order = core.epoch_order(batch.epoch)
-    report = BatchReport(
-        step=step,
-        global_batch=step - 1,
-        epoch=batch.epoch,
-        batch_in_epoch=batch.batch_in_epoch,
-        batches_per_epoch=core.walk.batches_per_epoch(batch.global_batch_tokens),
-        global_batch_size=gbs,
-        sequence_length=L,
-        seed=core.run.seed,
-        num_instances=len(core.dataset),
-        order_path=epoch_order.path or "(rebuilt)",
-        data_fingerprint=data_fingerprint(core),
-        batch_fingerprint=batch.fingerprint or "",
-        rank=rank,
-        world_size=world_size,
-        run_steps=run_length(core) if own is None else run_steps(own, len(core.dataset)),
-        trainer="olmo-core",
-        global_batch_tokens=batch.global_batch_tokens,
-        order_note=batch.order_note,
-    )
-    losses = _losses(report, own, config, save_folder, gbs) if own is not None else None
-    chosen = _chosen(positions, rank, world_size, gbs)
-    keep = batch.instance_mask
-    if keep is not None and core.run.instance_filter is not None:
-        report.instance_filter = core.run.instance_filter.settings()
-        report.masked_instances = int((~keep[chosen]).sum())
-    docs = doc_index or DocIndex()
-    decoder = None
-    if decode and tokenizer is not None:
-        decoder = load_tokenizer(tokenizer, "auto" if tokenizer.endswith(".tiktoken") else "hf")
-    for p, loc in zip(chosen.tolist(), core.locate(batch.instances[chosen]), strict=True):
-        ids = batch.tokens[p]
-        report.instances.append(
-            InstanceReport(
-                position=p,
-                instance=loc.index,
-                path=loc.path,
-                token_offset=loc.start,
-                token_ids=ids,
-                label_mask=batch.label_mask[p] if batch.label_mask is not None else None,
-                source=loc.source,
-                documents=packed_documents(docs, loc.pieces)
-                if loc.pieces
-                else docs.lookup(loc.path, loc.start, loc.start + loc.length),
-                pieces=[list(piece) for piece in loc.pieces] or None,
-                doc_lens=batch.doc_lens[p].tolist() if batch.doc_lens is not None else None,
-                text=decoder.decode(ids[: loc.length].tolist()) if decoder is not None else None,
-                masked=bool(not keep[p]) if keep is not None else None,
-                loss=_loss_of(losses.loss[p]) if losses is not None else None,
-                supervised_tokens=int(losses.tokens[p]) if losses is not None else None,
-            )
-        )
-    return report
-
-
 def _chosen(positions: list[int] | None, rank: int | None, world_size: int | None, gbs: int) -> np.ndarray:
     """The positions of the global batch a report shows: those asked for, a rank's (r, r+W, ...), or all."""
     if positions is not None:
@@ -370,11 +250,11 @@ def _chosen(positions: list[int] | None, rank: int | None, world_size: int | Non
     return np.arange(gbs)
 
 
-def _add_lineage(report: BatchReport, config: str, cfg: TrainConfig) -> None:
+def _add_lineage(report: BatchReport, run: RunData) -> None:
     """The stages the run grew from, when it started from another run's checkpoint: a stage-2 step is inspected
     from the stage-2 config alone, and the report says which earlier runs also shaped the weights."""
     try:
-        stages = read_lineage(config, cfg, fingerprint=report.data_fingerprint, last_step=report.run_steps)
+        stages = run.lineage(report.run_steps)
     except DataError as e:
         report.lineage_note = f"lineage not read: {e}"
         return
@@ -414,12 +294,8 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         f"data fingerprint: {r.data_fingerprint}",
         f"batch fingerprint: {r.batch_fingerprint}",
     ]
-    if r.trainer == "olmo-core":
-        lines.insert(
-            1,
-            f"an OLMo-core run: epochs counted from 1 as OLMo-core counts them; global batch "
-            f"{r.global_batch_tokens:,} tokens ({r.global_batch_size} instances)",
-        )
+    if r.note:
+        lines.insert(1, str(r.note))
     if r.assumed_dtype is not None:
         lines.append(dtype_note(r.assumed_dtype))
     if r.run_steps is not None and r.step > r.run_steps:

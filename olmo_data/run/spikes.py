@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.config import TrainConfig, olmo_core_form, read_run_config
-from olmo_data.dataset import DocumentSpan, Sources, open_from_config
+from olmo_data.dataset import DocumentSpan
 from olmo_data.errors import DataError
-from olmo_data.olmo_core import olmo_core_of
 from olmo_data.run.batches import inspect_batch
 from olmo_data.run.instance_loss import step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, METRICS, run_files
+from olmo_data.run.open import check_own_records, read_run
+from olmo_data.run.reader import RunData
 
 
 @dataclass
@@ -99,12 +99,7 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         raise DataError(f"--top {top}: expected 0 or more instances per spike")
     if not math.isfinite(z):  # a NaN threshold compares false: "0 spikes" said nothing
         raise DataError(f"--z {z}: expected a positive, finite number of standard deviations (e.g. 3)")
-    if olmo_core_form(run) is not None:
-        raise DataError(
-            f"{run}: an OLMo-core run's config.json; spikes reads the loss and per-instance loss records this "
-            f"project's trainer writes ({METRICS}, {INSTANCE_LOSS}), which OLMo-core does not: it applies to a run "
-            "of ours trained on OLMo-core's batches (data.olmo_core); use inspect-batch for a step of this run"
-        )
+    check_own_records(run, "spikes", f"loss and per-instance loss records ({METRICS}, {INSTANCE_LOSS})")
     config_path, folder = run_files(run)
     losses = read_losses(os.path.join(folder, METRICS))
     record = os.path.join(folder, INSTANCE_LOSS)
@@ -125,19 +120,13 @@ def find_spikes(run: str, *, window: int = 20, z: float = 3.0, top: int = 5) -> 
         if score >= z:
             report.spikes.append(Spike(step, loss, mean, std, score))
     if report.loss_record is not None and top and report.spikes:
-        cfg = read_run_config(config_path)
-        source, sources = None, None  # on OLMo-core's batches (data.olmo_core): its instances name their source
-        if olmo_core_of(cfg) is None:
-            source = open_from_config(cfg)
-            sources = Sources(source, cfg.data.paths)
+        data = read_run(config_path)
         for spike in report.spikes:
-            spike.contributors = _contributors(config_path, cfg, folder, source, sources, spike, top)
+            spike.contributors = _contributors(data, folder, spike, top)
     return report
 
 
-def _contributors(
-    config_path: str, cfg: TrainConfig, folder: str, source: Any, sources: Sources | None, spike: Spike, top: int
-) -> list[Contributor]:
+def _contributors(data: RunData, folder: str, spike: Spike, top: int) -> list[Contributor]:
     rows = step_losses(os.path.join(folder, INSTANCE_LOSS), spike.step)
     if rows is None or rows.tokens.sum() == 0:
         return []
@@ -149,11 +138,8 @@ def _contributors(
     order = [int(p) for p in np.argsort(-shares, kind="stable")[:top] if shares[p] > 0]
     if not order:
         return []
-    batch = inspect_batch(cfg, step=spike.step, source=source, save_folder=folder, positions=order)
-    if sources is None:
-        labels = [i.source or i.path for i in batch.instances]
-    else:
-        labels = [sources.labels[int(k)] for k in sources.of([i.instance for i in batch.instances])]
+    batch = inspect_batch(data.config, step=spike.step, save_folder=folder, positions=order, run=data)
+    labels = data.source_labels([i.instance for i in batch.instances])
     return [
         Contributor(
             position=i.position,

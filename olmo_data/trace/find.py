@@ -18,7 +18,6 @@ search in the side indexes `inspect-batch` uses.
 from __future__ import annotations
 
 import fnmatch
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,21 +27,9 @@ from typing import Any
 import numpy as np
 
 from olmo_data.config import TrainConfig, read_run_config
-from olmo_data.dataset import (
-    DTYPES,
-    DocIndex,
-    InstanceSource,
-    batches_per_epoch,
-    build_order,
-    check_order_entries,
-    load_order,
-    open_from_config,
-    order_location,
-    order_path_for_epoch,
-    run_steps,
-)
+from olmo_data.dataset import DTYPES, DocIndex, InstanceSource, open_from_config
 from olmo_data.errors import DataError
-from olmo_data.io import is_remote
+from olmo_data.run import RunData, read_run
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
 from olmo_data.trace.scan import scan, scanned_files, scanned_tokens
@@ -213,52 +200,62 @@ def trace(
     config: str | dict[str, Any] | TrainConfig,
     targets: Sequence[Target],
     *,
-    source: InstanceSource,
+    source: InstanceSource | None = None,
     steps: tuple[int, int] | None = None,
     world_size: int | None = None,
     order: str | None = None,
 ) -> TraceReport:
+    """`trace_run` of the run `config` describes (`source`: its instances, where the caller has them open)."""
+    return trace_run(read_run(config, source=source, order=order), targets, steps=steps, world_size=world_size)
+
+
+def trace_run(
+    run: RunData, targets: Sequence[Target], *, steps: tuple[int, int] | None = None, world_size: int | None = None
+) -> TraceReport:
     """Every (step, position) of the run whose instance holds a token of a target, within `steps` (1-based,
-    inclusive; default the whole run)."""
-    cfg = read_run_config(config)
-    gbs, L, n = cfg.global_train_batch_size, source.sequence_length, len(source)
-    per_epoch = batches_per_epoch(n, gbs)
-    if per_epoch == 0:
-        raise DataError(f"the data has {n} instances, fewer than one global batch of {gbs}")
-    first, last = steps if steps is not None else (1, run_steps(cfg, n))
+    inclusive; default the whole run): the instances holding each target's tokens (`RunData.holding`: every
+    occurrence of a file in a mix, a packed instance's pieces), then the steps whose batches held them (one pass
+    over each epoch's order, whatever the number of instances)."""
+    if steps is None:
+        last = run.run_steps()
+        if last is None:
+            raise DataError(f"{run.config}: the config gives no max_duration (trainer.max_duration); pass --steps A..B")
+        steps = (1, last)
+    first, last = steps
     if first < 1 or last < first:
         raise DataError(f"--steps {first}..{last}: expected 1 <= A <= B")
-    if world_size is not None and (world_size < 1 or gbs % world_size):
-        raise DataError(f"--world-size {world_size} must divide the global batch size {gbs}")
-    # target -> the dataset indices of the instances holding its tokens
-    instance_target: list[tuple[int, int, int]] = []  # (dataset index, target, base instance)
-    for t, target in enumerate(targets):
-        count = int(source.file_offsets[target.file_index + 1] - source.file_offsets[target.file_index])
-        j_lo, j_hi = target.start // L, min((target.end - 1) // L, count - 1)
-        for j in range(j_lo, j_hi + 1):
-            base = int(source.file_offsets[target.file_index]) + j
-            for index in source.dataset_indices_of(base):
-                instance_target.append((index, t, base))
-    wanted = np.array(sorted({i for i, _, _ in instance_target}), dtype=np.int64)
-    by_instance: dict[int, list[tuple[int, int]]] = {}
-    for index, t, base in instance_target:
-        by_instance.setdefault(index, []).append((t, base))
+    per_batch = run.batch_size(first)
+    if world_size is not None and (world_size < 1 or per_batch % world_size):
+        raise DataError(f"--world-size {world_size} must divide the global batch size {per_batch}")
+    holding = [run.holding(t.file_index, t.start, t.end) for t in targets]
+    found = run.trained_at([h.instance for held in holding for h in held], first, last)
+    paths = [f.path for f in run.token_files()]
     hits: list[Hit] = []
-    seed = cfg.seed
-    location = order or order_location(cfg)
-    for epoch in range((first - 1) // per_epoch, (last - 1) // per_epoch + 1):
-        lo_batch = max(first - 1 - epoch * per_epoch, 0)
-        hi_batch = min(last - epoch * per_epoch, per_epoch)
-        if hi_batch <= lo_batch or not len(wanted):
-            continue
-        perm = _epoch_order(location, source, seed, epoch)
-        segment = np.asarray(perm[lo_batch * gbs : hi_batch * gbs])
-        if isinstance(perm, np.memmap):  # a file, not rebuilt: checked as every command checks what it reads
-            check_order_entries(order_path_for_epoch(location, epoch), segment, lo_batch * gbs, len(source))
-        for p in (np.flatnonzero(np.isin(segment, wanted)) + lo_batch * gbs).tolist():
-            index = int(perm[p])
-            for t, base in by_instance[index]:
-                hits.append(_hit(source, targets, t, base, index, epoch, per_epoch, p, gbs, world_size))
+    for t, (target, held) in enumerate(zip(targets, holding, strict=True)):
+        for h in held:  # file tokens [h.file_start, h.file_start + h.tokens) from instance position h.at
+            lo, hi = max(target.start, h.file_start), min(target.end, h.file_start + h.tokens)
+            if hi <= lo or not found[h.instance]:
+                continue
+            a, b = lo - h.file_start + h.at, hi - h.file_start + h.at
+            supervised = run.supervised(h.instance, a, b)
+            for at in found[h.instance]:
+                hits.append(
+                    Hit(
+                        target=t,
+                        step=at.step,
+                        epoch=at.epoch,
+                        batch_in_epoch=at.batch_in_epoch,
+                        position=at.position,
+                        rank=at.position % world_size if world_size else None,
+                        instance=h.instance,
+                        path=paths[target.file_index],
+                        instance_start=a,
+                        instance_end=b,
+                        target_start=lo - target.start,
+                        target_end=hi - target.start,
+                        supervised=supervised,
+                    )
+                )
     hits.sort(key=lambda h: (h.step, h.position, h.target))
     trained = {h.target for h in hits}
     return TraceReport(
@@ -266,57 +263,10 @@ def trace(
         hits=hits,
         first_step=first,
         last_step=last,
-        global_batch_size=gbs,
-        sequence_length=L,
+        global_batch_size=per_batch,
+        sequence_length=run.sequence_length,
         world_size=world_size,
         not_trained=[t for t in range(len(targets)) if t not in trained],
-    )
-
-
-def _epoch_order(location: str, source: InstanceSource, seed: int, epoch: int) -> np.ndarray:
-    """The epoch's order file where it exists (checked against the data, as the trainer checks it), else the
-    same permutation rebuilt in memory: PCG64(seed + epoch), what the trainer would write."""
-    path = order_path_for_epoch(location, epoch)
-    if is_remote(path) or os.path.exists(path):
-        return load_order(path, source.fingerprint(), seed=seed, epoch=epoch)
-    return build_order(len(source), seed, epoch)
-
-
-def _hit(
-    source: InstanceSource,
-    targets: Sequence[Target],
-    t: int,
-    base: int,
-    index: int,
-    epoch: int,
-    per_epoch: int,
-    p: int,
-    gbs: int,
-    world_size: int | None,
-) -> Hit:
-    target, L = targets[t], source.sequence_length
-    first_token = (base - int(source.file_offsets[target.file_index])) * L
-    lo, hi = max(target.start, first_token), min(target.end, first_token + L)
-    position = p % gbs
-    supervised = None
-    if source.files[target.file_index].label_mask_path:
-        _, masks = source.get_batch(np.array([index]))
-        if masks is not None:
-            supervised = int(np.asarray(masks[0][lo - first_token : hi - first_token]).sum())
-    return Hit(
-        target=t,
-        step=epoch * per_epoch + p // gbs + 1,
-        epoch=epoch,
-        batch_in_epoch=p // gbs,
-        position=position,
-        rank=position % world_size if world_size else None,
-        instance=index,
-        path=source.files[target.file_index].path,
-        instance_start=lo - first_token,
-        instance_end=hi - first_token,
-        target_start=lo - target.start,
-        target_end=hi - target.start,
-        supervised=supervised,
     )
 
 

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.config import olmo_core_form
 from olmo_data.dataset import DocIndex, InstanceSource
 from olmo_data.display import marked
 from olmo_data.errors import DataError
+from olmo_data.run import read_run
 from olmo_data.suffix_index import RunIndex, open_index
 from olmo_data.tokenizer import data_tokenizer
-from olmo_data.trace.find import Target, TraceReport, check_token_ids, open_run, parse_steps, trace
+from olmo_data.trace.find import Target, TraceReport, check_token_ids, parse_steps, trace_run
 from olmo_data.trace.span_search import index_longest, index_places, scan_longest
 
 MIN_TOKENS = 8
@@ -160,16 +160,13 @@ def trace_spans(
         raise DataError(f"--spans: give a text or token ids, {'not both' if text is not None else 'neither was given'}")
     if max_places < 0:
         raise DataError(f"--max-places {max_places}: expected a number of places, 0 or more")
-    if olmo_core_form(config) is not None:
-        raise DataError(
-            f"{config}: --spans of an OLMo-core run is not covered; trace a passage of it with --text or --tokens"
-        )
-    cfg, source = open_run(config)
+    run = read_run(config, order=order)
+    source = run.target_source()
     tok = data_tokenizer(tokenizer, source, "--spans")
     query = check_token_ids(source, list(tokens), "--spans") if tokens is not None else tok.encode(str(text))
     if not query:
         raise DataError("--spans: the text encodes to no tokens")
-    index = open_index(source, index_dir) if use_index else None
+    index = open_index(source, index_dir) if use_index and run.finds_with_index else None
     found, search = find_spans(
         source, query, min_tokens, index=index, processes=processes, progress=progress, max_places=max_places
     )
@@ -181,7 +178,7 @@ def trace_spans(
         for k, f in enumerate(source.files):
             targets.extend(Target(name, k, p, p + j - i) for p in at.get(f.path, np.zeros(0, dtype=np.int64)).tolist())
         target_ranges.append((first, len(targets)))
-    report = trace(cfg, targets, source=source, steps=parse_steps(steps), world_size=world_size, order=order)
+    report = trace_run(run, targets, steps=parse_steps(steps), world_size=world_size)
     steps_of: dict[int, set[int]] = {}
     for h in report.hits:
         steps_of.setdefault(h.target, set()).add(h.step)

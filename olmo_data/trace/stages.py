@@ -14,12 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from olmo_data.config import olmo_core_form, read_run_config
-from olmo_data.dataset import open_from_config, run_steps
 from olmo_data.errors import DataError
-from olmo_data.olmo_core import olmo_core_of
-from olmo_data.run import Stage, format_lineage, read_lineage, read_stage_config, run_stage, stage_line
-from olmo_data.trace.core_run import olmo_core_stage, trace_olmo_core
+from olmo_data.run import Stage, format_lineage, read_run, read_stage_config, stage_line
 from olmo_data.trace.find import (
     TraceReport,
     check_target_options,
@@ -27,7 +23,7 @@ from olmo_data.trace.find import (
     format_trace,
     parse_steps,
     read_ids,
-    trace,
+    trace_run,
 )
 
 
@@ -91,46 +87,29 @@ def trace_chain(
     (`use_index`; `index_dir` is the run's own, ancestors' are found beside their token files)."""
     ids = read_ids(document_ids, document_list)
     check_target_options(ids, source_glob, text, tokens)
-    core = olmo_core_of(config, work_dir=order)
-    if core is not None:  # an OLMo-core run (or a run of ours on its batches): its steps, as OLMo-core counts them
-        wanted = parse_steps(steps)
-        if wanted is None and olmo_core_form(config) is None:  # a run of ours: its own max_duration
-            wanted = (1, run_steps(read_run_config(config), len(core.dataset)))
-        own = trace_olmo_core(
-            core,
-            ids,
-            source_glob=source_glob,
-            text=text,
-            tokens=tokens,
-            tokenizer=tokenizer,
-            steps=wanted,
-            world_size=world_size,
-            processes=processes,
-            progress=progress,
-        )
-        return ChainTrace([StageTrace(olmo_core_stage(core, config, own.first_step, own.last_step), own)])
-    cfg = read_run_config(config)
-    source = open_from_config(cfg)
+    run = read_run(config, order=order)
     first_last = parse_steps(steps)
-    last = first_last[1] if first_last else run_steps(cfg, len(source))
-    stages = read_lineage(config, cfg, fingerprint=source.fingerprint(), last_step=last) if lineage else []
+    last = first_last[1] if first_last else run.run_steps()
+    if last is None:
+        raise DataError(f"{config}: the config gives no max_duration (trainer.max_duration); pass --steps A..B")
+    stages = run.lineage(last) if lineage else []
     many = len(stages) > 1
     find = dict(
         source_glob=source_glob, text=text, tokens=tokens, tokenizer=tokenizer, processes=processes, use_index=use_index
     )
     targets, scan = find_targets(
-        source,
+        run.target_source(),
         ids,
         progress=progress,
         missing_ok=many,
         index_dir=index_dir,
-        **find,  # type: ignore[arg-type]
+        **find | {"use_index": use_index and run.finds_with_index},  # type: ignore[arg-type]
     )
     own_steps = first_last or ((stages[0].first_step if stages else 1), last)
-    report = trace(cfg, targets, source=source, steps=own_steps, world_size=world_size, order=order)
+    report = trace_run(run, targets, steps=own_steps, world_size=world_size)
     report.scan = scan
     if not stages:
-        return ChainTrace([StageTrace(run_stage(config, cfg, own_steps[0], own_steps[1], None), report)])
+        return ChainTrace([StageTrace(run.stage(own_steps[0], own_steps[1]), report)])
     stages[0].first_step, stages[0].last_step = own_steps
     out = [StageTrace(stages[0], report)]
     found = {t.name for t in targets}
@@ -140,20 +119,16 @@ def trace_chain(
             continue
         try:
             stage_cfg = read_stage_config(str(stage.config))
-            stage_source = open_from_config(stage_cfg)
-            if stage.data_fingerprint and stage_source.fingerprint() != stage.data_fingerprint:
+            stage_run = read_run(stage_cfg)
+            if stage.data_fingerprint and stage_run.data_fingerprint() != stage.data_fingerprint:
                 raise DataError(
                     f"its data ({stage_cfg.data.mix or ', '.join(stage_cfg.data.paths)}) now has fingerprint "
-                    f"{stage_source.fingerprint()}, not the "
+                    f"{stage_run.data_fingerprint()}, not the "
                     f"{stage.data_fingerprint} it trained on: the files changed or moved since"
                 )
-            stage_targets, stage_scan = find_targets(stage_source, ids, missing_ok=True, **find)  # type: ignore[arg-type]
-            stage_report = trace(
-                stage_cfg,
-                stage_targets,
-                source=stage_source,
-                steps=(stage.first_step, int(stage.last_step or 0)),
-                world_size=world_size,
+            stage_targets, stage_scan = find_targets(stage_run.target_source(), ids, missing_ok=True, **find)  # type: ignore[arg-type]
+            stage_report = trace_run(
+                stage_run, stage_targets, steps=(stage.first_step, int(stage.last_step or 0)), world_size=world_size
             )
         except DataError as e:
             out.append(StageTrace(stage, None, f"not traced: {e}"))

@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
 from olmo_data.config import ConfigError, TrainConfig
 from olmo_data.dataset import batch_fingerprint, rank_slice
 from olmo_data.errors import DataError
-from olmo_data.olmo_core import OlmoCoreData, open_trained_on
+from olmo_data.io import is_remote
+from olmo_data.olmo_core import OlmoCoreData, data_fingerprint, open_trained_on
+from olmo_train.train.rows import Rows
 
 log = logging.getLogger("olmo_train")
 
@@ -129,19 +130,6 @@ def doc_starts(doc_lens: list[np.ndarray], length: int, instances: np.ndarray) -
     return starts
 
 
-@dataclass
-class CoreRows:
-    """One rank's rows of a step's OLMo-core batch."""
-
-    epoch: int  # 0-based, as this trainer counts epochs (OLMo-core's epoch - 1)
-    tokens: np.ndarray
-    label_mask: np.ndarray | None
-    instance_mask: np.ndarray | None  # True: trained (OLMo-core's instance filter); None: no filter
-    fingerprint: str | None  # of the global batch, rank 0 only
-    sources: np.ndarray | None  # rank 0: each batch position's source number (into CoreSources.labels)
-    doc_starts: np.ndarray | None = None  # packed, with document masking: where OLMo-core's doc_lens start
-
-
 class CoreSources:
     """Source labels of OLMo-core's data for train/source/... metrics: the mixture's sources, else one per file;
     a packed instance is its first document's file's."""
@@ -173,13 +161,19 @@ class CoreReader:
         self.core, self.rank, self.world_size = core, rank, world_size
         self.sources = CoreSources(core)
         self.masking = masking
+        self.num_instances = len(core.dataset)
+        self.fingerprint = data_fingerprint(core)
+        self.remote = any(is_remote(p) for p in core.dataset.paths)
         self._lock = threading.Lock()
+
+    def ensure_epoch(self, epoch: int) -> None:
+        """Nothing: OLMo-core's orders are read from its work_dir or rebuilt in memory, by each rank."""
 
     def epoch_of(self, step: int) -> int:
         with self._lock:
             return self.core.slot(step).epoch - 1
 
-    def read(self, step: int) -> CoreRows:
+    def read(self, step: int) -> Rows:
         with self._lock:
             batch = self.core.batch(step, read=False)
         indices = batch.instances
@@ -199,4 +193,4 @@ class CoreReader:
         starts = None
         if self.masking and ds.packed is not None:
             starts = doc_starts(ds.packed.doc_lens(local, tokens), tokens.shape[1], local)
-        return CoreRows(batch.epoch - 1, tokens, masks, keep, fingerprint, sources, starts)
+        return Rows(batch.epoch - 1, tokens, masks, keep, fingerprint, sources, starts)

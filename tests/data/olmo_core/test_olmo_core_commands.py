@@ -99,7 +99,7 @@ def test_stats_counts_as_olmo_core(tmp_path: Path) -> None:
     [
         (["spikes"], "spikes reads the loss and per-instance loss records"),
         (["lineage"], "this is the config.json of an OLMo-core run, not a config of ours"),
-        (["trace", "--spans", "some text"], "--spans of an OLMo-core run is not covered"),
+        (["trace", "--spans", "some text"], "--spans needs the tokenizer"),  # covered: its files name none
         (["stats", "--sequence-length", "8"], "gives the data, batch size and duration"),
         (["inspect-batch", "--step", "1", "--decode"], "needs --tokenizer PATH"),
         (["inspect-batch", "--step", "1", "--rank", "0", "--world-size", "3"], "does not divide"),
