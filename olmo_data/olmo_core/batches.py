@@ -16,6 +16,7 @@ import numpy as np
 
 from olmo_data.dataset import batch_fingerprint
 from olmo_data.errors import DataError
+from olmo_data.olmo_core.composable import Composable, open_composable
 from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
@@ -68,19 +69,25 @@ class OlmoCoreData:
 
     def __init__(self, run: OlmoCoreRun, dataset: OlmoCoreDataset | None = None) -> None:
         self.run = run
-        self.dataset = dataset or open_core_dataset(run)
+        # OLMo-core's composable API: its own sources, orders and step walk (olmo_data.olmo_core.composable)
+        self.composable: Composable | None = open_composable(run) if run.composable is not None else None
+        self.dataset = dataset or (self.composable.dataset if self.composable else open_core_dataset(run))
         self.walk = StepWalk(
             len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes, source=run.source
         )
         self._orders: dict[int, EpochOrder] = {}
+        if self.composable is not None:
+            self.walk = self.composable.walk
         self.raw: dict[str, Any] = {}  # the config.json's keys, when read from one (its trainer section: max_duration)
 
     def epoch_order(self, epoch: int) -> EpochOrder:
         if epoch not in self._orders:
             if len(self._orders) >= 2:  # two epochs at a time: a large run's orders are gigabytes each
                 self._orders.pop(next(iter(self._orders)))
-            self._orders[epoch] = olmo_core_order(
-                self.run.work_dir, len(self.dataset), self.run.seed, epoch, self.run.chunk_size
+            self._orders[epoch] = (
+                self.composable.order(epoch)
+                if self.composable is not None
+                else olmo_core_order(self.run.work_dir, len(self.dataset), self.run.seed, epoch, self.run.chunk_size)
             )
         return self._orders[epoch]
 
@@ -123,6 +130,8 @@ class OlmoCoreData:
             if self.run.generate_doc_lengths and self.dataset.packed is not None:
                 rows = instances[rank::world_size] if rank is not None else instances
                 lens = self.dataset.packed.doc_lens(rows, tokens)
+            if self.run.generate_doc_lengths and self.composable is not None:
+                lens = self.composable.doc_lens(tokens)
         return OlmoCoreBatch(
             step=step,
             epoch=slot.epoch,

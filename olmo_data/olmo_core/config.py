@@ -16,13 +16,16 @@ import random
 import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from olmo_data.dataset import RepetitionFilter
 from olmo_data.errors import DataError, shown
 from olmo_data.io import expand_patterns, file_size, read_bytes
+
+if TYPE_CHECKING:
+    from olmo_data.olmo_core.composable.spec import ComposableSpec
 
 CLASS_KEY = "_CLASS_"
 FSL = "NumpyFSLDatasetConfig"
@@ -115,6 +118,7 @@ class OlmoCoreRun:
     source_group_size: int = 1
     generate_doc_lengths: bool = False
     use_array_if_local: bool | None = None
+    composable: ComposableSpec | None = None  # composable only (olmo_data.olmo_core.composable): its sources
 
     @property
     def chunk_size(self) -> int:
@@ -144,6 +148,8 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         config = read_config_json(config)
     if not isinstance(config, dict):
         raise DataError(f"{where}: expected a JSON object with dataset, data_loader and trainer sections")
+    if composable_form(config):  # OLMo-core's composable data API: olmo_data.olmo_core.composable reads it
+        return _composable(config, where, work_dir)
     dataset = _section(config, "dataset", where)
     loader = _section(config, "data_loader", where)
     trainer = config.get("trainer")
@@ -529,3 +535,29 @@ def _schedule(cb: dict[str, Any], at: str, seq_len: int, where: str) -> tuple[Ba
 def local_path(path: str) -> bool:
     """Whether OLMo-core would treat `path` as a local file (it finds documents in local arrays by their EOS)."""
     return re.match(r"[a-z0-9]+://", path) is None
+
+
+def composable_form(config: dict[str, Any]) -> bool:
+    """Whether a config.json's run is on OLMo-core's composable API (a dataset list, a ComposableDataLoaderConfig)."""
+    loader = config.get("data_loader")
+    name = str(loader.get(CLASS_KEY, "")) if isinstance(loader, dict) else ""
+    return isinstance(config.get("dataset"), list) or name.rsplit(".", 1)[-1] == "ComposableDataLoaderConfig"
+
+
+def _composable(config: dict[str, Any], where: str, work_dir: str | None) -> OlmoCoreRun:
+    """A composable run: its sources and loader read by `olmo_data.olmo_core.composable.spec` (imported here: the
+    rest of that package stands above this module), the trainer's keys as for the other runs."""
+    from olmo_data.olmo_core.composable.spec import read_composable
+
+    spec = read_composable(config, where, work_dir)
+    trainer = config.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        raise DataError(f"{where}: trainer is {shown(trainer)}; expected OLMo-core's TrainerConfig (a JSON object)")
+    return OlmoCoreRun(
+        **spec.run_fields(),
+        batch_sizes=_batch_schedule(trainer, spec.sequence_length, where),
+        instance_filter=_instance_filter(config["data_loader"].get("instance_filter_config"), where),
+        source=where,
+        max_duration=_duration(trainer.get("max_duration"), where),
+        composable=spec,
+    )

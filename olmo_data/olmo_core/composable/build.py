@@ -1,0 +1,69 @@
+"""The sources of a composable run built from its config nodes, as each OLMo-core config class's `build` does.
+
+A token or document source config builds a *list* of sources (a `NumpyDocumentSourceConfig` one per group of
+`source_group_size` files), an instance source config one source; the loader gets one per entry of the dataset
+list. Each kind's rules live in its own module; this one only dispatches by class name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from olmo_data.errors import DataError
+from olmo_data.olmo_core.composable.instances import ConcatAndChunk, ConcatenatedInstances, InstanceSource
+from olmo_data.olmo_core.composable.spec import Node, dtype_of, numpy_paths
+from olmo_data.olmo_core.composable.tokens import Concatenated, TokenSource, open_numpy, source_run
+from olmo_data.olmo_core.config import OlmoCoreRun
+
+
+@dataclass
+class Context:
+    """What every build needs: the run (its ids, work_dir) and the config file, for messages."""
+
+    run: OlmoCoreRun
+    where: str
+
+
+def build_tokens(node: Node, ctx: Context) -> list[TokenSource]:
+    """The token (or document) sources of a token source config."""
+    cls = node.cls
+    if cls == "NumpyDocumentSourceConfig":
+        return build_numpy(node, ctx)
+    if cls in ("ConcatenatedTokenSourceConfig", "ConcatenatedDocumentSourceConfig"):
+        sources = [s for child in node["sources"] for s in build_tokens(child, ctx)]
+        return [Concatenated(sources, document=cls == "ConcatenatedDocumentSourceConfig", label=node["label"])]
+    raise DataError(f"{ctx.where}: {node.at} is OLMo-core's {cls}; not covered")
+
+
+def build_numpy(node: Node, ctx: Context) -> list[TokenSource]:
+    """`NumpyDocumentSourceConfig.build`: one source over all its files, split into groups of source_group_size
+    (the groups find documents without max_document_length: see `NumpyDocs.split`)."""
+    paths, masks = numpy_paths(node, ctx.where)
+    tokenizer = node["tokenizer"]
+    label = node["label"]
+    if label is None:
+        label = node["source_paths"][0] if len(node["source_paths"]) == 1 else "various paths"
+    run = source_run(ctx.run, dtype_of(node), tokenizer.eos_token_id, tokenizer.bos_token_id)
+    main = open_numpy(
+        paths,
+        masks,
+        run,
+        f"{ctx.where}: {node.at}",
+        max_document_length=node["max_document_length"],
+        long_doc_strategy=node["long_doc_strategy"],
+        label=label,
+    )
+    group = node["source_group_size"]
+    return list(main.split(group)) if group > 0 else [main]
+
+
+def build_instances(node: Node, ctx: Context) -> InstanceSource:
+    """The instance source of an instance source config."""
+    cls = node.cls
+    if cls == "ConcatAndChunkInstanceSourceConfig":
+        L = node["sequence_length"]
+        sources = [s for child in node["sources"] for s in build_tokens(child, ctx)]
+        return ConcatAndChunk(sources, L, node["max_sequence_length"] or L, node["label"])
+    if cls == "ConcatenatedInstanceSourceConfig":
+        return ConcatenatedInstances([build_instances(child, ctx) for child in node["sources"]])
+    raise DataError(f"{ctx.where}: {node.at} is OLMo-core's {cls}; not covered")
