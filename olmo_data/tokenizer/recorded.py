@@ -1,9 +1,15 @@
 """The tokenizer the data was tokenized with, as its manifests record it (by sha256), to decode token files or to
-encode text the way they were: another vocabulary prints plausible but wrong text, or finds nothing."""
+encode text the way they were: another vocabulary prints plausible but wrong text, or finds nothing.
+
+It decodes with `tokenizers` (as the data's readers always have) and encodes on the engine `tokenize` itself takes
+(`load_tokenizer`'s auto: the fastest engine whose start-up self-check equals `tokenizers`), loaded on the first
+encode, so that `trace --text`, `--spans` and `contamination` cost what tokenizing costs, and decoding alone nothing
+more than before."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from olmo_data.dataset import read_manifest
@@ -37,7 +43,11 @@ def data_tokenizer(tokenizer: str | None, source: InstanceSource, purpose: str =
     is the judge. `purpose` names the option that needs it in the errors."""
 
     def load(spec: str) -> Tokenizer:
-        return load_tokenizer(spec, "auto" if spec.endswith(".tiktoken") else "hf")
+        if spec.endswith(".tiktoken"):
+            return load_tokenizer(spec, "auto")
+        tok = load_tokenizer(spec, "hf")
+        tok._encode_batch = FastestEncoder(tok)
+        return tok
 
     recorded = _recorded_tokenizer(source)
     identity, manifest = recorded if recorded is not None else ({}, "")
@@ -77,3 +87,26 @@ def data_tokenizer(tokenizer: str | None, source: InstanceSource, purpose: str =
             "--tokenizer PATH with the original tokenizer"
         )
     return tok
+
+
+class FastestEncoder:
+    """The batch encoder of an HF-backed `Tokenizer` that runs on the engine `load_tokenizer(path)` (auto) picks for
+    the same file, loaded on the first call: an engine that passed the self-check, else `tokenizers` itself. The
+    engine's tokenizer is used only when it is the same file (sha256)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.path, self.sha256, self.hf = tok.path, tok.sha256, tok.hf
+        self.backend: str | None = None  # the backend that encodes, once loaded
+        self._encode: Callable[[Sequence[str]], list[list[int]]] | None = None
+
+    def __call__(self, texts: Sequence[str]) -> list[list[int]]:
+        if self._encode is None:
+            fast = load_tokenizer(self.path, "auto") if self.path and os.path.isfile(self.path) else None
+            if fast is not None and fast.sha256 == self.sha256 and fast.backend != "hf":
+                self._encode, self.backend = fast.encode_batch, fast.backend
+            else:
+                self._encode, self.backend = self._hf, "hf"
+        return self._encode(texts)
+
+    def _hf(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch_fast(list(texts), add_special_tokens=False)]
