@@ -11,7 +11,8 @@ What it holds (`SimSpec` sets the scale; `SimSpec()` is tiny, `SimSpec.olmo3()` 
   weights summing to `total_tokens`; file 1 is shorter than one sequence, as stray small files are). Their tokens
   are hashes of (seed, file, position) below the EOS id, and the EOS id ends every document.
 * `tokens/part-NNNNN.csv.gz`: that file's document metadata in tokenize's format (rows `start,end,id,src,loc`), for
-  files whose number is not 3 mod 4; the others have none (404), as files tokenized without metadata. Documents
+  files whose number is not 3 mod 4 (none with `metadata=False`); the others have none (404), as files tokenized
+  without metadata. Documents
   come in pairs of lengths `A + d` and `A - d` (`A` per file, `d` hashed per pair), so any row is computed in O(1).
   Numbers are zero-padded to fixed widths and the gzip stream is made of stored (uncompressed) deflate blocks, so
   the size and any byte range of the `.csv.gz` are computed without the rest of it (only the gzip trailer's CRC
@@ -75,6 +76,7 @@ class SimSpec:
     order_seed: int = 34521  # data_loader.seed
     order_epochs: tuple[int, ...] = (1,)
     with_order: bool = True
+    metadata: bool = True  # False: no file has metadata (a corpus tokenized without it)
     bucket: str = "sim"
 
     @classmethod
@@ -188,7 +190,7 @@ def tokens(spec: SimSpec, i: int, start: int, stop: int) -> np.ndarray:
 
 
 def has_metadata(spec: SimSpec, i: int) -> bool:
-    return i % 4 != 3
+    return spec.metadata and i % 4 != 3
 
 
 def _source(i: int) -> str:
@@ -370,7 +372,8 @@ class Orders:
     def _make(self, epoch: int) -> np.ndarray:
         if self.cache is None:
             return build_order(self.spec, epoch)
-        path = Path(self.cache) / f"{self.spec.tag()}-{order_name(self.spec, epoch)}"
+        sp = self.spec  # what the order depends on (not the metadata, nor the bucket)
+        path = Path(self.cache) / f"{sp.files}-{sp.total_tokens}-{sp.seed}-{sp.spread}-{order_name(sp, epoch)}"
         if not path.is_file() or path.stat().st_size != 4 * dataset_size(self.spec):
             path.parent.mkdir(parents=True, exist_ok=True)
             build_order(self.spec, epoch).tofile(f"{path}.tmp")
@@ -702,6 +705,7 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes per second per response")
     ap.add_argument("--no-order", action="store_true", help="serve no order file")
+    ap.add_argument("--no-metadata", action="store_true", help="serve no .csv.gz metadata")
     ap.add_argument("--order-cache", default=None, help="folder keeping the built order between runs")
     args = ap.parse_args()
     spec = SimSpec.olmo3() if args.scale == "olmo3" else SimSpec()
@@ -709,7 +713,7 @@ def main() -> None:
         spec = replace(spec, files=args.files)
     if args.tokens is not None:
         spec = replace(spec, total_tokens=int(args.tokens))
-    spec = replace(spec, with_order=not args.no_order)
+    spec = replace(spec, with_order=not args.no_order, metadata=not args.no_metadata)
     with SimServer(spec, latency_s=args.latency, bandwidth=args.bandwidth, order_cache=args.order_cache) as s:
         if spec.with_order:
             for e in spec.order_epochs:
