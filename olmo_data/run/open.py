@@ -13,6 +13,7 @@ from olmo_data.config import TrainConfig, olmo_core_form, read_run_config
 from olmo_data.dataset import InstanceSource
 from olmo_data.errors import DataError
 from olmo_data.olmo_core import olmo_core_of, open_trained_on
+from olmo_data.remote import apply_run_settings
 from olmo_data.run.reader import RunData
 from olmo_data.run.reader_olmo import OlmoRun
 from olmo_data.run.reader_olmo_core import OlmoCoreRun
@@ -33,6 +34,7 @@ def read_run(
         assert core is not None  # the form was found
         return OlmoCoreRun(config, core)
     cfg = read_run_config(config)
+    apply_run_settings(cfg.data.remote_concurrency)  # its remote reads as the trainer makes them
     if cfg.data.olmo_core:  # a run of ours on OLMo-core's batches
         return OlmoCoreRun(config, open_trained_on(cfg, work_dir=order), cfg)
     return OlmoRun(config, cfg, source=source, order=order, verify_data=verify_data)
