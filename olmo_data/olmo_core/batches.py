@@ -154,6 +154,8 @@ class OlmoCoreData:
         rule = self.run.instance_filter
         if rule is None:
             return None
+        if self.dataset.interleaved is not None:  # every document of the instance judged on its own tokens
+            return self.dataset.interleaved.instance_mask(instances, rule)
         if self.dataset.documents is None:
             return ~rule.filtered(tokens)
         lengths = [loc.length for loc in self.dataset.locate(instances)]
@@ -197,6 +199,7 @@ class OlmoCoreData:
                 {"index": loc.index, "path": loc.path, "start": loc.start, "length": loc.length, "source": loc.source}
                 | ({"trained": bool(batch.instance_mask[i])} if batch.instance_mask is not None else {})
                 | ({"pieces": [list(p) for p in loc.pieces]} if loc.pieces else {})
+                | ({"pieces_at": list(loc.at)} if loc.at else {})
                 | ({"doc_lens": lens[i].tolist()} if lens is not None else {})
                 for i, loc in enumerate(self.dataset.locate(rows))
             ],

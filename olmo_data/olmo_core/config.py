@@ -23,6 +23,7 @@ import numpy as np
 from olmo_data.dataset import RepetitionFilter
 from olmo_data.errors import DataError, shown
 from olmo_data.io import expand_patterns, file_size, read_bytes
+from olmo_data.olmo_core.interleaved import Interleaving, read_interleaving
 
 if TYPE_CHECKING:
     from olmo_data.olmo_core.composable.spec import ComposableSpec
@@ -31,14 +32,14 @@ CLASS_KEY = "_CLASS_"
 FSL = "NumpyFSLDatasetConfig"
 PADDED_FSL = "NumpyPaddedFSLDatasetConfig"
 PACKED_FSL = "NumpyPackedFSLDatasetConfig"
-COVERED_DATASETS = {FSL: "fsl", PADDED_FSL: "padded", PACKED_FSL: "packed"}
+INTERLEAVED_FSL = "NumpyInterleavedFSLDatasetConfig"
+COVERED_DATASETS = {FSL: "fsl", PADDED_FSL: "padded", PACKED_FSL: "packed", INTERLEAVED_FSL: "interleaved"}
 LONG_DOC_STRATEGIES = ("truncate", "fragment")  # OLMo-core 3.0.0's LongDocStrategy
 LOADER = "NumpyDataLoaderConfig"
 MIXTURE = "SourceMixtureDatasetConfig"
 BATCH_SIZE_SCHEDULER = "BatchSizeSchedulerCallback"
 # datasets whose instances or order follow rules not reproduced here
 REFUSED_DATASETS = {
-    "NumpyInterleavedFSLDatasetConfig": "interleaved instances (documents chunked and interleaved)",
     "NumpyVSLDatasetConfig": "variable-sequence-length curricula",
 }
 REFUSED_CALLBACKS = {"SequenceLengthSchedulerCallback": "a sequence-length warm-up changes every instance's tokens"}
@@ -93,7 +94,7 @@ class BatchSizeChange:
 class OlmoCoreRun:
     """The data side of an OLMo-core run: everything that decides which tokens training step N held."""
 
-    kind: str  # "fsl" (NumpyFSLDataset, or its mixture), "padded" or "packed" (NumpyPackedFSLDataset)
+    kind: str  # "fsl" (NumpyFSLDataset, or its mixture), "padded", "packed" or "interleaved" (their datasets)
     paths: tuple[str, ...]  # token files in dataset order (globs expanded, source_permutation_seed applied)
     label_mask_paths: tuple[str, ...] | None
     sequence_length: int
@@ -119,6 +120,7 @@ class OlmoCoreRun:
     generate_doc_lengths: bool = False
     use_array_if_local: bool | None = None
     composable: ComposableSpec | None = None  # composable only (olmo_data.olmo_core.composable): its sources
+    interleaving: Interleaving | None = None  # interleaved only (olmo_data.olmo_core.interleaved)
 
     @property
     def chunk_size(self) -> int:
@@ -205,9 +207,9 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     # own, else the loader's; with neither, both use the training machine's temporary directory
     loader_wd = work_dir or loader.get("work_dir") or dataset.get("work_dir") or tempfile.gettempdir()
     dataset_wd = work_dir or dataset.get("work_dir") or loader.get("work_dir") or tempfile.gettempdir()
-    if ds_class == PACKED_FSL and mixture is not None:
+    if ds_class in (PACKED_FSL, INTERLEAVED_FSL) and mixture is not None:
         raise DataError(
-            f"{where}: dataset.source_mixture_config with {PACKED_FSL}: not covered (OLMo-core packs paths)"
+            f"{where}: dataset.source_mixture_config with {ds_class}: not covered (OLMo-core reads its paths)"
         )
     return OlmoCoreRun(
         kind=COVERED_DATASETS[ds_class],
@@ -233,6 +235,7 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         max_duration=_duration(trainer.get("max_duration"), where),
         dtype_from=dtype_from,
         **(_packing(dataset, seq_len, where) if ds_class == PACKED_FSL else {}),
+        interleaving=read_interleaving(dataset, seq_len, where) if ds_class == INTERLEAVED_FSL else None,
     )
 
 

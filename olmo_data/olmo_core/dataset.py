@@ -29,6 +29,7 @@ from olmo_data.dataset import LABEL_MASK_DTYPE, MANIFEST_NAME, Manifests, read_a
 from olmo_data.errors import DataError
 from olmo_data.io import file_size, file_sizes, is_remote, open_file
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
+from olmo_data.olmo_core.interleaved import InterleavedInstances, open_interleaved
 from olmo_data.olmo_core.mixture import allocate_mixture
 from olmo_data.olmo_core.packed import PackedInstances, open_packed
 
@@ -49,6 +50,8 @@ class CoreInstance:
     # packed: (path, start, end) of each document the instance holds, in order (`path`/`start` are the first's,
     # `length` their total); empty for the other datasets, whose instance is `length` tokens from `start`
     pieces: tuple[tuple[str, int, int], ...] = ()
+    # interleaved: each piece's position in the instance (empty: the pieces follow each other from position 0)
+    at: tuple[int, ...] = ()
 
 
 class OlmoCoreDataset:
@@ -63,6 +66,7 @@ class OlmoCoreDataset:
         sources: list[str | None] | None = None,
         documents: list[np.ndarray] | None = None,
         packed: PackedInstances | None = None,
+        interleaved: InterleavedInstances | None = None,
     ) -> None:
         self.run = run
         self.paths = paths
@@ -71,8 +75,11 @@ class OlmoCoreDataset:
         self.itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
         self.documents = documents  # padded: per file, (n, 2) start/end token offsets of its instances
         self.packed = packed  # packed: its groups' packing (olmo_data.olmo_core.packed)
+        self.interleaved = interleaved  # interleaved: its instances (olmo_data.olmo_core.interleaved)
         L = run.sequence_length
-        if packed is not None:
+        if interleaved is not None:  # counted by the file of their first document
+            counts = np.bincount(interleaved.first_files(), minlength=len(paths)).tolist()
+        elif packed is not None:
             counts = packed_counts(packed, len(paths))
         elif documents is not None:
             counts = [len(d) for d in documents]
@@ -91,6 +98,8 @@ class OlmoCoreDataset:
             raise DataError(f"instance {int(idx.max())} is out of range: OLMo-core's dataset has {len(self)}")
         if self.packed is not None:
             return [packed_instance(int(i), self.packed.pieces(int(i))) for i in idx.tolist()]
+        if self.interleaved is not None:
+            return [interleaved_instance(int(i), *self.interleaved.pieces(int(i))) for i in idx.tolist()]
         files = np.searchsorted(self.offsets, idx, side="right") - 1
         out = []
         L = self.run.sequence_length
@@ -110,6 +119,8 @@ class OlmoCoreDataset:
             rows, row_mask, _ = self.packed.rows(indices, self.run.label_mask_paths)
             check_vocab(self.run, rows, self.locate(indices))
             return rows, row_mask
+        if self.interleaved is not None:
+            return self.interleaved.rows(indices, self.run.label_mask_paths)
         locs = self.locate(indices)
         L = self.run.sequence_length
         dtype = NUMPY_DTYPES[self.run.dtype]
@@ -179,6 +190,12 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
                 )
     if run.kind == "packed":
         return OlmoCoreDataset(run, paths, tokens, packed=open_packed(run, paths, tokens, itemsize))
+    if run.kind == "interleaved" and run.interleaving is not None:  # padded documents (keyed by D too), mixed
+        extra = str(run.interleaving.docs_per_instance)
+        documents = [padded_instances(run, p, size_of(p), extra) for p in paths]
+        stored = [instance_indices_path(run.dataset_work_dir, run.sequence_length, p, size_of(p), extra) for p in paths]
+        mixed = open_interleaved(run, paths, [size_of(p) for p in paths], documents, stored)
+        return OlmoCoreDataset(run, paths, tokens, interleaved=mixed)
     if run.kind != "padded":
         return OlmoCoreDataset(run, paths, tokens)
     documents = [padded_instances(run, p, size_of(p)) for p in paths]
@@ -195,6 +212,15 @@ def packed_instance(index: int, pieces: list[tuple[int, str, int, int]]) -> Core
     k, path, start, _ = pieces[0]
     length = sum(e - s for _, _, s, e in pieces)
     return CoreInstance(index, k, path, start, length, None, tuple((p, s, e) for _, p, s, e in pieces))
+
+
+def interleaved_instance(
+    index: int, pieces: list[tuple[int, str, int, int]], at: list[int], length: int
+) -> CoreInstance:
+    """An interleaved instance as a CoreInstance: its first run of file tokens' place, its tokens before padding,
+    its runs of file tokens and where each sits."""
+    k, path, start, _ = pieces[0] if pieces else (0, "", 0, 0)
+    return CoreInstance(index, k, path, start, length, None, tuple((p, s, e) for _, p, s, e in pieces), tuple(at))
 
 
 def check_vocab(run: OlmoCoreRun, tokens: np.ndarray, locs: list[CoreInstance]) -> None:
@@ -270,15 +296,16 @@ def check_first_ids(run: OlmoCoreRun, path: str) -> None:
         )
 
 
-def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_bytes: int) -> str:
-    """Where OLMo-core keeps a padded dataset's instance boundaries for `path` (`_get_indices_path`)."""
-    digest = hashlib.sha256(str(path).encode() + str(size_bytes).encode()).hexdigest()
+def instance_indices_path(work_dir: str, sequence_length: int, path: str, size_bytes: int, extra: str = "") -> str:
+    """Where OLMo-core keeps a padded dataset's instance boundaries for `path` (`_get_indices_path`; `extra`: the
+    interleaved dataset's docs_per_instance)."""
+    digest = hashlib.sha256(str(path).encode() + str(size_bytes).encode() + extra.encode()).hexdigest()
     return os.path.join(work_dir, "dataset-common", f"instance-indices-{sequence_length}-{digest}.npy")
 
 
-def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int) -> np.ndarray:
+def padded_instances(run: OlmoCoreRun, path: str, size_bytes: int, extra: str = "") -> np.ndarray:
     """(n, 2) start and end of each padded instance of `path`: OLMo-core's file when found, else rebuilt."""
-    stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes)
+    stored = instance_indices_path(run.dataset_work_dir, run.sequence_length, path, size_bytes, extra)
     if os.path.isfile(stored):
         return stored_instances(stored, path, size_bytes // np.dtype(NUMPY_DTYPES[run.dtype]).itemsize, run)
     docs = document_spans(run, path, size_bytes)

@@ -83,6 +83,12 @@ def data_fingerprint(data: OlmoCoreData) -> str:
             "source_group_size": run.source_group_size,
             "bos": run.bos_token_id,
         }
+    if run.interleaving is not None:  # how documents were chunked and mixed
+        spec = run.interleaving
+        described |= {
+            "interleaving": [spec.docs_per_instance, spec.chunks_per_doc, spec.seed, spec.exempt_paths],
+            "bos": run.bos_token_id,
+        }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -132,13 +138,16 @@ def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> li
     """(instance, first file token it holds, tokens held, position of that token in the instance) for every
     OLMo-core instance holding a token of tokens [start, end) of token file `path`: each occurrence of the file in
     the dataset (a mixture may repeat a file), each instance cut from it that overlaps the span; a packed instance
-    once per document piece of the file it holds there."""
+    once per document piece of the file it holds there, an interleaved one once per run of its tokens it holds in a
+    row (each chunk of the document)."""
     ds, L = data.dataset, data.run.sequence_length
     out: list[tuple[int, int, int, int]] = []
     if ds.packed is not None:
         for instance, file_start, tokens, at in ds.packed.holding(path, start, end):
             out.append((instance, file_start, tokens, at))
         return out
+    if ds.interleaved is not None:
+        return ds.interleaved.holding(path, start, end)
     for k, p in enumerate(ds.paths):
         if p != path:
             continue

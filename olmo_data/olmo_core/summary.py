@@ -14,7 +14,7 @@ byte for byte and kept.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from olmo_data.errors import DataError
 from olmo_data.io import file_size
 from olmo_data.olmo_core.batches import OlmoCoreData
 from olmo_data.olmo_core.config import MAX_EPOCHS
+from olmo_data.olmo_core.interleaved import write_interleaving
 from olmo_data.olmo_core.order import (
     build_olmo_core_order,
     olmo_core_order,
@@ -41,12 +42,14 @@ class OlmoCoreStats:
     stats: DatasetStats
     global_batch_tokens: int
     orders: list[str]  # per epoch of the run (at most the first few): the order file found, or where it would be
+    dataset_files: list[str] = field(default_factory=list)  # its dataset's own files (interleaved): found or rebuilt
 
     def to_json(self) -> dict[str, Any]:
         return self.stats.to_json() | {
             "trainer": "olmo-core",
             "global_batch_tokens": self.global_batch_tokens,
             "orders": self.orders,
+            **({"dataset_files": self.dataset_files} if self.dataset_files else {}),
         }
 
 
@@ -59,6 +62,8 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     by_source: dict[str, list[int]] = {}
     docs.prepare([(p, None) for p in dict.fromkeys(ds.paths)])  # every file's metadata probed at once, not in turn
     packed_held = ds.packed.held_per_file() if ds.packed is not None else None
+    if ds.interleaved is not None:  # the tokens its instances read (see InterleavedInstances.held_per_file)
+        packed_held = ds.interleaved.held_per_file()
     for k, path in enumerate(ds.paths):
         tokens = file_size(path) // ds.itemsize
         used = ds.file_tokens[k]
@@ -117,7 +122,8 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     )
     last_epoch = data.slot(steps).epoch if steps else 1
     orders = [data.epoch_order(e).note for e in range(1, min(last_epoch, max_orders) + 1)]
-    return OlmoCoreStats(stats, per_batch * L, orders)
+    mixed = [f"interleaving: {ds.interleaved.note}"] if ds.interleaved is not None else []
+    return OlmoCoreStats(stats, per_batch * L, orders, mixed)
 
 
 def format_olmo_core_stats(result: OlmoCoreStats, formatted: str) -> str:
@@ -129,6 +135,7 @@ def format_olmo_core_stats(result: OlmoCoreStats, formatted: str) -> str:
         f"of {s.sequence_length}); epochs counted from 1, as OLMo-core counts them",
     ]
     lines += [f"epoch {e} order: {note}" for e, note in enumerate(result.orders, start=1)]
+    lines += result.dataset_files
     return "\n".join(lines)
 
 
@@ -161,6 +168,8 @@ def build_olmo_core_orders(
         )
     if data.dataset.packed is not None:  # its dataset's packing files: in the dataset's work_dir, or beside these
         lines += write_packing(run, data.dataset.packed, destination or run.dataset_work_dir, data.dataset.itemsize)
+    if data.dataset.interleaved is not None:  # its documents and interleaving, likewise
+        lines += write_interleaving(data.dataset.interleaved, destination or run.dataset_work_dir)
     return lines
 
 

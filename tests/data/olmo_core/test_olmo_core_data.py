@@ -430,7 +430,7 @@ def minimal(dataset_class: str = "NumpyFSLDatasetConfig", **dataset: Any) -> dic
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (minimal("NumpyInterleavedFSLDatasetConfig"), "NumpyInterleavedFSLDatasetConfig (interleaved"),
+        (minimal("NumpyInterleavedFSLDatasetConfig"), "dataset.docs_per_instance is None; expected a whole number"),
         (minimal("NumpyVSLDatasetConfig"), "NumpyVSLDatasetConfig (variable-sequence-length curricula)"),
         (
             {**minimal(), "dataset": {**minimal()["dataset"], "_CLASS_": "olmo_core.data.composable.X"}},
