@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from olmo_data.display import bar_disabled
 from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
-from olmo_data.processes import pool_context
 from olmo_data.tokenize.options import InputResult, ResolvedOptions
 from olmo_data.tokenize.parts import PartWriter
 from olmo_data.tokenizer import Tokenizer
@@ -280,6 +279,11 @@ def run_tasks(
                     update(local_q.get())
                 yield finish(result)
             return
+        # (imported here: multiprocessing costs a single-process run ~10-20 ms of start-up)
+        from concurrent.futures import ProcessPoolExecutor
+
+        from olmo_data.processes import pool_context
+
         # inputs are independent: largest first, so the last worker to finish is not stuck with a big file
         todo = sorted(todo, key=lambda t: -t[2])
         # fork where it is safe (olmo_data.processes): workers start at once and inherit the imported modules;

@@ -453,3 +453,13 @@ def test_cache_entries_per_engine_and_what_auto_takes(tmp_path: Path, monkeypatc
     assert load_tokenizer(path, "auto").hf is None
     names = sorted(f.name for f in (tmp_path / "cache" / "tiktoken").glob("*.npz"))
     assert names == sorted({f"{auto.sha256}.tiktoken.npz", f"{auto.sha256}.{AUTO}.npz"})
+
+
+def test_the_cache_key_reads_installed_versions_as_importlib_metadata_does() -> None:
+    from importlib.metadata import version
+
+    from olmo_data.tokenizer.tiktoken_cache import installed_version
+
+    for package in ("tokenizers", "tiktoken", "numpy", *(["riptoken"] if available("riptoken") else [])):
+        assert installed_version(package) == version(package)
+    assert installed_version("no_such_package_here") == "absent"
