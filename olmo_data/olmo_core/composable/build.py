@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable.instances import ConcatAndChunk, ConcatenatedInstances, InstanceSource
+from olmo_data.olmo_core.composable.mixing import MixingInstances, MixingTokens
+from olmo_data.olmo_core.composable.sampling import SamplingDocs, SamplingInstances, SamplingTokens
+from olmo_data.olmo_core.composable.sliced import split_instances, split_tokens
 from olmo_data.olmo_core.composable.spec import Node, dtype_of, numpy_paths
 from olmo_data.olmo_core.composable.tokens import Concatenated, TokenSource, open_numpy, source_run
 from olmo_data.olmo_core.config import OlmoCoreRun
@@ -32,6 +35,31 @@ def build_tokens(node: Node, ctx: Context) -> list[TokenSource]:
     if cls in ("ConcatenatedTokenSourceConfig", "ConcatenatedDocumentSourceConfig"):
         sources = [s for child in node["sources"] for s in build_tokens(child, ctx)]
         return [Concatenated(sources, document=cls == "ConcatenatedDocumentSourceConfig", label=node["label"])]
+    if cls == "SplitTokenSourceConfig":
+        return [split_tokens(build_tokens(node["source"], ctx), node["ratio"], node["idx"])]
+    if cls in ("SamplingTokenSourceConfig", "SamplingDocumentSourceConfig"):
+        sources = [s for child in node["sources"] for s in build_tokens(child, ctx)]
+        budget = node["max_tokens"]
+        if budget is None:
+            budget = int(node["factor"] * sum(s.num_tokens for s in sources))
+        kind = SamplingDocs if cls == "SamplingDocumentSourceConfig" else SamplingTokens
+        return [kind(sources, budget, node["seed"], node["label"])]
+    if cls in ("MixingTokenSourceConfig", "MixingDocumentSourceConfig"):
+        document = cls == "MixingDocumentSourceConfig"
+        specs = []
+        for spec in node["source_specs"]:
+            built = build_tokens(spec["source"], ctx)
+            source = built[0] if len(built) == 1 else Concatenated(built, document=document)
+            specs.append((source, spec["ratio"], spec["max_repetition_factor"]))
+        mix = MixingTokens(
+            specs,
+            document=document,
+            seed=node["seed"],
+            num_tokens=node["num_tokens"],
+            label=node["label"],
+            what=at(node, ctx),
+        )
+        return [mix]
     raise DataError(f"{ctx.where}: {node.at} is OLMo-core's {cls}; not covered")
 
 
@@ -66,4 +94,32 @@ def build_instances(node: Node, ctx: Context) -> InstanceSource:
         return ConcatAndChunk(sources, L, node["max_sequence_length"] or L, node["label"])
     if cls == "ConcatenatedInstanceSourceConfig":
         return ConcatenatedInstances([build_instances(child, ctx) for child in node["sources"]])
+    if cls == "SplitInstanceSourceConfig":
+        return split_instances(build_instances(node["source"], ctx), node["ratio"], node["idx"], node["seed"])
+    if cls == "SamplingInstanceSourceConfig":
+        children = [build_instances(child, ctx) for child in node["sources"]]
+        max_tokens, max_instances = node["max_tokens"], node["max_instances"]
+        if max_tokens is None and max_instances is None:
+            max_tokens = int(node["factor"] * sum(s.num_tokens for s in children))
+        return SamplingInstances(
+            children, max_tokens=max_tokens, max_instances=max_instances, seed=node["seed"], label=node["label"]
+        )
+    if cls == "MixingInstanceSourceConfig":
+        specs = [
+            (build_instances(spec["source"], ctx), spec["ratio"], spec["max_repetition_factor"])
+            for spec in node["source_specs"]
+        ]
+        return MixingInstances(
+            specs,
+            seed=node["seed"],
+            num_tokens=node["num_tokens"],
+            num_instances=node["num_instances"],
+            label=node["label"],
+            what=at(node, ctx),
+        )
     raise DataError(f"{ctx.where}: {node.at} is OLMo-core's {cls}; not covered")
+
+
+def at(node: Node, ctx: Context) -> str:
+    """Where a node is, as messages name it."""
+    return f"{ctx.where}: {node.at}"

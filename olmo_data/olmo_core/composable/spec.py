@@ -63,14 +63,6 @@ REFUSED = {
 }
 REFUSED |= dict.fromkeys(
     [
-        "SplitTokenSourceConfig",
-        "SamplingTokenSourceConfig",
-        "SamplingDocumentSourceConfig",
-        "MixingTokenSourceConfig",
-        "MixingDocumentSourceConfig",
-        "SplitInstanceSourceConfig",
-        "SamplingInstanceSourceConfig",
-        "MixingInstanceSourceConfig",
         "PackingInstanceSourceConfig",
         "RandomInstanceSourceConfig",
     ],
@@ -356,7 +348,8 @@ def _check_node(node: Node, where: str) -> None:
     if cls == "RandomInstanceSourceConfig" and (node["num_tokens"] is None) == (node["num_instances"] is None):
         raise DataError(f"{where}: {at} gives both or neither of num_tokens / num_instances; OLMo-core needs one")
     if cls == "MixingInstanceSourceConfig" and None not in (node["num_tokens"], node["num_instances"]):
-        raise DataError(f"{where}: {at} gives both num_tokens and num_instances; give one")
+        if node["num_tokens"] != node["num_instances"] * _lengths(node, where)[0]:
+            raise DataError(f"{where}: {at} gives num_tokens and num_instances that disagree; OLMo-core refuses it")
     if cls == "NumpyDocumentSourceConfig":
         masks = node["label_mask_paths"]
         if masks is not None and len(masks) != len(node["source_paths"]):

@@ -408,3 +408,112 @@ def test_mixed_label_masks_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"dataset": dataset, "data_loader": {**LOADER, "work_dir": str(tmp_path)}}))
     with pytest.raises(DataError, match="with and without label masks"):
         open_olmo_core(str(path))
+
+
+# -- sliced, sampling and mixing sources
+
+
+def test_sliced_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SplitTokenSourceConfig's first part chunked, in runs of two instances, then split at random (both halves
+    of SplitInstanceSourceConfig, one seed): a slice keeps its source's label, and its instances whole chunks."""
+    from olmo_core.data.composable import SplitTokenSourceConfig
+
+    paths = token_files(tmp_path / "tokens", n_files=4, seed=21)
+    tokens = SplitTokenSourceConfig(source=numpy_source(paths), ratio=0.8, idx=0)
+    instances = chunked([tokens], max_sequence_length=2 * L, label="sliced")
+    first, second = instances.split(0.7, seed=5)
+    config_json, reference = run(core, tmp_path, [first, second], monkeypatch, shuffle_strategy="intra_source")
+    data = compare(config_json, reference)
+    assert {loc.source for loc in data.locate(range(len(data.dataset)))} == {"sliced"}
+
+
+@pytest.mark.parametrize("kind", ["tokens", "documents", "instances"])
+def test_sampling_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Sampling of tokens (a token mix inside unwound, contiguous slices at drawn offsets), of documents (shuffled
+    whole documents, repeated past their total) and of instances (per source, chunks of its shuffled order)."""
+    from olmo_core.data.composable import (
+        MixingTokenSourceConfig,
+        MixingTokenSourceSpecConfig,
+        SamplingDocumentSourceConfig,
+        SamplingInstanceSourceConfig,
+        SamplingTokenSourceConfig,
+    )
+
+    a = numpy_source(token_files(tmp_path / "a", n_files=2, seed=31))
+    b = numpy_source(token_files(tmp_path / "b", n_files=3, seed=32), source_group_size=-1)
+    if kind == "tokens":
+        mix = MixingTokenSourceConfig(
+            source_specs=[
+                MixingTokenSourceSpecConfig(source=a, ratio=0.4),
+                MixingTokenSourceSpecConfig(source=b, ratio=0.6),
+            ],
+            seed=8,
+        )
+        dataset = [chunked([SamplingTokenSourceConfig(sources=[mix, b], factor=0.9, seed=3)])]
+    elif kind == "documents":
+        dataset = [
+            chunked([SamplingDocumentSourceConfig(sources=[a, b], factor=1.7, seed=11)]),
+            chunked([SamplingDocumentSourceConfig(sources=[b], max_tokens=300, seed=None)]),
+        ]
+    else:
+        sampled = SamplingInstanceSourceConfig(sources=[chunked([a]), chunked([b])], max_instances=30, seed=2)
+        dataset = [sampled, SamplingInstanceSourceConfig(sources=[chunked([b])], factor=1.5, seed=None)]
+    config_json, reference = run(core, tmp_path, dataset, monkeypatch)
+    compare(config_json, reference)
+
+
+@pytest.mark.parametrize("kind", ["tokens", "documents", "instances"])
+def test_mixing_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Mixes to ratios (normalised when they do not sum to 1), with repetition allowed and a target size: of
+    token sources, of document sources, and of instance sources nested two deep (a mix of a mix and a split)."""
+    from olmo_core.data.composable import (
+        MixingDocumentSourceConfig,
+        MixingDocumentSourceSpecConfig,
+        MixingInstanceSourceConfig,
+        MixingInstanceSourceSpecConfig,
+        MixingTokenSourceConfig,
+        MixingTokenSourceSpecConfig,
+    )
+
+    a = numpy_source(token_files(tmp_path / "a", n_files=2, seed=41))
+    b = numpy_source(token_files(tmp_path / "b", n_files=2, seed=42))
+    c = numpy_source(token_files(tmp_path / "c", n_files=1, seed=43))
+    if kind in ("tokens", "documents"):
+        mixing, spec = (
+            (MixingTokenSourceConfig, MixingTokenSourceSpecConfig)
+            if kind == "tokens"
+            else (MixingDocumentSourceConfig, MixingDocumentSourceSpecConfig)
+        )
+        mix = mixing(
+            source_specs=[
+                spec(source=a, ratio=0.5),
+                spec(source=b, ratio=0.3, max_repetition_factor=3.0),
+                spec(source=c, ratio=0.4, max_repetition_factor=2.0),
+            ],
+            seed=13,
+            num_tokens=1200,
+        )
+        dataset = [
+            chunked([mix]),
+            chunked([mixing(source_specs=[spec(source=a, ratio=1), spec(source=c, ratio=2)], seed=None)]),
+        ]
+    else:
+        inner = MixingInstanceSourceConfig(
+            source_specs=[
+                MixingInstanceSourceSpecConfig(source=chunked([a]), ratio=0.5),
+                MixingInstanceSourceSpecConfig(source=chunked([b]).split(0.6, seed=4)[1], ratio=0.5),
+            ],
+            seed=17,
+        )
+        mix = MixingInstanceSourceConfig(
+            source_specs=[
+                MixingInstanceSourceSpecConfig(source=inner, ratio=0.7, max_repetition_factor=1.5, label="inner"),
+                MixingInstanceSourceSpecConfig(source=chunked([c]), ratio=0.3, max_repetition_factor=2.0),
+            ],
+            seed=19,
+            num_instances=24,
+            label="mix",
+        )
+        dataset = [mix]
+    config_json, reference = run(core, tmp_path, dataset, monkeypatch)
+    compare(config_json, reference)
