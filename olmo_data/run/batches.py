@@ -54,7 +54,8 @@ class InstanceReport:
     repetition: Repetition | None = None  # of a masked instance, the repetition with the most copies
     loss: float | None = None  # the run's loss on it at this step, per supervised token; None: no record
     supervised_tokens: int | None = None  # its target tokens in that loss
-    pieces: list[list[Any]] | None = None  # OLMo-core packed: [path, start, end] of each document, in order
+    pieces: list[list[Any]] | None = None  # OLMo-core packed or interleaved: [path, start, end] of each run of tokens
+    piece_positions: list[int] | None = None  # ... and where each sits in the instance
     doc_lens: list[int] | None = None  # OLMo-core packed with generate_doc_lengths: its doc_lens
 
 
@@ -196,6 +197,7 @@ def inspect_batch(
                 source=where.source,
                 documents=run.documents(where, docs),
                 pieces=[list(piece) for piece in where.pieces] or None,
+                piece_positions=where.positions() or None,
                 doc_lens=batch.doc_lens[p].tolist() if batch.doc_lens is not None else None,
                 text=decoder.decode(shown.tolist()) if decoder is not None else None,
                 untrained_text=_runs(decoder, ids, masks[p]) if decoder is not None and masks is not None else None,
@@ -324,8 +326,11 @@ def format_report(report: BatchReport, *, max_tokens: int = 16) -> str:
         lines.append(f"[{inst.position}] instance {inst.instance}: {inst.path} @ token {inst.token_offset}{src}{mark}")
         if inst.pieces:
             lines.append(
-                f"    packed: {len(inst.pieces)} documents: "
-                + ", ".join(f"{path} [{a}, {b})" for path, a, b in inst.pieces)
+                f"    pieces: {len(inst.pieces)} runs of file tokens: "
+                + ", ".join(
+                    f"{path} [{a}, {b}) at {at}"
+                    for (path, a, b), at in zip(inst.pieces, inst.piece_positions or [], strict=True)
+                )
                 + (f"; doc_lens {inst.doc_lens}" if inst.doc_lens is not None else "")
             )
         if inst.supervised_tokens is not None:

@@ -48,7 +48,8 @@ class StepBatch:
 @dataclass(frozen=True)
 class Placed:
     """Where an instance's tokens come from: `length` tokens of `path` from token `start`, or, for an instance
-    packed from documents, each piece `(path, start, end)` in order."""
+    made of several runs of file tokens (packed documents, interleaved chunks), each piece `(path, start, end)` and
+    its position in the instance (`at`; empty: the pieces follow each other from position 0)."""
 
     index: int
     path: str
@@ -56,8 +57,15 @@ class Placed:
     length: int
     source: str | None = None
     pieces: tuple[tuple[str, int, int], ...] = ()
+    at: tuple[int, ...] = ()
     metadata_path: str | None = None
     num_tokens: int | None = None  # of the token file (the document index's bounds check)
+
+    def positions(self) -> list[int]:
+        """Each piece's first position in the instance."""
+        if self.at:
+            return list(self.at)
+        return [0, *np.cumsum([b - a for _, a, b in self.pieces[:-1]]).tolist()] if self.pieces else []
 
 
 @dataclass(frozen=True)

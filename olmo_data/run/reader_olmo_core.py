@@ -9,7 +9,7 @@ instance holds pieces of several documents and its `doc_lens`), and the instance
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,6 @@ from olmo_data.olmo_core import (
     format_olmo_core_stats,
     instances_holding,
     olmo_core_stats,
-    packed_documents,
     run_length,
     trained_at,
 )
@@ -94,14 +93,20 @@ class OlmoCoreRun(RunData):
 
     def place(self, indices: np.ndarray) -> list[Placed]:
         return [
-            Placed(loc.index, loc.path, loc.start, loc.length, source=loc.source, pieces=loc.pieces)
+            Placed(loc.index, loc.path, loc.start, loc.length, source=loc.source, pieces=loc.pieces, at=loc.at)
             for loc in self.core.locate(indices)
         ]
 
     def documents(self, placed: Placed, docs: DocIndex) -> list[DocumentSpan] | None:
-        if placed.pieces:
-            return packed_documents(docs, placed.pieces)
-        return docs.lookup(placed.path, placed.start, placed.start + placed.length)
+        if not placed.pieces:
+            return docs.lookup(placed.path, placed.start, placed.start + placed.length)
+        out: list[DocumentSpan] = []  # each piece's documents, placed where the piece sits in the instance
+        for (path, start, end), at in zip(placed.pieces, placed.positions(), strict=True):
+            spans = docs.lookup(path, start, end)
+            if spans is None:
+                return None
+            out += [replace(d, instance_start=d.instance_start + at, instance_end=d.instance_end + at) for d in spans]
+        return out
 
     def instance_filter(self, instances: np.ndarray, tokens: np.ndarray, *, why: bool = False) -> Filtered | None:
         keep = self.core.instance_mask(instances, tokens)

@@ -229,6 +229,11 @@ def check_commands(config_json: str, reference: dict[int, list[Any]], bos: int |
                 lead = int(bos is not None and inst["instance"] >= exempt and theirs.input_ids[row][0] == bos)
                 taken = np.concatenate(read)
                 np.testing.assert_array_equal(taken, theirs.input_ids[row][lead : lead + len(taken)])
+                for d in inst["documents"] or []:  # each document's tokens where the report places them
+                    k = max(i for i, at in enumerate(inst["piece_positions"]) if at <= d["instance_start"])
+                    n, first = d["instance_end"] - d["instance_start"], d["start"] + d["document_start"]
+                    want = np.fromfile(inst["pieces"][k][0], dtype=np.uint16)[first : first + n]
+                    np.testing.assert_array_equal(theirs.input_ids[row][d["instance_start"] :][:n], want)
     result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)
