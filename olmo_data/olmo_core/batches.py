@@ -21,6 +21,7 @@ from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_c
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
 from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
+from olmo_data.olmo_core.vsl_loader import VSLEpochOrder, VSLSlot, VSLWalk
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,14 @@ class OlmoCoreBatch:
     fingerprint: str | None
     order_note: str  # where the epoch's order came from ("read from ..." or "rebuilt (...)")
     doc_lens: list[np.ndarray] | None = None  # packed with generate_doc_lengths: each row's OLMo-core doc_lens
+    sequence_length: int = 0  # tokens a row (a VSL run's differ from step to step; 0: the run's sequence_length)
+    rank_blocks: bool = False  # VSL: rank r got the r-th of W consecutive blocks of the batch, not every W-th
 
     @property
     def rank_instances(self) -> np.ndarray:
         if self.rank is None:
             return self.instances
-        return self.instances[self.rank :: self.world_size]
+        return rank_rows(self.instances, self.rank, self.world_size, self.rank_blocks)
 
 
 @dataclass(frozen=True)
@@ -72,15 +75,21 @@ class OlmoCoreData:
         # OLMo-core's composable API: its own sources, orders and step walk (olmo_data.olmo_core.composable)
         self.composable: Composable | None = open_composable(run) if run.composable is not None else None
         self.dataset = dataset or (self.composable.dataset if self.composable else open_core_dataset(run))
-        self.walk = StepWalk(
-            len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes, source=run.source
-        )
+        self.walk: StepWalk
+        if self.dataset.vsl is not None:  # batches of one bucket each, in its curriculum's order (vsl_loader)
+            self.walk = VSLWalk(run, self.dataset.vsl)
+        else:
+            self.walk = StepWalk(
+                len(self.dataset), run.sequence_length, run.global_batch_size, run.batch_sizes, source=run.source
+            )
         self._orders: dict[int, EpochOrder] = {}
         if self.composable is not None:
             self.walk = self.composable.walk
         self.raw: dict[str, Any] = {}  # the config.json's keys, when read from one (its trainer section: max_duration)
 
-    def epoch_order(self, epoch: int) -> EpochOrder:
+    def epoch_order(self, epoch: int) -> EpochOrder | VSLEpochOrder:
+        if isinstance(self.walk, VSLWalk):  # its batches' instances, batch after batch (vsl_loader)
+            return self.walk.epoch_order(epoch)
         if epoch not in self._orders:
             if len(self._orders) >= 2:  # two epochs at a time: a large run's orders are gigabytes each
                 self._orders.pop(next(iter(self._orders)))
@@ -115,6 +124,10 @@ class OlmoCoreData:
     def batch(self, step: int, rank: int | None = None, world_size: int = 1, *, read: bool = True) -> OlmoCoreBatch:
         """The batch of training step `step` (1-based); with `read`, its tokens and the global fingerprint."""
         slot, instances, note = self.instances(step)
+        blocks = isinstance(self.walk, VSLWalk)
+        if isinstance(self.walk, VSLWalk):  # every bucket's batches split whole, as OLMo-core's loader reads them
+            check_world(self.walk.fewest_instances, rank, world_size, self.run)
+            self.walk.check_threads(slot.epoch, world_size)
         check_world(slot.instances, rank, world_size, self.run)
         tokens = mask = keep = None
         fingerprint = None
@@ -124,19 +137,20 @@ class OlmoCoreData:
             fingerprint = batch_fingerprint(tokens)
             keep = self.instance_mask(instances, tokens)
             if rank is not None:
-                tokens = tokens[rank::world_size]
-                mask = mask[rank::world_size] if mask is not None else None
-                keep = keep[rank::world_size] if keep is not None else None
+                tokens = rank_rows(tokens, rank, world_size, blocks)
+                mask = rank_rows(mask, rank, world_size, blocks) if mask is not None else None
+                keep = rank_rows(keep, rank, world_size, blocks) if keep is not None else None
             if self.run.generate_doc_lengths and self.dataset.packed is not None:
-                rows = instances[rank::world_size] if rank is not None else instances
+                rows = rank_rows(instances, rank, world_size, blocks) if rank is not None else instances
                 lens = self.dataset.packed.doc_lens(rows, tokens)
             if self.run.generate_doc_lengths and self.composable is not None:
                 lens = self.composable.doc_lens(tokens)
+        length = slot.sequence_length if isinstance(slot, VSLSlot) else self.run.sequence_length
         return OlmoCoreBatch(
             step=step,
             epoch=slot.epoch,
             batch_in_epoch=slot.batch,
-            global_batch_tokens=slot.instances * self.run.sequence_length,
+            global_batch_tokens=slot.instances * length,
             instances=instances,
             rank=rank,
             world_size=world_size,
@@ -146,6 +160,8 @@ class OlmoCoreData:
             fingerprint=fingerprint,
             order_note=note,
             doc_lens=lens,
+            sequence_length=length,
+            rank_blocks=blocks,
         )
 
     def instance_mask(self, instances: np.ndarray, tokens: np.ndarray) -> np.ndarray | None:
@@ -172,8 +188,9 @@ class OlmoCoreData:
                 continue  # a chunked order leaves the dataset's last partial chunk out
             position = int(hit[0])
             for step in self.walk.steps_of(epoch, position, last_step):
-                within = position - self.walk.slot(step).start
-                out.append(TrainedAt(step, epoch, within, within % world_size))
+                slot = self.walk.slot(step)
+                within = position - slot.start
+                out.append(TrainedAt(step, epoch, within, self.walk.rank_of(within, slot.instances, world_size)))
         return out
 
     def record(self, batch: OlmoCoreBatch) -> dict[str, Any]:
@@ -189,7 +206,7 @@ class OlmoCoreData:
             "epoch": batch.epoch,
             "batch_in_epoch": batch.batch_in_epoch,
             "global_batch_tokens": batch.global_batch_tokens,
-            "sequence_length": self.run.sequence_length,
+            "sequence_length": batch.sequence_length or self.run.sequence_length,
             "seed": self.run.seed,
             "rank": batch.rank,
             "world_size": batch.world_size,
@@ -208,6 +225,14 @@ class OlmoCoreData:
     def locate(self, instances: Any) -> list[CoreInstance]:
         """Which file, and which tokens of it, each OLMo-core instance is."""
         return self.dataset.locate(instances)
+
+
+def rank_rows(rows: np.ndarray, rank: int, world_size: int, blocks: bool) -> np.ndarray:
+    """Rank `rank`'s rows of a global batch: every W-th from its own (FSL), or its block of W (VSL)."""
+    if not blocks:
+        return rows[rank::world_size]
+    per = len(rows) // world_size
+    return rows[rank * per : (rank + 1) * per]
 
 
 def check_world(instances_per_batch: int, rank: int | None, world_size: int, run: OlmoCoreRun) -> None:

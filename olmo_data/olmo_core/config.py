@@ -24,6 +24,7 @@ from olmo_data.dataset import RepetitionFilter
 from olmo_data.errors import DataError, shown
 from olmo_data.io import expand_patterns, file_size, read_bytes
 from olmo_data.olmo_core.interleaved import Interleaving, read_interleaving
+from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, vsl_settings
 
 if TYPE_CHECKING:
     from olmo_data.olmo_core.composable.spec import ComposableSpec
@@ -34,14 +35,14 @@ PADDED_FSL = "NumpyPaddedFSLDatasetConfig"
 PACKED_FSL = "NumpyPackedFSLDatasetConfig"
 INTERLEAVED_FSL = "NumpyInterleavedFSLDatasetConfig"
 COVERED_DATASETS = {FSL: "fsl", PADDED_FSL: "padded", PACKED_FSL: "packed", INTERLEAVED_FSL: "interleaved"}
+VSL = "NumpyVSLDatasetConfig"
+COVERED_DATASETS |= {VSL: "vsl"}  # olmo_data.olmo_core.vsl
 LONG_DOC_STRATEGIES = ("truncate", "fragment")  # OLMo-core 3.0.0's LongDocStrategy
 LOADER = "NumpyDataLoaderConfig"
 MIXTURE = "SourceMixtureDatasetConfig"
 BATCH_SIZE_SCHEDULER = "BatchSizeSchedulerCallback"
 # datasets whose instances or order follow rules not reproduced here
-REFUSED_DATASETS = {
-    "NumpyVSLDatasetConfig": "variable-sequence-length curricula",
-}
+REFUSED_DATASETS: dict[str, str] = {}
 REFUSED_CALLBACKS = {"SequenceLengthSchedulerCallback": "a sequence-length warm-up changes every instance's tokens"}
 # OLMo-core's NumpyDatasetDType, smallest first (it picks the first that holds vocab_size - 1)
 # Bounds on what a config.json may ask for: far past any OLMo-core run, and small enough that a hostile number is
@@ -121,6 +122,10 @@ class OlmoCoreRun:
     use_array_if_local: bool | None = None
     composable: ComposableSpec | None = None  # composable only (olmo_data.olmo_core.composable): its sources
     interleaving: Interleaving | None = None  # interleaved only (olmo_data.olmo_core.interleaved)
+    # vsl only (olmo_data.olmo_core.vsl): buckets min_sequence_length .. sequence_length (its max_sequence_length)
+    min_sequence_length: int | None = None
+    curriculum: VSLCurriculum | None = None
+    loader_threads: int = 0  # threads its loader reads instances with in the training process (vsl_curriculum)
 
     @property
     def chunk_size(self) -> int:
@@ -177,7 +182,11 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
     if not isinstance(tokenizer, dict):
         raise DataError(f"{where}: dataset.tokenizer is missing; OLMo-core's config names the token ids there")
     vocab_size = _int(tokenizer, "vocab_size", "dataset.tokenizer", where, lo=1)
-    seq_len = _int(dataset, "sequence_length", "dataset", where, lo=1, hi=MAX_SEQUENCE_LENGTH)
+    vsl = vsl_settings(dataset, loader, tokenizer, where) if ds_class == VSL else None
+    if vsl is not None:  # its longest bucket
+        seq_len = vsl.max_length
+    else:
+        seq_len = _int(dataset, "sequence_length", "dataset", where, lo=1, hi=MAX_SEQUENCE_LENGTH)
     mtsl = dataset.get("max_target_sequence_length")
     if mtsl is not None:
         mtsl = _int(dataset, "max_target_sequence_length", "dataset", where, lo=1, hi=MAX_SEQUENCE_LENGTH * 64)
@@ -211,6 +220,12 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         raise DataError(
             f"{where}: dataset.source_mixture_config with {ds_class}: not covered (OLMo-core reads its paths)"
         )
+    batch_sizes = _batch_schedule(trainer, seq_len, where)
+    if vsl is not None and batch_sizes:
+        raise DataError(
+            f"{where}: trainer.callbacks' {BATCH_SIZE_SCHEDULER} with {VSL}: not covered (OLMo-core's VSL loader "
+            "keeps its batch counts from its first batch size, and fails reading a changed one's order)"
+        )
     return OlmoCoreRun(
         kind=COVERED_DATASETS[ds_class],
         paths=paths,
@@ -229,12 +244,13 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         work_dir=str(loader_wd),
         dataset_work_dir=str(dataset_wd),
         mixture=mixture,
-        batch_sizes=_batch_schedule(trainer, seq_len, where),
+        batch_sizes=batch_sizes,
         instance_filter=_instance_filter(dataset.get("instance_filter_config"), where),
         source=where,
         max_duration=_duration(trainer.get("max_duration"), where),
         dtype_from=dtype_from,
         **(_packing(dataset, seq_len, where) if ds_class == PACKED_FSL else {}),
+        **(vsl.run_fields() if vsl else {}),
         interleaving=read_interleaving(dataset, seq_len, where) if ds_class == INTERLEAVED_FSL else None,
     )
 

@@ -32,6 +32,7 @@ from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 from olmo_data.olmo_core.interleaved import InterleavedInstances, open_interleaved
 from olmo_data.olmo_core.mixture import allocate_mixture
 from olmo_data.olmo_core.packed import PackedInstances, open_packed
+from olmo_data.olmo_core.vsl import VSLInstances, open_vsl
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding EOS tokens in a local file (bounded memory)
 SAMPLE_TOKENS = 4096  # ids checked at the start of a token file no manifest describes
@@ -66,6 +67,7 @@ class OlmoCoreDataset:
         sources: list[str | None] | None = None,
         documents: list[np.ndarray] | None = None,
         packed: PackedInstances | None = None,
+        vsl: VSLInstances | None = None,
         interleaved: InterleavedInstances | None = None,
     ) -> None:
         self.run = run
@@ -75,12 +77,15 @@ class OlmoCoreDataset:
         self.itemsize = int(np.dtype(NUMPY_DTYPES[run.dtype]).itemsize)
         self.documents = documents  # padded: per file, (n, 2) start/end token offsets of its instances
         self.packed = packed  # packed: its groups' packing (olmo_data.olmo_core.packed)
+        self.vsl = vsl  # vsl: its power-of-two pieces and buckets (olmo_data.olmo_core.vsl)
         self.interleaved = interleaved  # interleaved: its instances (olmo_data.olmo_core.interleaved)
         L = run.sequence_length
         if interleaved is not None:  # counted by the file of their first document
             counts = np.bincount(interleaved.first_files(), minlength=len(paths)).tolist()
         elif packed is not None:
             counts = packed_counts(packed, len(paths))
+        elif vsl is not None:
+            counts = vsl.counts
         elif documents is not None:
             counts = [len(d) for d in documents]
         elif run.max_target_sequence_length is not None:
@@ -98,6 +103,12 @@ class OlmoCoreDataset:
             raise DataError(f"instance {int(idx.max())} is out of range: OLMo-core's dataset has {len(self)}")
         if self.packed is not None:
             return [packed_instance(int(i), self.packed.pieces(int(i))) for i in idx.tolist()]
+        if self.vsl is not None:  # a piece of a document: `length` tokens from `start`, never padded
+            spans = self.vsl.locate(idx)
+            return [
+                CoreInstance(i, k, self.paths[k], a, b - a, None)
+                for i, (k, a, b) in zip(idx.tolist(), spans, strict=True)
+            ]
         if self.interleaved is not None:
             return [interleaved_instance(int(i), *self.interleaved.pieces(int(i))) for i in idx.tolist()]
         files = np.searchsorted(self.offsets, idx, side="right") - 1
@@ -119,6 +130,10 @@ class OlmoCoreDataset:
             rows, row_mask, _ = self.packed.rows(indices, self.run.label_mask_paths)
             check_vocab(self.run, rows, self.locate(indices))
             return rows, row_mask
+        if self.vsl is not None:  # one bucket's instances: (n, its length), no label mask
+            rows = self.vsl.rows(indices)
+            check_vocab(self.run, rows, self.locate(indices))
+            return rows, None
         if self.interleaved is not None:
             return self.interleaved.rows(indices, self.run.label_mask_paths)
         locs = self.locate(indices)
@@ -196,6 +211,8 @@ def open_core_dataset(run: OlmoCoreRun) -> OlmoCoreDataset:
         stored = [instance_indices_path(run.dataset_work_dir, run.sequence_length, p, size_of(p), extra) for p in paths]
         mixed = open_interleaved(run, paths, [size_of(p) for p in paths], documents, stored)
         return OlmoCoreDataset(run, paths, tokens, interleaved=mixed)
+    if run.kind == "vsl":
+        return OlmoCoreDataset(run, paths, tokens, vsl=open_vsl(run, paths, tokens, itemsize))
     if run.kind != "padded":
         return OlmoCoreDataset(run, paths, tokens)
     documents = [padded_instances(run, p, size_of(p)) for p in paths]

@@ -89,6 +89,8 @@ def data_fingerprint(data: OlmoCoreData) -> str:
             "interleaving": [spec.docs_per_instance, spec.chunks_per_doc, spec.seed, spec.exempt_paths],
             "bos": run.bos_token_id,
         }
+    if run.curriculum is not None:  # vsl: its buckets and the order of their batches
+        described |= {"vsl": [run.min_sequence_length, run.curriculum.class_repr]}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -148,6 +150,8 @@ def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> li
         return out
     if ds.interleaved is not None:
         return ds.interleaved.holding(path, start, end)
+    if ds.vsl is not None:  # a document's pieces, each one instance
+        return ds.vsl.holding(path, start, end)
     for k, p in enumerate(ds.paths):
         if p != path:
             continue
@@ -178,8 +182,10 @@ def trained_at(
             for step in walk.steps_of(epoch, position, last):
                 if step < first:
                     continue
-                within = position - walk.slot(step).start
-                out[int(order[position])].append(TrainedAt(step, epoch, within, within % world_size))
+                slot = walk.slot(step)
+                within = position - slot.start
+                rank = walk.rank_of(within, slot.instances, world_size)
+                out[int(order[position])].append(TrainedAt(step, epoch, within, rank))
     return out
 
 

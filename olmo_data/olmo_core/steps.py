@@ -98,6 +98,10 @@ class StepWalk:
         per_batch = (tokens or self.global_batch_size) // self.sequence_length
         return self.dataset_size // per_batch
 
+    def rank_of(self, within: int, instances: int, world_size: int) -> int:
+        """The data-parallel rank that got position `within` of a batch of `instances`: every W-th is one rank's."""
+        return within % world_size
+
     def _walk_to(self, step: int) -> None:
         if self._walker is None:
             self._walker = self._walk()

@@ -33,6 +33,7 @@ from olmo_data.olmo_core.order import (
 )
 from olmo_data.olmo_core.packed import write_packing
 from olmo_data.olmo_core.runs import run_length
+from olmo_data.olmo_core.vsl_loader import VSLWalk, vsl_stats, write_vsl_files
 
 
 @dataclass
@@ -43,12 +44,15 @@ class OlmoCoreStats:
     global_batch_tokens: int
     orders: list[str]  # per epoch of the run (at most the first few): the order file found, or where it would be
     dataset_files: list[str] = field(default_factory=list)  # its dataset's own files (interleaved): found or rebuilt
+    buckets: list[dict[str, int]] | None = None  # vsl: per bucket, its length, instances and batches an epoch
+    vsl_files: list[str] | None = None  # vsl: its dataset's files, read or rebuilt
 
     def to_json(self) -> dict[str, Any]:
         return self.stats.to_json() | {
             "trainer": "olmo-core",
             "global_batch_tokens": self.global_batch_tokens,
             "orders": self.orders,
+            **({"buckets": self.buckets, "vsl_files": self.vsl_files} if self.buckets is not None else {}),
             **({"dataset_files": self.dataset_files} if self.dataset_files else {}),
         }
 
@@ -62,6 +66,8 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     by_source: dict[str, list[int]] = {}
     docs.prepare([(p, None) for p in dict.fromkeys(ds.paths)])  # every file's metadata probed at once, not in turn
     packed_held = ds.packed.held_per_file() if ds.packed is not None else None
+    if ds.vsl is not None:  # the tokens of its pieces (the rest: shorter than its shortest bucket, or no document)
+        packed_held = ds.vsl.held_per_file()
     if ds.interleaved is not None:  # the tokens its instances read (see InterleavedInstances.held_per_file)
         packed_held = ds.interleaved.held_per_file()
     for k, path in enumerate(ds.paths):
@@ -120,10 +126,13 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
         steps=steps,
         epochs=(data.slot(steps).epoch - 1 + (data.slot(steps).batch + 1) / per_epoch) if steps and per_epoch else None,
     )
+    buckets = vsl_stats(stats, data.walk) if isinstance(data.walk, VSLWalk) else None
+    per_batch = stats.global_batch_size or per_batch
     last_epoch = data.slot(steps).epoch if steps else 1
     orders = [data.epoch_order(e).note for e in range(1, min(last_epoch, max_orders) + 1)]
     mixed = [f"interleaving: {ds.interleaved.note}"] if ds.interleaved is not None else []
-    return OlmoCoreStats(stats, per_batch * L, orders, mixed)
+    vsl_notes = ds.vsl.notes if ds.vsl is not None else None
+    return OlmoCoreStats(stats, per_batch * L, orders, mixed, buckets=buckets, vsl_files=vsl_notes)
 
 
 def format_olmo_core_stats(result: OlmoCoreStats, formatted: str) -> str:
@@ -135,6 +144,12 @@ def format_olmo_core_stats(result: OlmoCoreStats, formatted: str) -> str:
         f"of {s.sequence_length}); epochs counted from 1, as OLMo-core counts them",
     ]
     lines += [f"epoch {e} order: {note}" for e, note in enumerate(result.orders, start=1)]
+    for b in result.buckets or []:  # vsl: a batch is one bucket's instances
+        lines.append(
+            f"bucket {b['length']:,}: {b['instances']:,} instances, {b['batches_per_epoch']:,} batches an epoch of "
+            f"{b['instances_per_batch']:,} instances"
+        )
+    lines += result.vsl_files or []
     lines += result.dataset_files
     return "\n".join(lines)
 
@@ -152,6 +167,8 @@ def build_olmo_core_orders(
     folder = destination or run.work_dir
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise DataError(f"{folder}: not a directory; OLMo-core's order files go into a work_dir (--destination DIR)")
+    if isinstance(data.walk, VSLWalk):  # its dataset's and its loader's own files (vsl_loader)
+        return write_vsl_files(data.walk, range(first_epoch, first_epoch + epochs), destination)
     lines = []
     for epoch in range(first_epoch, first_epoch + epochs):
         path = os.path.join(folder, order_file_name(n, epoch, run.seed, run.chunk_size))

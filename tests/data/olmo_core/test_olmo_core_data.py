@@ -431,7 +431,7 @@ def minimal(dataset_class: str = "NumpyFSLDatasetConfig", **dataset: Any) -> dic
     ("config", "message"),
     [
         (minimal("NumpyInterleavedFSLDatasetConfig"), "dataset.docs_per_instance is None; expected a whole number"),
-        (minimal("NumpyVSLDatasetConfig"), "NumpyVSLDatasetConfig (variable-sequence-length curricula)"),
+        (minimal("NumpyVSLDatasetConfig"), "dataset.sequence_length is not a key of OLMo-core's NumpyVSLDatasetConfig"),
         (
             {**minimal(), "dataset": {**minimal()["dataset"], "_CLASS_": "olmo_core.data.composable.X"}},
             "dataset is olmo_core.data.composable.X; not covered",
