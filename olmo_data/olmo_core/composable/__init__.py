@@ -2,9 +2,11 @@
 
 A run on that API saves a `dataset` that is a list of instance-source configs and a `ComposableDataLoaderConfig`
 (`spec` reads and checks them, refusing by class name what is not rebuilt here). Its sources are built as
-OLMo-core builds them: numpy token files and their documents (`tokens`), instances cut from them (`instances`),
-and the loader's sources per epoch, shuffle strategies and steps (`loader`); `data` opens the run for
-`olmo_data.olmo_core.OlmoCoreData`, whose `batch(step, rank, world_size)` then gives its batches.
+OLMo-core builds them (`build`), one module per kind: numpy token files and their documents, concatenations
+(`tokens`); concat-and-chunk instances (`instances`); slices and splits (`sliced`); sampling of tokens, documents
+and instances (`sampling`); mixing to ratios (`mixing`); packed documents (`packing`); random instances
+(`random_source`). `loader` gives the loader's sources per epoch, its shuffle strategies and steps; `data` opens
+the run for `olmo_data.olmo_core.OlmoCoreData`, whose `batch(step, rank, world_size)` then gives its batches.
 
 `spec` is part of this package's API as a module: `olmo_data.olmo_core.config` imports it (and only it) when it
 meets such a run, because every other module here stands above `config`.

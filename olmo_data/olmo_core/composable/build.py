@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable.instances import ConcatAndChunk, ConcatenatedInstances, InstanceSource
 from olmo_data.olmo_core.composable.mixing import MixingInstances, MixingTokens
+from olmo_data.olmo_core.composable.packing import Packing
+from olmo_data.olmo_core.composable.random_source import RandomInstances
 from olmo_data.olmo_core.composable.sampling import SamplingDocs, SamplingInstances, SamplingTokens
 from olmo_data.olmo_core.composable.sliced import split_instances, split_tokens
 from olmo_data.olmo_core.composable.spec import Node, dtype_of, numpy_paths
@@ -94,6 +96,27 @@ def build_instances(node: Node, ctx: Context) -> InstanceSource:
         return ConcatAndChunk(sources, L, node["max_sequence_length"] or L, node["label"])
     if cls == "ConcatenatedInstanceSourceConfig":
         return ConcatenatedInstances([build_instances(child, ctx) for child in node["sources"]])
+    if cls == "PackingInstanceSourceConfig":
+        return Packing(
+            [s for child in node["sources"] for s in build_tokens(child, ctx)],
+            node["sequence_length"],
+            node["tokenizer"].pad_token_id,
+            long_doc_strategy=node["long_doc_strategy"],
+            source_group_size=node["source_group_size"],
+            label=node["label"],
+        )
+    if cls == "RandomInstanceSourceConfig":
+        L = node["sequence_length"]
+        return RandomInstances(
+            node["tokenizer"],
+            L,
+            node["max_sequence_length"] or L,
+            node["avg_document_length"],
+            node["seed"],
+            num_tokens=node["num_tokens"],
+            num_instances=node["num_instances"],
+            label=node["label"],
+        )
     if cls == "SplitInstanceSourceConfig":
         return split_instances(build_instances(node["source"], ctx), node["ratio"], node["idx"], node["seed"])
     if cls == "SamplingInstanceSourceConfig":

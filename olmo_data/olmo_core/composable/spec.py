@@ -61,13 +61,6 @@ LISTS = {"tokens", "documents", "instances", "token_specs", "document_specs", "i
 REFUSED = {
     "NumpyDocumentSourceMixConfig": "a named data mix (its paths are resolved by OLMo-core's mix tables)",
 }
-REFUSED |= dict.fromkeys(
-    [
-        "PackingInstanceSourceConfig",
-        "RandomInstanceSourceConfig",
-    ],
-    "not rebuilt here yet",
-)
 # per class, its keys: kind (how the value is checked) and default (the dataclass's, used when the key is absent)
 _REQUIRED = object()
 _SAMPLE = {
@@ -365,8 +358,11 @@ def _lengths(node: Node, where: str) -> tuple[int, int]:
             raise DataError(
                 f"{where}: {node.at}.max_sequence_length ({M}) must be a multiple of its sequence_length ({L})"
             )
-        if node.cls == "PackingInstanceSourceConfig" and M != L:
-            raise DataError(f"{where}: {node.at}: OLMo-core's packing needs max_sequence_length = sequence_length")
+        if node.cls == "PackingInstanceSourceConfig" and (M != L or L & (L - 1)):
+            raise DataError(
+                f"{where}: {node.at}: OLMo-core's packing needs max_sequence_length = sequence_length, a power of "
+                f"two (its packer's segment tree); got {L} and {M}"
+            )
         return L, M
     children = [node["source"]] if "source" in node.values else list(node.values.get("sources") or ())
     children += [spec["source"] for spec in node.values.get("source_specs") or ()]

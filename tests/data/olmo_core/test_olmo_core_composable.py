@@ -352,6 +352,9 @@ NUMPY = {
     "_CLASS_": "olmo_core.data.composable.numpy_document_source.NumpyDocumentSourceConfig",
 }
 
+PACKING = "olmo_core.data.composable.packing_instance_source.PackingInstanceSourceConfig"
+SAMPLING = {"sources": [NUMPY], "_CLASS_": "olmo_core.data.composable.sampling_token_source.SamplingTokenSourceConfig"}
+
 
 def chunk_node(*sources: dict[str, Any], **kw: Any) -> dict[str, Any]:
     cls = "olmo_core.data.composable.concat_and_chunk_instance_source.ConcatAndChunkInstanceSourceConfig"
@@ -388,6 +391,14 @@ def chunk_node(*sources: dict[str, Any], **kw: Any) -> dict[str, Any]:
         ([chunk_node(NUMPY), chunk_node(NUMPY, sequence_length=2 * L)], LOADER, "different sequence_length"),
         ([chunk_node({**NUMPY, "source_group_size": 0})], LOADER, "source_group_size is 0"),
         ([chunk_node(NUMPY)], {**LOADER, "global_batch_size": L + 1}, "a multiple of the sources' sequence_length"),
+        (
+            [{**chunk_node(NUMPY), "_CLASS_": PACKING, "sequence_length": 24, "tokenizer": NUMPY["tokenizer"]}],
+            LOADER,
+            "a power of two",
+        ),
+        ([chunk_node({**SAMPLING, "max_tokens": 10, "factor": 0.5})], LOADER, "gives ['max_tokens', 'factor']"),
+        ([chunk_node({**SAMPLING, "sources": [NUMPY], "max_tokens": 0})], LOADER, "max_tokens is 0"),
+        ([chunk_node(NUMPY)], {**LOADER, "shuffle": False, "shuffle_strategy": "intra_source"}, "with shuffle false"),
     ],
 )
 def test_refusals_at_config_read(dataset: list[Any], loader: dict[str, Any], expected: str, tmp_path: Path) -> None:
@@ -517,3 +528,75 @@ def test_mixing_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         dataset = [mix]
     config_json, reference = run(core, tmp_path, dataset, monkeypatch)
     compare(config_json, reference)
+
+
+# -- packing and random sources
+
+
+@pytest.mark.parametrize(("strategy", "group", "bos"), [("truncate", 1, None), ("fragment", 2, 2)])
+def test_packing_source(
+    core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str, group: int, bos: int | None
+) -> None:
+    """Documents packed whole (OBFD per group of sources), documents longer than L truncated or fragmented, label
+    masks from the files (False on the padding), doc_lens of the padded rows; over numpy sources and a document
+    sample (its documents are the sampled ones); with a BOS id, a document ends where an EOS meets the BOS."""
+    from olmo_core.data.composable import PackingInstanceSourceConfig, SamplingDocumentSourceConfig
+
+    a = token_files(tmp_path / "a", n_files=3, seed=51, bos=bos, masks=True)
+    b = token_files(tmp_path / "b", n_files=2, seed=52, bos=bos, masks=True)
+    tok = tokenizer(bos)
+
+    def docs(paths: list[str]) -> Any:
+        return numpy_source(paths, tokenizer=tok, label_mask_paths=[p.replace(".npy", ".mask.npy") for p in paths])
+
+    sample = SamplingDocumentSourceConfig(sources=[docs(b)], factor=1.3, seed=6)
+    packing = PackingInstanceSourceConfig(
+        sources=[docs(a), sample], sequence_length=L, tokenizer=tok, long_doc_strategy=strategy, source_group_size=group
+    )
+    config_json, reference = run(core, tmp_path, [packing], monkeypatch, generate_doc_lengths=True, bos=bos)
+    compare(config_json, reference)
+    ids = np.concatenate([s.input_ids for s in reference[0]])
+    assert (ids[:, -1] == PAD).any()  # padded instances
+
+
+def test_random_source(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random instances, each from its run's seed (runs of max_sequence_length 2L cut in two), beside chunks of a
+    file, interleaved; inspect-batch shows a random instance without a file."""
+    from click.testing import CliRunner
+    from olmo_core.data.composable import RandomInstanceSourceConfig
+
+    from olmo_cli.main import main as data_main
+
+    tok = tokenizer(bos=2)
+    rand = RandomInstanceSourceConfig(
+        tokenizer=tok, sequence_length=L, max_sequence_length=2 * L, avg_document_length=7, seed=23, num_instances=40
+    )
+    paths = token_files(tmp_path / "tokens", n_files=2, seed=61)
+    dataset = [rand, chunked([numpy_source(paths, tokenizer=tok)], max_sequence_length=2 * L)]
+    config_json, reference = run(
+        core, tmp_path, dataset, monkeypatch, shuffle_strategy="interleaved_source", generate_doc_lengths=True, bos=2
+    )
+    compare(config_json, reference)
+    args = ["inspect-batch", config_json, "--step", "1", "--json"]
+    result = CliRunner().invoke(data_main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert any(i["path"] == "" for i in json.loads(result.output)["instances"])
+
+
+def test_an_unreachable_mix_refused(tmp_path: Path) -> None:
+    """A mix whose target size its sources cannot give within their max_repetition_factor: OLMo-core's run would
+    have failed building it, so reading one is refused naming the mix."""
+    a = token_files(tmp_path / "a", n_files=1, seed=71)
+    spec = "olmo_core.data.composable.mixing_token_source.MixingTokenSourceSpecConfig"
+    mix = {
+        "source_specs": [
+            {"source": {**NUMPY, "source_paths": a}, "ratio": 0.5, "_CLASS_": spec},
+            {"source": {**NUMPY, "source_paths": a}, "ratio": 0.5, "_CLASS_": spec},
+        ],
+        "num_tokens": 10**6,
+        "_CLASS_": "olmo_core.data.composable.mixing_token_source.MixingTokenSourceConfig",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"dataset": [chunk_node(mix)], "data_loader": {**LOADER, "work_dir": str(tmp_path)}}))
+    with pytest.raises(DataError, match=r"dataset\[0\]\.sources\[0\]: the mix cannot reach 1,000,000"):
+        open_olmo_core(str(path))
