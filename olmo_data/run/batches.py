@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from olmo_data.config import TrainConfig
-from olmo_data.dataset import DocIndex, DocumentSpan, InstanceSource, Repetition, dtype_note, rank_positions
+from olmo_data.dataset import DocIndex, DocumentSpan, InstanceSource, Repetition, dtype_note
 from olmo_data.display import marked
 from olmo_data.errors import DataError
 from olmo_data.run.instance_loss import StepLosses, logged_batch_fingerprint, step_losses
 from olmo_data.run.layout import INSTANCE_LOSS, save_folder_of
 from olmo_data.run.lineage import format_lineage
 from olmo_data.run.open import read_run
-from olmo_data.run.reader import RunData
+from olmo_data.run.reader import RunData, StepBatch
 
 _ARRAYS_AND_RECORDS = ("documents", "token_ids", "label_mask", "repetition")  # converted one by one in to_json
 
@@ -143,11 +143,8 @@ def inspect_batch(
     decoder = run.decoder(tokenizer) if decode else None  # before any reading: a missing tokenizer said at once
     batch = run.batch(step if step is not None else run.step_of_batch_index(int(batch_index or 0)))
     gbs = len(batch.instances)
-    if world_size is not None and (world_size < 1 or gbs % world_size):
-        raise DataError(
-            f"--world-size {world_size}: world size {world_size} does not divide the global batch size {gbs} (of step "
-            f"{batch.step})"
-        )
+    if world_size is not None:
+        run.check_world(batch.step, world_size)
     report = BatchReport(
         step=batch.step,
         global_batch=batch.global_batch,
@@ -155,7 +152,7 @@ def inspect_batch(
         batch_in_epoch=batch.batch_in_epoch,
         batches_per_epoch=batch.batches_per_epoch,
         global_batch_size=gbs,
-        sequence_length=run.sequence_length,
+        sequence_length=batch.row_length,
         seed=run.seed,
         num_instances=run.num_instances,
         order_path=batch.order_path,
@@ -170,7 +167,7 @@ def inspect_batch(
         order_note=batch.order_note,
         note=run.batch_note(batch),
     )
-    chosen = _chosen(positions, rank, world_size, gbs)
+    chosen = _chosen(positions, rank, world_size, batch)
     losses = _losses(report, run.own, config, save_folder, gbs) if run.own is not None else None
     if isinstance(config, str):
         _add_lineage(report, run)
@@ -243,13 +240,13 @@ def _losses(report: BatchReport, cfg: TrainConfig, config: Any, save_folder: str
     return losses
 
 
-def _chosen(positions: list[int] | None, rank: int | None, world_size: int | None, gbs: int) -> np.ndarray:
-    """The positions of the global batch a report shows: those asked for, a rank's (r, r+W, ...), or all."""
+def _chosen(positions: list[int] | None, rank: int | None, world_size: int | None, batch: StepBatch) -> np.ndarray:
+    """The positions of the global batch a report shows: those asked for, a rank's, or all."""
     if positions is not None:
         return np.asarray(positions, dtype=np.int64)
     if rank is not None and world_size is not None:
-        return rank_positions(gbs, rank, world_size)
-    return np.arange(gbs)
+        return batch.rank_positions(rank, world_size)
+    return np.arange(len(batch.instances))
 
 
 def _add_lineage(report: BatchReport, run: RunData) -> None:

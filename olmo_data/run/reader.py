@@ -22,6 +22,7 @@ import numpy as np
 
 from olmo_data.config import TrainConfig
 from olmo_data.dataset import DocIndex, DocumentSpan, Repetition, TokenFile
+from olmo_data.errors import DataError
 from olmo_data.run.lineage import Stage
 from olmo_data.tokenizer import Tokenizer
 
@@ -43,6 +44,27 @@ class StepBatch:
     order_note: str | None = None  # where the order came from, when the trainer's rule says more than a path
     doc_lens: list[np.ndarray] | None = None  # per row, the lengths of the documents packed into it
     global_batch_tokens: int | None = None  # the batch size in tokens, where the trainer counts it so
+    sequence_length: int = 0  # tokens a row at this step (variable-length runs); 0: the run's sequence_length
+    rank_blocks: bool = False  # rank r of W got the r-th of W consecutive blocks, not positions r, r + W, ...
+
+    @property
+    def row_length(self) -> int:
+        return self.sequence_length or int(self.tokens.shape[1])
+
+    def rank_positions(self, rank: int, world_size: int) -> np.ndarray:
+        """The batch positions rank `rank` of `world_size` trained (the batch splits over them evenly)."""
+        n = len(self.instances)
+        if world_size < 1 or n % world_size:
+            raise DataError(
+                f"--world-size {world_size}: world size {world_size} does not divide the global batch size {n} (of "
+                f"step {self.step})"
+            )
+        if not 0 <= rank < world_size:
+            raise DataError(f"rank must be in [0, world size), got rank {rank} of world size {world_size}")
+        if self.rank_blocks:
+            per = n // world_size
+            return np.arange(rank * per, (rank + 1) * per)
+        return np.arange(rank, n, world_size)
 
 
 @dataclass(frozen=True)
@@ -128,6 +150,15 @@ class RunData(ABC):
     def batch_note(self, batch: StepBatch) -> str | None:
         """A line saying how this trainer counts, printed under a batch's first line (None: nothing to say)."""
         return None
+
+    def check_world(self, step: int, world_size: int) -> None:
+        """Refuse a world size the run's batches at `step` cannot be split over (beyond dividing them evenly):
+        nothing more to check for runs whose every rank gets every W-th instance."""
+        return None
+
+    def rank_of(self, step: int, position: int, world_size: int) -> int:
+        """The rank of `world_size` that trained batch position `position` of step `step`."""
+        return position % world_size
 
     def step_of_batch_index(self, index: int) -> int:
         """The training step of 0-based global batch `index` (the step after `index` steps)."""

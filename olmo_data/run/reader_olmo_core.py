@@ -83,7 +83,15 @@ class OlmoCoreRun(RunData):
             order_note=batch.order_note,
             doc_lens=batch.doc_lens,
             global_batch_tokens=batch.global_batch_tokens,
+            sequence_length=batch.sequence_length,
+            rank_blocks=batch.rank_blocks,
         )
+
+    def check_world(self, step: int, world_size: int) -> None:
+        self.core.batch(step, 0, world_size, read=False)  # OLMo-core's own rules for splitting the step's batch
+
+    def rank_of(self, step: int, position: int, world_size: int) -> int:
+        return self.core.walk.rank_of(position, self.core.slot(step).instances, world_size)
 
     def batch_note(self, batch: StepBatch) -> str:
         return (
@@ -186,7 +194,7 @@ class OlmoCoreRun(RunData):
             last_step=last,
             checkpoint_step=None,
             tokens_seen=None,
-            batch_tokens=self.core.slot(first).instances * self.sequence_length,
+            batch_tokens=self.core.batch(first, read=False).global_batch_tokens,
             data_fingerprint=self.data_fingerprint(),
         )
 

@@ -227,6 +227,8 @@ def trace_run(
     per_batch = run.batch_size(first)
     if world_size is not None and (world_size < 1 or per_batch % world_size):
         raise DataError(f"--world-size {world_size} must divide the global batch size {per_batch}")
+    if world_size is not None:
+        run.check_world(first, world_size)
     holding = [run.holding(t.file_index, t.start, t.end) for t in targets]
     found = run.trained_at([h.instance for held in holding for h in held], first, last)
     paths = [f.path for f in run.token_files()]
@@ -246,7 +248,7 @@ def trace_run(
                         epoch=at.epoch,
                         batch_in_epoch=at.batch_in_epoch,
                         position=at.position,
-                        rank=at.position % world_size if world_size else None,
+                        rank=run.rank_of(at.step, at.position, world_size) if world_size else None,
                         instance=h.instance,
                         path=paths[target.file_index],
                         instance_start=a,

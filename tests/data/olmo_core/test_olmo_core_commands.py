@@ -102,7 +102,7 @@ def test_stats_counts_as_olmo_core(tmp_path: Path) -> None:
         (["trace", "--spans", "some text"], "--spans needs the tokenizer"),  # covered: its files name none
         (["stats", "--sequence-length", "8"], "gives the data, batch size and duration"),
         (["inspect-batch", "--step", "1", "--decode"], "needs --tokenizer PATH"),
-        (["inspect-batch", "--step", "1", "--rank", "0", "--world-size", "3"], "does not divide"),
+        (["inspect-batch", "--step", "1", "--rank", "0", "--world-size", "3"], "cannot be split over 3 ranks"),
     ],
 )
 def test_refusals(tmp_path: Path, args: list[str], message: str) -> None:

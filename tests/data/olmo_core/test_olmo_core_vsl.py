@@ -237,7 +237,6 @@ def check_trace(config_json: str, reference: dict[int, list[Any]], data: Any, wo
     assert {h["instance"] for h in hits} == holding
 
 
-@pytest.mark.xfail(strict=True, reason="olmo_data/trace/find.py gives a hit the rank position % W")
 def test_trace_ranks_of_a_vsl_run(tmp_path: Path) -> None:
     """trace --world-size names the rank of each hit as OLMo-core's VSL loader split the batch (OlmoCoreData's
     steps_of, tested against OLMo-core above)."""
@@ -255,7 +254,6 @@ def test_trace_ranks_of_a_vsl_run(tmp_path: Path) -> None:
         assert (h["step"], h["rank"]) in {(t.step, t.rank) for t in data.steps_of(h["instance"], 8, WORLD)}
 
 
-@pytest.mark.xfail(strict=True, reason="olmo_data/run/batches.py _chosen gives rank r every W-th position")
 def test_inspect_batch_of_a_rank_of_a_vsl_run(tmp_path: Path) -> None:
     """inspect-batch --rank r of a VSL run shows the r-th block of the batch, as OLMo-core's VSL loader gives
     it (OlmoCoreData's rank rows, tested against OLMo-core above)."""
