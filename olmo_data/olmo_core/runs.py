@@ -91,6 +91,8 @@ def data_fingerprint(data: OlmoCoreData) -> str:
         }
     if run.curriculum is not None:  # vsl: its buckets and the order of their batches
         described |= {"vsl": [run.min_sequence_length, run.curriculum.class_repr]}
+    if data.composable is not None:  # its sources and its loader's order settings
+        described |= {"composable": data.composable.describe()}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -105,6 +107,8 @@ def run_length(data: OlmoCoreData) -> int | None:
     walk = data.walk
     if unit == "tokens" and not walk.schedule:
         return -(-value // walk.global_batch_size)
+    if unit == "epochs" and not walk.schedule and data.composable is not None:  # each epoch its own size
+        return data.composable.steps_in(value)
     if unit == "epochs" and not walk.schedule:
         return value * walk.batches_per_epoch()
     try:
@@ -152,6 +156,8 @@ def instances_holding(data: OlmoCoreData, path: str, start: int, end: int) -> li
         return ds.interleaved.holding(path, start, end)
     if ds.vsl is not None:  # a document's pieces, each one instance
         return ds.vsl.holding(path, start, end)
+    if data.composable is not None:  # every instance's pieces, searched (olmo_core.composable.holding)
+        return data.composable.holding(path, start, end)
     for k, p in enumerate(ds.paths):
         if p != path:
             continue

@@ -70,6 +70,8 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
         packed_held = ds.vsl.held_per_file()
     if ds.interleaved is not None:  # the tokens its instances read (see InterleavedInstances.held_per_file)
         packed_held = ds.interleaved.held_per_file()
+    if data.composable is not None:  # the tokens its instances' pieces read, each once (composable.holding)
+        packed_held = data.composable.held_per_file()
     for k, path in enumerate(ds.paths):
         tokens = file_size(path) // ds.itemsize
         used = ds.file_tokens[k]
@@ -167,6 +169,8 @@ def build_olmo_core_orders(
     folder = destination or run.work_dir
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise DataError(f"{folder}: not a directory; OLMo-core's order files go into a work_dir (--destination DIR)")
+    if data.composable is not None:  # its loader's order files (OLMo-core rebuilds its sources' own caches)
+        return data.composable.write_orders(range(first_epoch, first_epoch + epochs), folder)
     if isinstance(data.walk, VSLWalk):  # its dataset's and its loader's own files (vsl_loader)
         return write_vsl_files(data.walk, range(first_epoch, first_epoch + epochs), destination)
     lines = []

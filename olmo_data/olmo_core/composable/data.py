@@ -17,6 +17,7 @@ import numpy.typing as npt
 from olmo_data.dataset import LABEL_MASK_DTYPE, read_arrays
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable.build import Context, build_instances
+from olmo_data.olmo_core.composable.holding import PieceTable
 from olmo_data.olmo_core.composable.instances import Instance, check_instance_masks
 from olmo_data.olmo_core.composable.loader import ComposableOrder, Loader
 from olmo_data.olmo_core.composable.spec import ComposableSpec
@@ -34,6 +35,25 @@ class ComposableDataset(OlmoCoreDataset):
         super().__init__(run, [p for p, _ in files], [t for _, t in files])
         self.loader = loader
         self.file_of = {p: i for i, p in enumerate(self.paths)}
+        self._table: PieceTable | None = None
+
+    @property
+    def table(self) -> PieceTable:
+        """Every instance's pieces (built on first use: one pass over the instances; see `holding`)."""
+        if self._table is None:
+            self._table = PieceTable(self.loader.sources, self.paths)
+        return self._table
+
+    @property
+    def offsets(self) -> np.ndarray:  # type: ignore[override]
+        """Per file, the instances whose first piece is in it, as cumulative counts (what `stats` shows)."""
+        first = self.table.first_files()
+        counts = np.bincount(first[first >= 0], minlength=len(self.paths))
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    @offsets.setter
+    def offsets(self, value: np.ndarray) -> None:
+        pass  # OlmoCoreDataset's count of chunks per file is not a composable run's
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -110,7 +130,10 @@ class Composable:
     def __init__(self, run: OlmoCoreRun, spec: ComposableSpec) -> None:
         ctx = Context(run, spec.source)
         sources = [build_instances(node, ctx) for node in spec.sources]
-        check_instance_masks(sources, "ComposableDataLoader")
+        try:
+            check_instance_masks(sources, "ComposableDataLoader")
+        except DataError as e:
+            raise DataError(f"{spec.source}: the dataset list: {e}") from e
         self.loader = Loader(spec, sources, run)
         self.dataset = ComposableDataset(run, self.loader)
         self.walk: StepWalk = self.loader.walk()
@@ -118,6 +141,26 @@ class Composable:
 
     def order(self, epoch: int) -> ComposableOrder:
         return self.loader.order(epoch)
+
+    def holding(self, path: str, start: int, end: int) -> list[tuple[int, int, int, int]]:
+        """`olmo_data.olmo_core.runs.instances_holding` of a composable run (see `holding`)."""
+        k = self.dataset.file_of.get(path)
+        return [] if k is None else self.dataset.table.holding(k, start, end)
+
+    def held_per_file(self) -> list[int]:
+        return self.dataset.table.held_per_file()
+
+    def steps_in(self, epochs: int) -> int:
+        """The steps of a run of `epochs` epochs (trainer.max_duration in epochs), each epoch its own size."""
+        return self.loader.steps_in(epochs)
+
+    def write_orders(self, epochs: range, folder: str) -> list[str]:
+        """`build-order` of a composable run: its loader's order files (the sources' caches OLMo-core rebuilds)."""
+        return self.loader.write_orders(epochs, folder)
+
+    def describe(self) -> dict[str, Any]:
+        """What decides its instances and order, for the run's data fingerprint."""
+        return self.loader.spec.describe()
 
     def doc_lens(self, tokens: np.ndarray) -> list[np.ndarray]:
         """OLMo-core's `doc_lens` of each row (the loader's `generate_doc_lengths`)."""

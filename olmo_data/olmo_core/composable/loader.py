@@ -29,6 +29,7 @@ from itertools import accumulate
 import numpy as np
 
 from olmo_data.errors import DataError
+from olmo_data.io import atomic_path
 from olmo_data.olmo_core.composable.instances import InstanceSource
 from olmo_data.olmo_core.composable.spec import ComposableSpec
 from olmo_data.olmo_core.config import OlmoCoreRun
@@ -155,6 +156,30 @@ class Loader:
         order = local.astype(np.int64) + offset
         return ComposableOrder(epoch, order, path if "read" in note else None, note, len(self))
 
+    def write_orders(self, epochs: range, folder: str) -> list[str]:
+        """Epochs' orders under OLMo-core's names and bytes in `folder` (its loader takes them as its own with that
+        work_dir); one already there is kept only when it is the same order, else refused."""
+        lines = []
+        os.makedirs(folder, exist_ok=True)
+        for epoch in epochs:
+            path = os.path.join(folder, self.file_name(epoch) + ".npy")
+            want = self.loader_order(epoch).astype("<u4")
+            if os.path.lexists(path):
+                check_stored(path, want, epoch)
+                lines.append(f"epoch {epoch}: {path} is there, identical to OLMo-core's order (kept)")
+                continue
+            with atomic_path(path) as tmp:
+                want.tofile(tmp)
+            lines.append(f"epoch {epoch}: wrote {path} ({len(want):,} instances): OLMo-core's name and bytes")
+        return lines
+
+    def steps_in(self, epochs: int) -> int:
+        """The steps of epochs 1..`epochs` without a batch-size schedule (each epoch its own size)."""
+        per_batch = self.run.global_batch_size // self.spec.sequence_length
+        cycle = [self.epoch_size(e) // per_batch for e in range(1, self.groups + 1)]
+        whole, rest = divmod(epochs, self.groups)
+        return whole * sum(cycle) + sum(cycle[:rest])
+
     def walk(self) -> StepWalk:
         """Step -> epoch and batch: OLMo-core's walk (batch-size schedule included) when every epoch has the same
         size, else a cycle through the epochs' sizes."""
@@ -172,6 +197,8 @@ class Loader:
 
 def check_stored(path: str, rebuilt: np.ndarray, epoch: int) -> None:
     """OLMo-core's order file of an epoch equals the order the config implies, or one line saying where not."""
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: not a file where OLMo-core's order of epoch {epoch} belongs; remove it")
     size = os.path.getsize(path)
     if size != 4 * len(rebuilt):
         raise DataError(

@@ -187,6 +187,24 @@ class ComposableSpec:
     generate_doc_lengths: bool
     source: str = ""  # the config file, for messages
 
+    def describe(self) -> dict[str, Any]:
+        """The sources and the loader's order settings as plain JSON values (for the run's data fingerprint)."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, Node):
+                return {"class": value.cls, **{k: plain(v) for k, v in sorted(value.values.items())}}
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            if isinstance(value, Tokenizer):
+                return [value.vocab_size, value.eos_token_id, value.pad_token_id, value.bos_token_id]
+            return value
+
+        return {
+            "sources": plain(self.sources),
+            "shuffle": [self.shuffle, self.strategy, self.sources_per_epoch],
+            "lengths": [self.sequence_length, self.max_sequence_length],
+        }
+
     def run_fields(self) -> dict[str, Any]:
         """The keys of `olmo_data.olmo_core.config.OlmoCoreRun` a composable run decides (its `composable` spec
         aside): the loader tokenizer's ids, the loader's batch size, seed and work_dir."""

@@ -10,7 +10,9 @@ source kind and shuffle strategy; the refusals run without OLMo-core. The token 
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +32,11 @@ EOS, PAD, VOCAB = 0, 1, 2048
 
 
 def token_files(
-    folder: Path, n_files: int = 3, seed: int = 0, bos: int | None = None, masks: bool = False
+    folder: Path, n_files: int = 3, seed: int = 0, bos: int | None = None, masks: bool = False, metadata: bool = False
 ) -> list[str]:
     """Seeded uint16 token files of documents 1..40 tokens long, each ended by EOS, then a tail without one;
-    with `masks`, a label mask file (one byte a token) beside each, named `*.mask.npy`."""
+    with `masks`, a label mask file (one byte a token) beside each, named `*.mask.npy`; with `metadata`, a
+    tokenize-style .csv.gz beside each (the commands' document lookups; OLMo-core reads local files' EOS)."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
@@ -50,6 +53,11 @@ def token_files(
         if masks:
             n = sum(len(d) for d in docs)
             (rng.random(n) < 0.7).tofile(out[-1].replace(".npy", ".mask.npy"))
+        if metadata:
+            ends = np.cumsum([len(d) for d in docs[:-1]])
+            with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
+                for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
+                    meta.write(f"{a},{b},doc-{seed}-{f}-{i},src.jsonl,{i + 1}\n")
     return out
 
 
@@ -450,8 +458,8 @@ def test_sampling_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyP
         SamplingTokenSourceConfig,
     )
 
-    a = numpy_source(token_files(tmp_path / "a", n_files=2, seed=31))
-    b = numpy_source(token_files(tmp_path / "b", n_files=3, seed=32), source_group_size=-1)
+    a = numpy_source(token_files(tmp_path / "a", n_files=2, seed=31, metadata=True))
+    b = numpy_source(token_files(tmp_path / "b", n_files=3, seed=32, metadata=True), source_group_size=-1)
     if kind == "tokens":
         mix = MixingTokenSourceConfig(
             source_specs=[
@@ -470,7 +478,62 @@ def test_sampling_sources(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyP
         sampled = SamplingInstanceSourceConfig(sources=[chunked([a]), chunked([b])], max_instances=30, seed=2)
         dataset = [sampled, SamplingInstanceSourceConfig(sources=[chunked([b])], factor=1.5, seed=None)]
     config_json, reference = run(core, tmp_path, dataset, monkeypatch)
-    compare(config_json, reference)
+    data = compare(config_json, reference)
+    if kind == "documents":  # documents shuffled and repeated: trace, stats and build-order on such a run
+        check_trace(config_json, reference, data, str(tmp_path / "b" / "part-01.npy"), "doc-32-1-3")
+        check_stats_and_orders(config_json, reference, data, tmp_path)
+
+
+def check_trace(config_json: str, reference: dict[int, list[Step]], data: Any, path: str, doc_id: str) -> None:
+    """trace --document names each (step, rank) whose OLMo-core rows hold a 4-token run of the document (its
+    ids are random: no other row holds one), and every span it reports is the document's tokens there."""
+    from click.testing import CliRunner
+
+    from olmo_cli.main import main as data_main
+
+    with gzip.open(path[: -len(".npy")] + ".csv.gz", "rt") as meta:
+        start, end = next((int(r[0]), int(r[1])) for r in (line.split(",") for line in meta) if r[2] == doc_id)
+    doc = np.fromfile(path, dtype=np.uint16)[start:end].astype(np.int64)
+    grams = {tuple(doc[i : i + 4]) for i in range(len(doc) - 3)}
+    want = {
+        (step, rank)
+        for rank, steps in reference.items()
+        for step, s in enumerate(steps, start=1)
+        for row in s.input_ids
+        if any(tuple(row[i : i + 4]) in grams for i in range(L - 3))
+    }
+    last = len(reference[0])
+    args = ["trace", config_json, "--document", doc_id, "--steps", f"1..{last}", "--world-size", "2", "--json"]
+    result = CliRunner().invoke(data_main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    hits = json.loads(result.output)["hits"]
+    assert want and want <= {(h["step"], h["rank"]) for h in hits}
+    for h in hits:
+        span = data.batch(h["step"]).tokens[h["position"]][h["instance_start"] : h["instance_end"]]
+        assert len(span) and any(np.array_equal(span, doc[i : i + len(span)]) for i in range(len(doc) - len(span) + 1))
+
+
+def check_stats_and_orders(config_json: str, reference: dict[int, list[Step]], data: Any, tmp_path: Path) -> None:
+    """stats counts the run's instances and steps an epoch; build-order writes OLMo-core's order files (its names
+    and bytes, as its loader wrote them into the work_dir), and keeps them when already there."""
+    from click.testing import CliRunner
+
+    from olmo_cli.main import main as data_main
+
+    runner = CliRunner()
+    result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["num_instances"] == len(data.dataset) == sum(f["instances"] for f in stats["files"])
+    assert stats["batches_per_epoch"] == sum(1 for s in reference[0] if s.epoch == 1)
+    other = tmp_path / "built"
+    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3", "--destination", str(other)])
+    assert result.exit_code == 0, result.output
+    theirs = sorted(f for f in os.listdir(tmp_path / "work") if f.startswith("global_indices"))
+    assert len(theirs) == 3 and sorted(os.listdir(other)) == theirs
+    assert all((other / f).read_bytes() == (tmp_path / "work" / f).read_bytes() for f in theirs)
+    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3"])
+    assert result.exit_code == 0 and result.output.count("(kept)") == 3, result.output
 
 
 @pytest.mark.parametrize("kind", ["tokens", "documents", "instances"])
