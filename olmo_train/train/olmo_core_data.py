@@ -24,7 +24,8 @@ documents would end elsewhere than the training ones).
 
 Sources (`train/source/<label>/...`): each file of the run's dataset is a source (a mixture's: its sources). A
 packed instance's documents may come from several files of its source group (`source_group_size > 1`): it counts
-for the file of its first document, the file `stats` counts it under (`PackedInstances.first_files`).
+for the file of its first document, the file `stats` counts it under (`PackedInstances.first_files`); so does an
+interleaved instance (NumpyInterleavedFSLDataset: chunks of several documents, `InterleavedInstances.first_files`).
 
 Refused at start, by name: a `BatchSizeSchedulerCallback` (the loop's learning rate, token counts and
 checkpoints assume one batch size), a dataset class this trainer has no rule for (one sequence length per run),
@@ -48,7 +49,7 @@ from olmo_train.train.rows import Rows
 
 log = logging.getLogger("olmo_train")
 
-TRAINABLE_KINDS = ("fsl", "padded", "packed")  # OlmoCoreRun.kind values this trainer has a rule for
+TRAINABLE_KINDS = ("fsl", "padded", "packed", "interleaved")  # OlmoCoreRun.kind values this trainer has a rule for
 
 
 def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
@@ -65,7 +66,8 @@ def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
     if core.run.kind not in TRAINABLE_KINDS:
         raise ConfigError(
             f"{where}: training here on its dataset ({core.run.kind}) is not covered; the trainer trains on "
-            "OLMo-core's NumpyFSLDataset (and its mixture), NumpyPaddedFSLDataset and NumpyPackedFSLDataset"
+            "OLMo-core's NumpyFSLDataset (and its mixture), NumpyPaddedFSLDataset, NumpyPackedFSLDataset and "
+            "NumpyInterleavedFSLDataset"
         )
     check_documents(cfg, core)
     instances = core.run.global_batch_size // core.run.sequence_length
@@ -132,7 +134,7 @@ def doc_starts(doc_lens: list[np.ndarray], length: int, instances: np.ndarray) -
 
 class CoreSources:
     """Source labels of OLMo-core's data for train/source/... metrics: the mixture's sources, else one per file;
-    a packed instance is its first document's file's."""
+    a packed or interleaved instance is its first document's file's."""
 
     def __init__(self, core: OlmoCoreData) -> None:
         self.core = core
@@ -140,9 +142,10 @@ class CoreSources:
         self.labels = list(dict.fromkeys(names))
         by_name = {n: i for i, n in enumerate(self.labels)}
         self.file_source = np.array([by_name[n] for n in names], dtype=np.int64)
-        packed = core.dataset.packed
-        # packed instances are numbered as packed (group after group, longest documents first), not file after file
-        self.first_files = packed.first_files() if packed is not None else None
+        made = core.dataset.packed or core.dataset.interleaved
+        # packed and interleaved instances are numbered as they were made (packed group after group, longest
+        # documents first; interleaved after a permutation), not file after file: each by its first document's file
+        self.first_files = made.first_files() if made is not None else None
 
     def of(self, indices: np.ndarray) -> np.ndarray:
         if self.first_files is not None:
