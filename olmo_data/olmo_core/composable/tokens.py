@@ -84,7 +84,18 @@ def split_range(sizes: list[int], start: int, end: int) -> list[tuple[int, int, 
 
 
 def with_tail(docs: np.ndarray, size: int) -> np.ndarray:
-    """Documents of a source, with its tail after the last one as one more (OLMo-core's rule at a source's end)."""
+    """Documents of a source, with its tail after the last one as one more (OLMo-core's rule at a source's end).
+    OLMo-core asserts that they follow each other from 0: documents truncated at max_document_length leave gaps
+    it fails on, so they are refused."""
+    docs = docs.reshape(-1, 2)
+    starts = np.concatenate([[0], docs[:-1, 1]]) if len(docs) else np.zeros(0, dtype=np.int64)
+    gap = np.flatnonzero(docs[:, 0] != starts)
+    if gap.size:
+        raise DataError(
+            f"OLMo-core's document source fails on documents that do not follow each other (document {int(gap[0])} "
+            f"starts at token {int(docs[gap[0], 0]):,}, not {int(starts[gap[0]]):,}: max_document_length with "
+            "long_doc_strategy truncate); not covered"
+        )
     last = int(docs[-1, 1]) if len(docs) else 0
     if last != size:
         docs = np.concatenate([docs.reshape(-1, 2), np.array([[last, size]], dtype=np.int64)])

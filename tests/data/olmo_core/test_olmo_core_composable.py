@@ -601,20 +601,27 @@ def test_packing_source(
     core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str, group: int, bos: int | None
 ) -> None:
     """Documents packed whole (OBFD per group of sources), documents longer than L truncated or fragmented, label
-    masks from the files (False on the padding), doc_lens of the padded rows; over numpy sources and a document
-    sample (its documents are the sampled ones); with a BOS id, a document ends where an EOS meets the BOS."""
+    masks from the files (False on the padding), doc_lens of the padded rows; over numpy sources, a document
+    sample (its documents are the sampled ones) and a source fragmenting its own documents (max_document_length,
+    which OLMo-core 3.0.0 applies only with source_group_size -1); with a BOS id, a document ends where an EOS
+    meets the BOS."""
     from olmo_core.data.composable import PackingInstanceSourceConfig, SamplingDocumentSourceConfig
 
     a = token_files(tmp_path / "a", n_files=3, seed=51, bos=bos, masks=True)
     b = token_files(tmp_path / "b", n_files=2, seed=52, bos=bos, masks=True)
     tok = tokenizer(bos)
 
-    def docs(paths: list[str]) -> Any:
-        return numpy_source(paths, tokenizer=tok, label_mask_paths=[p.replace(".npy", ".mask.npy") for p in paths])
+    def docs(paths: list[str], **kw: Any) -> Any:
+        masks = [p.replace(".npy", ".mask.npy") for p in paths]
+        return numpy_source(paths, tokenizer=tok, label_mask_paths=masks, **kw)
 
     sample = SamplingDocumentSourceConfig(sources=[docs(b)], factor=1.3, seed=6)
     packing = PackingInstanceSourceConfig(
-        sources=[docs(a), sample], sequence_length=L, tokenizer=tok, long_doc_strategy=strategy, source_group_size=group
+        sources=[docs(a), sample, docs(b, source_group_size=-1, max_document_length=12, long_doc_strategy="fragment")],
+        sequence_length=L,
+        tokenizer=tok,
+        long_doc_strategy=strategy,
+        source_group_size=group,
     )
     config_json, reference = run(core, tmp_path, [packing], monkeypatch, generate_doc_lengths=True, bos=bos)
     compare(config_json, reference)
@@ -662,4 +669,17 @@ def test_an_unreachable_mix_refused(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"dataset": [chunk_node(mix)], "data_loader": {**LOADER, "work_dir": str(tmp_path)}}))
     with pytest.raises(DataError, match=r"dataset\[0\]\.sources\[0\]: the mix cannot reach 1,000,000"):
+        open_olmo_core(str(path))
+
+
+def test_truncated_documents_of_a_source_refused(tmp_path: Path) -> None:
+    """max_document_length with truncate leaves gaps between a source's documents, which OLMo-core's document
+    source fails on (an assertion): sampling its documents is refused when the run is opened."""
+    a = token_files(tmp_path / "a", n_files=1, seed=81)
+    numpy = {**NUMPY, "source_paths": a, "source_group_size": -1, "max_document_length": 4}
+    sample = {**SAMPLING, "sources": [numpy], "max_tokens": 50}
+    sample["_CLASS_"] = "olmo_core.data.composable.sampling_document_source.SamplingDocumentSourceConfig"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"dataset": [chunk_node(sample)], "data_loader": {**LOADER, "work_dir": str(tmp_path)}}))
+    with pytest.raises(DataError, match="do not follow each other"):
         open_olmo_core(str(path))
