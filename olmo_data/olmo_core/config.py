@@ -114,6 +114,7 @@ class OlmoCoreRun:
     instance_filter: RepetitionFilter | None = None  # OLMo-core's instance_filter_config (its batches' instance_mask)
     source: str = ""  # the config file read, for messages
     max_duration: tuple[int, str] | None = None  # trainer.max_duration: (value, unit), None when the file gives none
+    hard_stop: tuple[int, str] | None = None  # trainer.hard_stop: the Trainer stops at whichever comes first
     dtype_from: str = ""  # the key that decided `dtype`, as a message names it ("dataset.dtype uint32", ...)
     # packed only (olmo_data.olmo_core.packed): how documents become instances
     long_doc_strategy: str = "truncate"
@@ -248,6 +249,7 @@ def read_olmo_core_config(config: str | dict[str, Any], *, work_dir: str | None 
         instance_filter=_instance_filter(dataset.get("instance_filter_config"), where),
         source=where,
         max_duration=_duration(trainer.get("max_duration"), where),
+        hard_stop=_duration(trainer.get("hard_stop"), where, "trainer.hard_stop"),
         dtype_from=dtype_from,
         **(_packing(dataset, seq_len, where) if ds_class == PACKED_FSL else {}),
         **(vsl.run_fields() if vsl else {}),
@@ -308,19 +310,17 @@ def read_config_json(path: str) -> Any:
         ) from e
 
 
-def _duration(value: Any, where: str) -> tuple[int, str] | None:
-    """trainer.max_duration (OLMo-core's Duration: value and unit), checked; None when the file gives none."""
+def _duration(value: Any, where: str, key: str = "trainer.max_duration") -> tuple[int, str] | None:
+    """A Duration of the trainer section (OLMo-core's: value and unit), checked; None when the file gives none."""
     if value is None:
         return None
     if not isinstance(value, dict) or "value" not in value:
-        raise DataError(
-            f"{where}: trainer.max_duration is {shown(value)}; expected OLMo-core's Duration ({{value, unit}})"
-        )
+        raise DataError(f"{where}: {key} is {shown(value)}; expected OLMo-core's Duration ({{value, unit}})")
     unit = value.get("unit", "steps")
     if unit not in ("steps", "tokens", "epochs"):
-        raise DataError(f"{where}: trainer.max_duration.unit is {shown(unit)}; expected steps, tokens or epochs")
+        raise DataError(f"{where}: {key}.unit is {shown(unit)}; expected steps, tokens or epochs")
     hi = MAX_EPOCHS if unit == "epochs" else MAX_INT
-    return _int(value, "value", "trainer.max_duration", where, lo=0, hi=hi), str(unit)
+    return _int(value, "value", key, where, lo=0, hi=hi), str(unit)
 
 
 def _section(config: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -578,5 +578,6 @@ def _composable(config: dict[str, Any], where: str, work_dir: str | None) -> Olm
         instance_filter=_instance_filter(config["data_loader"].get("instance_filter_config"), where),
         source=where,
         max_duration=_duration(trainer.get("max_duration"), where),
+        hard_stop=_duration(trainer.get("hard_stop"), where, "trainer.hard_stop"),
         composable=spec,
     )

@@ -97,24 +97,30 @@ def data_fingerprint(data: OlmoCoreData) -> str:
 
 
 def run_length(data: OlmoCoreData) -> int | None:
-    """The steps OLMo-core's Trainer trains (its trainer.max_duration: steps; tokens, stopping once the tokens
-    seen reach it; epochs, every batch of epochs 1..N); None when the config gives no max_duration."""
-    if data.run.max_duration is None:
-        return None
-    value, unit = data.run.max_duration
+    """The steps OLMo-core's Trainer trains: it stops once trainer.max_duration or trainer.hard_stop is due, whichever
+    comes first (each in steps; tokens, stopping once the tokens seen reach it; epochs, every batch of epochs
+    1..N); None when the config gives neither."""
+    lengths = [
+        _length(data, d, key)
+        for d, key in ((data.run.max_duration, "max_duration"), (data.run.hard_stop, "hard_stop"))
+        if d
+    ]
+    return min(lengths) if lengths else None
+
+
+def _length(data: OlmoCoreData, duration: tuple[int, str], key: str) -> int:
+    value, unit = duration
     if unit == "steps":
         return value
     walk = data.walk
     if unit == "tokens" and not walk.schedule:
         return -(-value // walk.global_batch_size)
-    if unit == "epochs" and not walk.schedule and data.composable is not None:  # each epoch its own size
-        return data.composable.steps_in(value)
     if unit == "epochs" and not walk.schedule:
         return value * walk.batches_per_epoch()
     try:
         return _last_step(walk, value, unit)
     except DataError as e:
-        raise DataError(f"{e}: check trainer.max_duration ({value:,} {unit})") from e
+        raise DataError(f"{e}: check trainer.{key} ({value:,} {unit})") from e
 
 
 def _last_step(walk: StepWalk, value: int, unit: str) -> int:

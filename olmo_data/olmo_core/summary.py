@@ -124,7 +124,8 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
         global_batch_size=per_batch,
         batches_per_epoch=per_epoch,
         dropped_per_epoch=n - per_epoch * per_batch,
-        duration=f"{duration[0]} {duration[1]}" if duration else None,
+        duration=", ".join(f"{name}{d[0]} {d[1]}" for name, d in (("", duration), ("hard_stop ", run.hard_stop)) if d)
+        or None,
         steps=steps,
         epochs=(data.slot(steps).epoch - 1 + (data.slot(steps).batch + 1) / per_epoch) if steps and per_epoch else None,
     )

@@ -108,3 +108,25 @@ def test_stats_counts_as_olmo_core(tmp_path: Path) -> None:
 def test_refusals(tmp_path: Path, args: list[str], message: str) -> None:
     out = run([args[0], core_config(tmp_path), *args[1:]])
     assert out.exit_code == 2 and message in out.output, out.output
+
+
+@pytest.mark.parametrize(
+    ("hard_stop", "steps"),
+    [
+        ({"value": 7, "unit": "steps"}, 7),
+        ({"value": 5 * 8 * L, "unit": "tokens"}, 5),
+        ({"value": 3, "unit": "epochs"}, 10),
+    ],
+)
+def test_the_run_stops_at_hard_stop_or_max_duration_whichever_first(
+    tmp_path: Path, hard_stop: dict[str, Any], steps: int
+) -> None:
+    """OLMo-core's Trainer stops once max_duration (2 epochs: 10 steps) or hard_stop is due: OLMo 3 7B's
+    pretraining stopped at step 597,046 of a 5e12-token max_duration."""
+    config = core_config(tmp_path, hard_stop=hard_stop)
+    stats = json.loads(run(["stats", config, "--json"]).output)
+    assert stats["steps"] == steps and "hard_stop" in stats["duration"]
+    got = json.loads(run(["trace", config, "--tokens", "5,6,7,8", "--json"]).output)
+    assert got["last_step"] == steps
+    out = run(["inspect-batch", config, "--step", str(steps + 1)])
+    assert out.exit_code == 0 and f"the run trains {steps} steps" in out.output
