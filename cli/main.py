@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "contamination": "olmo_cli.contamination:contamination",
     "lineage": "olmo_cli.lineage:lineage",
     "index": "olmo_cli.index:index",
+    "index-documents": "olmo_cli.index_documents:index_documents",
     "stats": "olmo_cli.stats:stats",
     "spikes": "olmo_cli.spikes:spikes",
     "prepare-tulu": "olmo_cli.prepare_tulu:prepare_tulu",

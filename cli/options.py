@@ -164,6 +164,7 @@ STAGES: dict[str, dict[str, str]] = {
     },
     "Index": {
         "index": "Build a suffix-array index of a run's token files (fast trace --spans)",
+        "index-documents": "Write the range-readable document index of token files' metadata (lookups at scale)",
     },
     "Train": {
         "train": "Train a config on one process or N (torchrun), resuming where it stopped",
