@@ -24,6 +24,7 @@ from olmo_data.dataset import RepetitionFilter
 from olmo_data.errors import DataError, shown
 from olmo_data.io import expand_patterns, file_size, read_bytes
 from olmo_data.olmo_core.interleaved import Interleaving, read_interleaving
+from olmo_data.olmo_core.mix_paths import mix_paths
 from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, vsl_settings
 
 if TYPE_CHECKING:
@@ -398,11 +399,8 @@ def _expand(patterns: list[str], where: str, what: str) -> list[str]:
 def _paths(dataset: dict[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     """Token files and label masks in OLMo-core's dataset order: globs expanded (sorted), then shuffled with
     Python's `random.Random(source_permutation_seed)` when that is set, as its `_resolve_paths_metadata` does."""
-    if dataset.get("mix") is not None:
-        raise DataError(
-            f"{where}: dataset.mix is OLMo-core's named data mix {shown(dataset['mix'])}; not covered: list its "
-            "token files in dataset.paths (the run's data_paths.txt beside config.json lists them)"
-        )
+    if dataset.get("mix") is not None:  # its files from the data_paths.txt OLMo-core saved, in dataset order
+        return mix_paths(dataset, where), None
     raw = dataset.get("paths")
     if not isinstance(raw, list) or not raw:
         raise DataError(f"{where}: dataset.paths is missing or empty (and no source_mixture_config)")

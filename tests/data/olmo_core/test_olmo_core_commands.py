@@ -130,3 +130,26 @@ def test_the_run_stops_at_hard_stop_or_max_duration_whichever_first(
     assert got["last_step"] == steps
     out = run(["inspect-batch", config, "--step", str(steps + 1)])
     assert out.exit_code == 0 and f"the run trains {steps} steps" in out.output
+
+
+def test_a_named_mix_reads_the_data_paths_txt_olmo_core_saved(tmp_path: Path) -> None:
+    """OLMo 3's scripts name a data mix; OLMo-core saves its files beside config.json in dataset order, after
+    source_permutation_seed: read as they are (not permuted again), the batches are those of the listed paths."""
+    listed = json.loads(Path(core_config(tmp_path)).read_text())
+    b = tmp_path / "b.npy"
+    (np.arange(24 * L, dtype=np.uint16) % 89 + 2).tofile(b)
+    listed["dataset"]["paths"] = [str(b), str(tmp_path / "a.npy")]  # the permuted order OLMo-core wrote
+    (tmp_path / "listed.json").write_text(json.dumps(listed))
+    saved = tmp_path / "step100"
+    saved.mkdir()
+    mixed = json.loads(json.dumps(listed))
+    del mixed["dataset"]["paths"]
+    mixed["dataset"] |= {"mix": "OLMo-mix-0625-official", "mix_base_dir": "s3://bucket", "source_permutation_seed": 123}
+    (saved / "config.json").write_text(json.dumps(mixed))
+    out = run(["inspect-batch", str(saved / "config.json"), "--step", "3", "--json"])
+    assert out.exit_code == 2 and "data_paths.txt it saves beside config.json" in out.output
+    (saved / "data_paths.txt").write_text("\n".join(listed["dataset"]["paths"]) + "\n")
+    got = json.loads(run(["inspect-batch", str(saved / "config.json"), "--step", "3", "--json"]).output)
+    want = json.loads(run(["inspect-batch", str(tmp_path / "listed.json"), "--step", "3", "--json"]).output)
+    assert got["batch_fingerprint"] == want["batch_fingerprint"] and got["num_instances"] == 64
+    assert [i["path"] for i in got["instances"]] == [i["path"] for i in want["instances"]]

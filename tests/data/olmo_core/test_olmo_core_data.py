@@ -436,7 +436,10 @@ def minimal(dataset_class: str = "NumpyFSLDatasetConfig", **dataset: Any) -> dic
             {**minimal(), "dataset": {**minimal()["dataset"], "_CLASS_": "olmo_core.data.composable.X"}},
             "dataset is olmo_core.data.composable.X; not covered",
         ),
-        (minimal(paths=None, mix="OLMoE-mix-0824"), "named data mix 'OLMoE-mix-0824'; not covered"),
+        (
+            minimal(paths=None, mix="OLMoE-mix-0824"),
+            "named data mix 'OLMoE-mix-0824', whose files",
+        ),
         (minimal(max_target_sequence_length=L + 1), "must be a multiple of sequence_length"),
         (minimal(max_target_sequence_length="4k"), "dataset.max_target_sequence_length is '4k'; expected a whole"),
         (
