@@ -49,7 +49,8 @@ from olmo_train.train.rows import Rows
 
 log = logging.getLogger("olmo_train")
 
-TRAINABLE_KINDS = ("fsl", "padded", "packed", "interleaved")  # OlmoCoreRun.kind values this trainer has a rule for
+# the OlmoCoreRun.kind values this trainer has a rule for (VSL: a row length per step, refused)
+TRAINABLE_KINDS = ("fsl", "padded", "packed", "interleaved", "composable")
 
 
 def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
@@ -66,8 +67,8 @@ def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
     if core.run.kind not in TRAINABLE_KINDS:
         raise ConfigError(
             f"{where}: training here on its dataset ({core.run.kind}) is not covered; the trainer trains on "
-            "OLMo-core's NumpyFSLDataset (and its mixture), NumpyPaddedFSLDataset, NumpyPackedFSLDataset and "
-            "NumpyInterleavedFSLDataset"
+            "OLMo-core's NumpyFSLDataset (and its mixture), NumpyPaddedFSLDataset, NumpyPackedFSLDataset, "
+            "NumpyInterleavedFSLDataset and its composable sources under ComposableDataLoader"
         )
     check_documents(cfg, core)
     instances = core.run.global_batch_size // core.run.sequence_length
@@ -138,6 +139,11 @@ class CoreSources:
 
     def __init__(self, core: OlmoCoreData) -> None:
         self.core = core
+        self.loader = getattr(core.dataset, "loader", None)  # a composable run: its loader's sources are the sources
+        if self.loader is not None:
+            names = [s.label or f"source{k}" for k, s in enumerate(self.loader.sources)]
+            self.labels = [n if names.count(n) == 1 else f"{n}.{k}" for k, n in enumerate(names)]
+            return
         names = [s if s is not None else p for s, p in zip(core.dataset.sources, core.dataset.paths, strict=True)]
         self.labels = list(dict.fromkeys(names))
         by_name = {n: i for i, n in enumerate(self.labels)}
@@ -148,6 +154,8 @@ class CoreSources:
         self.first_files = made.first_files() if made is not None else None
 
     def of(self, indices: np.ndarray) -> np.ndarray:
+        if self.loader is not None:  # the loader source each instance is in (OLMo-core's batch metadata `source`)
+            return np.array([self.loader.locate(int(i))[0] for i in indices], dtype=np.int64)
         if self.first_files is not None:
             files = self.first_files[np.asarray(indices, dtype=np.int64)]
         else:

@@ -51,3 +51,23 @@ def test_trains_on_interleaved_batches(core: Any, tmp_path: Path, monkeypatch: p
         seed=77,
     )
     check_trains_their_batches(core, tmp_path, monkeypatch, dataset)
+
+
+def test_trains_on_composable_batches(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sources concatenated-and-chunked under ComposableDataLoader (its default shuffle): OLMo-core's global
+    batches (its 2 ranks' rows put back in batch order) are what ours trains, each instance under its loader
+    source."""
+    from tests.data.olmo_core import test_olmo_core_composable as comp
+
+    paths = comp.token_files(tmp_path / "tokens", n_files=4)
+    dataset = [
+        comp.chunked([comp.numpy_source(paths[:2])], label="web"),
+        comp.chunked([comp.numpy_source(paths[2:])], label="code"),
+    ]
+    config_json, reference = comp.run(core, tmp_path, dataset, monkeypatch)
+    want = [batch_fingerprint(comp.global_rows(reference, step, "input_ids")) for step in range(1, STEPS + 1)]
+    launch(ours(tmp_path, config_json, max_sequence_length=comp.L), 1)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/batch_fingerprint"] for m in metrics] == want
+    sources = {k.split("/")[2] for m in metrics for k in m if k.startswith("train/source/")}
+    assert sources == {"web", "code"}
