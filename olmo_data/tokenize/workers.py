@@ -8,6 +8,7 @@ import array
 import contextlib
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset import DTYPES
-from olmo_data.display import bar_disabled
+from olmo_data.display import Silent, bar_disabled
 from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
@@ -205,6 +206,13 @@ def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     return result
 
 
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed: no terminal
+        return False
+
+
 def run_tasks(
     todo: list[tuple[int, str, int, str]],
     resolved: ResolvedOptions,
@@ -221,17 +229,15 @@ def run_tasks(
     The bar counts input bytes (compressed, as on disk), which are known before any work starts, so it shows the
     percentage done and an ETA; it stays on screen when the work ends, as the record of what was done.
     """
-    from tqdm import tqdm
+    disable = bar_disabled(show_progress)
+    if disable is None and not _stderr_is_terminal():  # (tqdm's own rule for None)
+        disable = True
+    if disable:  # tqdm's import reads its version through importlib.metadata: ~80 ms of start-up for nothing
+        bar: Any = Silent(None, total_bytes)
+    else:
+        from tqdm import tqdm
 
-    bar = tqdm(
-        desc="tokenize",
-        total=total_bytes,
-        initial=reused_bytes,
-        unit="B",
-        unit_scale=True,
-        disable=bar_disabled(show_progress),
-        leave=True,
-    )
+        bar = tqdm(desc="tokenize", total=total_bytes, initial=reused_bytes, unit="B", unit_scale=True, leave=True)
     docs = tokens = chars = 0
     t0 = time.perf_counter()
     files_done = reused
