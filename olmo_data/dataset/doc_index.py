@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 
 from olmo_data.dataset.doc_index_file import SAMPLE_EVERY, index_path_for, read_metadata, write_index_file
-from olmo_data.dataset.doc_index_ranges import RangeFileIndex, open_indexes, prefetch, rows_with_ids_many
+from olmo_data.dataset.doc_index_ranges import (
+    RangeFileIndex,
+    answers_key,
+    load_answers,
+    open_indexes,
+    prefetch,
+    rows_with_ids_many,
+    save_answers,
+)
 from olmo_data.dataset.manifest import Manifests
 from olmo_data.errors import DataError
 from olmo_data.io import default_cache_dir, file_sizes, is_remote
@@ -182,8 +190,10 @@ class DocIndex:
         would do in turn: size the remote metadata files and their index files (one concurrent round of HEAD
         requests, cached on disk), read the heads of the index files found, build the side indexes of the rest
         (each a download and a parse). Items (token file, metadata, start, end) also read what the lookups of
-        tokens [start, end) need from index files: every file's blocks at once. A batch touches up to hundreds
-        of files; in turn, each would cost network round trips."""
+        tokens [start, end) need from index files: every file's blocks at once, then their ids; the answers of
+        remote ones are kept in `<cache>/docindex/answers/` (by the files' URL, size, ETag and the ranges), so the
+        same batch asked again reads nothing. A batch touches up to hundreds of files; in turn, each would cost
+        network round trips."""
         items = list(files)
         with self._lock:  # (a file without a known metadata path: the one beside it, if any)
             named = {t: m or metadata_path_for(t, self._manifests) for t, m, *_ in items if t not in self._files}
@@ -207,8 +217,14 @@ class DocIndex:
                 found = known if t in self._files else self._ranged.get(m or named.get(t) or "")
                 if span and isinstance(found, RangeFileIndex):
                     wanted.append((found, int(span[0]), int(span[1])))
-        if wanted:
-            prefetch(wanted)
+        remote = [(f, s, e) for f, s, e in wanted if f.remote]
+        if remote:  # a batch looked at before: its answers from the disk cache, no request
+            key = answers_key([(f, self._found.get(f.location, (0, None))[1], s, e) for f, s, e in remote])
+            answers = self.root / "answers" / f"{key}.json"
+            if not load_answers(answers, remote):
+                prefetch(remote)
+                save_answers(answers, remote)
+        prefetch([(f, s, e) for f, s, e in wanted if not f.remote])
 
     def metadata_of(self, token_path: str) -> str | None:
         """A token file's metadata: its manifest's entry, else the `.csv.gz` of the same stem (remote: not probed)."""

@@ -11,16 +11,22 @@ bytes of a remote index file (header, sample, sources: 35 KB for 1.5M documents)
 once written; one rewritten in place gets another size or ETag, so another entry. Every ranged read of the file
 is checked against the size and ETag sized before it (`olmo_data.remote.sizes`), so a file changed since fails
 that read naming it. Each entry is checked by its crc when read; any can be deleted at any time.
+
+The answers cache: `<cache>/docindex/answers/<sha256 of the files' URLs, sizes, ETags and the ranges>.json`, what
+`prefetch` found for one batch's ranges (their rows: start, end, loc, source code, id; ~100 bytes a document), so
+that a batch looked at again (a repeated `inspect-batch`) reads nothing. Deleting it costs one read round again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import mmap
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +55,8 @@ class RangeFileIndex:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._blocks: dict[int, np.ndarray] = {}  # block number: its rows (and the next one)
         self._ids: dict[int, str] = {}  # row: its id
+        self._rows: dict[int, tuple[int, int, int, int]] = {}  # row: (start, end, loc, src code), once looked up
+        self._answers: dict[tuple[int, int], tuple[int, int]] = {}  # (start, end): rows_between's answer
         self._columns: np.ndarray | None = None
         self._blob: np.ndarray | None = None
         self._lock = threading.Lock()
@@ -117,12 +125,23 @@ class RangeFileIndex:
         head, k = self.head, self.head.sample_every
         if head.documents == 0:
             return 0, 0
+        with self._lock:
+            if (start, end) in self._answers:
+                return self._answers[(start, end)]
         ie = int(np.searchsorted(head.sample_ends, start, side="right"))
         ib = int(np.searchsorted(head.sample_starts, end, side="left"))
         self.ensure_blocks(self.blocks_for(start, end))
         first = 0 if ie == 0 else (ie - 1) * k + int(np.searchsorted(self._block(ie - 1)["end"][:k], start, "right"))
         last = 0 if ib == 0 else (ib - 1) * k + int(np.searchsorted(self._block(ib - 1)["start"][:k], end, "left"))
+        with self._lock:
+            self._answers[(start, end)] = (first, last)
         return first, last
+
+    def knows(self, start: int, end: int) -> bool:
+        """Whether the documents of tokens [start, end) are known without reading (looked up before)."""
+        with self._lock:
+            answer = self._answers.get((start, end))
+            return answer is not None and all(r in self._rows and r in self._ids for r in range(*answer))
 
     def first_row_past(self, num_tokens: int) -> tuple[int, int] | None:
         """(row, its end) of the first row ending past token `num_tokens`, None if none does."""
@@ -159,15 +178,38 @@ class RangeFileIndex:
         """(id, src, loc, start, end) of rows [first, last)."""
         if first >= last:
             return []
-        if (span := self.id_span(first, last)) is not None:
-            self.keep_ids(first, last, self.read([span])[0])
+        with self._lock:
+            known = all(r in self._rows and r in self._ids for r in range(first, last))
+        if not known:
+            if (span := self.id_span(first, last)) is not None:
+                self.keep_ids(first, last, self.read([span])[0])
+            rows = {r: self.row(r) for r in range(first, last)}
+            with self._lock:
+                self._rows.update(
+                    {r: (int(w["start"]), int(w["end"]), int(w["loc"]), int(w["src"])) for r, w in rows.items()}
+                )
         out = []
-        for r in range(first, last):
-            row = self.row(r)
-            out.append(
-                (self._ids[r], self.sources[int(row["src"])], int(row["loc"]), int(row["start"]), int(row["end"]))
-            )
+        with self._lock:
+            for r in range(first, last):
+                start, end, loc, src = self._rows[r]
+                out.append((self._ids[r], self.sources[src], loc, start, end))
         return out
+
+    def remembered(self, ranges: Sequence[tuple[int, int]]) -> dict[str, Any]:
+        """What lookups of these ranges found (for the answers cache): each range's rows, and those rows."""
+        with self._lock:
+            answers = [[s, e, *self._answers[(s, e)]] for s, e in ranges if (s, e) in self._answers]
+            rows = sorted({r for _, _, a, b in answers for r in range(a, b)})
+            return {"ranges": answers, "rows": [[r, *self._rows[r], self._ids[r]] for r in rows]}
+
+    def remember(self, found: dict[str, Any]) -> None:
+        """Take what `remembered` gave (from the answers cache): those lookups then read nothing."""
+        with self._lock:
+            for s, e, a, b in found["ranges"]:
+                self._answers[(int(s), int(e))] = (int(a), int(b))
+            for r, start, end, loc, src, doc_id in found["rows"]:
+                self._rows[int(r)] = (int(start), int(end), int(loc), int(src))
+                self._ids[int(r)] = str(doc_id)
 
     def doc(self, k: int) -> tuple[str, str, int, int, int]:
         return self.docs(k, k + 1)[0]
@@ -257,6 +299,7 @@ def fetch_blocks(wanted: Sequence[tuple[RangeFileIndex, int]]) -> None:
 def prefetch(wanted: Sequence[tuple[RangeFileIndex, int, int]]) -> None:
     """Read what the lookups of these (index, start, end) need, every file's at once: the blocks of rows (one
     concurrent round), then their ids (another). Lookups then read nothing."""
+    wanted = [(f, s, e) for f, s, e in wanted if not f.knows(s, e)]
     fetch_blocks([(f, b) for f, s, e in wanted for b in f.blocks_for(s, e)])
     spans = []
     for f, s, e in wanted:
@@ -265,6 +308,38 @@ def prefetch(wanted: Sequence[tuple[RangeFileIndex, int, int]]) -> None:
             spans.append((f, first, last, span))
     for (f, first, last, _), raw in zip(spans, read_many([(f, *span) for f, _, _, span in spans]), strict=True):
         f.keep_ids(first, last, raw)
+    for f, s, e in wanted:
+        f.docs(*f.rows_between(s, e))  # (kept: what the answers cache stores)
+
+
+def answers_key(wanted: Sequence[tuple[RangeFileIndex, str | None, int, int]]) -> str:
+    """The answers cache's name for a batch of lookups: its files (location, size, ETag) and ranges."""
+    h = hashlib.sha256()
+    for f, etag, s, e in wanted:
+        h.update(f"{f.location}\n{f.head.file_size}\n{etag or ''}\n{s}\n{e}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def load_answers(path: Path, wanted: Sequence[tuple[RangeFileIndex, int, int]]) -> bool:
+    """Take a batch's answers from the cache file `path` (False: none there, or unreadable)."""
+    try:
+        found = json.loads(path.read_text())
+        by_location = {f.location: f for f, _, _ in wanted}
+        for location, answers in found["files"].items():
+            by_location[location].remember(answers)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return True
+
+
+def save_answers(path: Path, wanted: Sequence[tuple[RangeFileIndex, int, int]]) -> None:
+    """Keep a batch's answers (its ranges' rows, ids and sources codes: ~100 bytes a document) for a later call."""
+    ranges: dict[str, tuple[RangeFileIndex, list[tuple[int, int]]]] = {}
+    for f, s, e in wanted:
+        ranges.setdefault(f.location, (f, []))[1].append((s, e))
+    data = {"files": {location: f.remembered(r) for location, (f, r) in ranges.items()}}
+    with contextlib.suppress(OSError), atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, separators=(",", ":")))
 
 
 def rows_with_ids_many(files: Sequence[RangeFileIndex], ids: Sequence[str]) -> list[list[int]]:

@@ -148,11 +148,19 @@ def test_over_http_a_batch_reads_a_few_ranges_of_each_file_and_never_the_metadat
         assert docs.built == 0
 
         monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader(RemoteOptions.from_env()))
-        again = DocIndex(str(tmp_path / "cache"))  # a later command: heads from the disk cache
+        again = DocIndex(str(tmp_path / "cache"))  # a later command, the same batch: its answers from the cache
         again.prepare([(urls[s], None, a, b) for s, a, b in asks])
         assert [again.lookup(urls[s], a, b) for s, a, b in asks] == expected
         assert server.heads == 2 * len(corpus)  # (sizes: this process's memo; another's: the disk cache)
-        assert 0 < server.requests - first <= first - server.heads - len(corpus)  # no head read again
+        assert server.requests - first == 1  # the folder's manifest.json (404), nothing of the index files
+
+        monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader(RemoteOptions.from_env()))
+        other = [(s, a + 1, b + 3) for s, a, b in asks]  # another batch: heads from the disk cache, blocks and ids
+        before = server.requests
+        third = DocIndex(str(tmp_path / "cache"))
+        third.prepare([(urls[s], None, a, b) for s, a, b in other])
+        assert [third.lookup(urls[s], a, b) for s, a, b in other] == [scanned(corpus[s], a, b) for s, a, b in other]
+        assert 0 < server.requests - before <= 1 + 2 * (len(corpus) - 1)  # 2 per file with documents, at most
 
         monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader(RemoteOptions.from_env()))
         one = DocIndex(str(tmp_path / "cache"))  # an unprepared lookup: its blocks (one request), its ids (one)
