@@ -128,7 +128,7 @@ def main() -> None:
         os.environ["OLMO_DATA_SIZE_CACHE"] = "1"
         www, made = Path(work) / "www", Path(work) / "made"
         made.mkdir()
-        variants = {}
+        variants: dict[str, tuple[int, int, float, int, Any]] = {}
         for name, n in (("small", args.docs), ("big", args.big_docs)):
             if name == "big" and not args.big_files:
                 continue
@@ -141,7 +141,8 @@ def main() -> None:
             (www / folder).mkdir(parents=True)
         big = set(random.Random(0).sample(range(args.files), args.big_files))
         rng = random.Random(1)
-        items, bare = [], []
+        items: list[tuple[str, int]] = []
+        bare: list[tuple[str, int]] = []
         for i in range(args.files):
             name = "big" if i in big else "small"
             stem = f"part-{i:05d}"
