@@ -8,7 +8,9 @@ documents each (`--big-files` of them with `--big-docs`, OLMo 3's 1.5M), made on
 (the server does not know, the client cannot tell: each URL is its own file, sized, cached and read on its own).
 A repeated call is a later command: a new `DocIndex`, a new remote reader and an empty sizes memo, the disk caches
 (file sizes, index heads, a batch's answers) kept; "another batch" is one too, for the next 8,192 tokens of each
-file (its answers not cached: a block of rows and the ids of each file read). "A document by id" is what `trace
+file (its answers not cached: a block of rows and the ids of each file read), and once more with `prepare` given
+the files only (lookups one after another, each reading its own block and ids; over `--unprepared-files`,
+scaled). "A document by id" is what `trace
 --document` needs: the files holding one id (one of a big file's middle rows), looked for in every file's sorted
 hashes. The fallback is timed over `--fallback-files` files and scaled to N (linear: one download and one parse
 per file; only files of `--docs` documents, so a lower bound where `--big-files` are larger); its answers are
@@ -76,13 +78,16 @@ def fresh_process() -> None:
     clear_memo()
 
 
-def call(server: FlakyServer, cache: str, items: list[tuple[str, None, int, int]]) -> dict[str, Any]:
-    """One batch's document lookups: `prepare` with every file's range, then the lookups."""
+def call(
+    server: FlakyServer, cache: str, items: list[tuple[str, None, int, int]], ranged: bool = True
+) -> dict[str, Any]:
+    """One batch's document lookups: `prepare` with every file's range (or files only: each lookup then reads its
+    own block and ids, in turn), then the lookups."""
     fresh_process()
     requests, heads, sent = server.requests, server.heads, server.bytes_sent
     began = time.perf_counter()
     docs = DocIndex(cache)
-    docs.prepare(items)
+    docs.prepare(items if ranged else [(u, m) for u, m, _, _ in items])
     answers = [docs.lookup(u, a, b) for u, _, a, b in items]
     return {
         "s": time.perf_counter() - began,
@@ -122,6 +127,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--fallback-files", type=int, default=20)
     parser.add_argument("--sample-every", type=int, default=1024)
+    parser.add_argument("--unprepared-files", type=int, default=50)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         os.environ["OLMO_DATA_CACHE"] = str(Path(work) / "cache")
@@ -159,6 +165,8 @@ def main() -> None:
             first = call(server, cache, batch)
             again = call(server, cache, batch)
             other = call(server, cache, [(u, None, a + INSTANCE, b + INSTANCE) for u, _, a, b in batch])
+            shifted = [(u, None, a + 2 * INSTANCE, b + 2 * INSTANCE) for u, _, a, b in batch]
+            unprepared = call(server, cache, shifted[: args.unprepared_files], ranged=False)
             big_index = RangeFileIndex(variants["big"][4], str(made / "big.docs.idx"))
             wanted = big_index.doc(variants["big"][0] // 2)[0]
             by_id = find_id(server, cache, [u for u, _, _, _ in batch], wanted)
@@ -185,6 +193,11 @@ def main() -> None:
             ("index file, first call (empty caches)", first, 1.0),
             ("index file, repeated call (a later command, the same batch)", again, 1.0),
             ("index file, another batch (a later command: heads and sizes cached)", other, 1.0),
+            (
+                f"index file, another batch, prepared without ranges (scaled from {args.unprepared_files})",
+                unprepared,
+                args.files / max(1, args.unprepared_files),
+            ),
             (f"index file, a document by id (found in {by_id['found']} files)", by_id, 1.0),
             (f"fallback, first call (scaled from {len(subset)} small files)", fallback, scale),
             (f"fallback, repeated call (scaled from {len(subset)} small files)", fallback_again, scale),
