@@ -223,3 +223,28 @@ def test_overlapping_documents_are_refused_naming_the_row(tmp_path: Path) -> Non
     with pytest.raises(DataError, match=r"m\.csv\.gz: row 2 ends at token 5, before row 1's end 10"):
         write_index_file(meta, tmp_path / "m.docs.idx")
     assert not list(tmp_path.glob("*.docs.idx")) and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_tokenize_output_indexed_gives_the_documents_the_built_index_gives(
+    tmp_path: Path, demo_token_parts: list[str]
+) -> None:
+    """On real `olmo-data tokenize` output (ids FILE:LINE, one source per shard), copied so the shared parts keep
+    no index file: every part's documents at random ranges, both ways."""
+    rng = random.Random(3)
+    for k, part in enumerate(demo_token_parts[:4]):
+        meta = Path(part[: -len(".npy")] + ".csv.gz")
+        copy = tmp_path / "tok" / meta.name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_bytes(meta.read_bytes())
+        write_index_file(str(copy), index_path_for(str(copy)), sample_every=16)
+        ranged, built = DocIndex(str(tmp_path / f"r{k}")), DocIndex(str(tmp_path / f"b{k}"))
+        tokens = Path(part).stat().st_size // 4  # (at most: uint16 or uint32 ids)
+        asks = [(a, a + rng.choice([16, 128, 1024])) for a in (rng.randrange(0, tokens) for _ in range(30))]
+        ranged.prepare([(str(copy.with_suffix("").with_suffix(".npy")), str(copy), a, b) for a, b in asks])
+        found = 0
+        for a, b in asks:
+            want = built.lookup(part, a, b, str(meta))
+            assert ranged.lookup(str(copy.with_suffix("").with_suffix(".npy")), a, b, str(copy)) == want
+            found += len(want or [])
+        assert found >= len(asks)  # (every range within the file holds a document)
+        assert isinstance(ranged.index_for(str(copy.with_suffix("").with_suffix(".npy"))), RangeFileIndex)
