@@ -187,13 +187,13 @@ class DocIndex:
 
     def prepare(self, files: Iterable[tuple[Any, ...]]) -> None:
         """Get ready to look up these (token file, metadata) pairs, doing at once what one lookup after another
-        would do in turn: size the remote metadata files and their index files (one concurrent round of HEAD
-        requests, cached on disk), read the heads of the index files found, build the side indexes of the rest
-        (each a download and a parse). Items (token file, metadata, start, end) also read what the lookups of
-        tokens [start, end) need from index files: every file's blocks at once, then their ids; the answers of
-        remote ones are kept in `<cache>/docindex/answers/` (by the files' URL, size, ETag and the ranges), so the
-        same batch asked again reads nothing. A batch touches up to hundreds of files; in turn, each would cost
-        network round trips."""
+        would do in turn: size the remote metadata files, then the index files beside those there (a concurrent
+        round of HEAD requests each, cached on disk), read the heads of the index files found, build the side
+        indexes of the rest (each a download and a parse). Items (token file, metadata, start, end) also read
+        what the lookups of tokens [start, end) need from index files: every file's blocks at once, then their
+        ids; the answers of remote ones are kept in `<cache>/docindex/answers/` (by the files' URL, size, ETag
+        and the ranges), so the same batch asked again reads nothing. A batch touches up to hundreds of files; in
+        turn, each would cost network round trips."""
         items = list(files)
         with self._lock:  # (a file without a known metadata path: the one beside it, if any)
             named = {t: m or metadata_path_for(t, self._manifests) for t, m, *_ in items if t not in self._files}
