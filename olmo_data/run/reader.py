@@ -177,8 +177,16 @@ class RunData(ABC):
         """The documents an instance overlaps (None: its token file has no metadata)."""
 
     def prepare_documents(self, placed: Sequence[Placed], docs: DocIndex) -> None:
-        """Fetch the document metadata of these instances at once (remote files concurrently)."""
-        docs.prepare((p.path, p.metadata_path) for p in placed if not p.pieces)
+        """Fetch what the document lookups of these instances need, for all of them at once (remote files
+        concurrently): each file's metadata or index head, then, from range-readable index files, every lookup's
+        block of rows and ids in one round."""
+        items: list[tuple[str, str | None, int, int]] = []
+        for p in placed:
+            if p.pieces:
+                items += [(path, None, start, end) for path, start, end in p.pieces]
+            else:
+                items.append((p.path, p.metadata_path, p.start, p.start + p.length))
+        docs.prepare(items)
 
     @abstractmethod
     def instance_filter(self, instances: np.ndarray, tokens: np.ndarray, *, why: bool = False) -> Filtered | None:
