@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,15 +111,15 @@ def find_documents(
     wanted = {i.encode("utf-8") for i in ids}
     found: set[bytes] = set()
     out: list[Target] = []
-    for k, f in enumerate(source.files):  # a file a mix lists in two sources is two places to look
-        index = docs.index_for(f.path, f.metadata_path, f.num_tokens)
-        if index is None:
-            continue
-        rows: list[int] = []
-        if wanted:
-            blob = index.ids.tobytes() if len(index.ids) else b""
-            for wanted_id in wanted:
-                rows.extend(_rows_with_id(blob, index.id_offsets, wanted_id))
+    docs.prepare((f.path, f.metadata_path) for f in source.files)  # every file's metadata or index head at once
+    indexes = [docs.index_for(f.path, f.metadata_path, f.num_tokens) for f in source.files]
+    present = [k for k, index in enumerate(indexes) if index is not None]
+    chosen = [index for index in indexes if index is not None]
+    by_id = docs.rows_with_ids(chosen, list(ids)) if wanted else [[] for _ in present]  # each index's rows of the ids
+    for k, id_rows in zip(present, by_id, strict=True):  # a file a mix lists in two sources is two places to look
+        index = indexes[k]
+        assert index is not None
+        rows: list[int] = list(id_rows)
         if source_glob is not None:
             codes = [c for c, s in enumerate(index.sources) if fnmatch.fnmatch(s, source_glob)]
             if codes:
@@ -137,17 +137,6 @@ def find_documents(
     if source_glob is not None and not out:
         raise DataError(f"no document of the run's token files comes from a source file matching {source_glob!r}")
     return out
-
-
-def _rows_with_id(blob: bytes, offsets: np.ndarray, doc_id: bytes) -> Iterator[int]:
-    """Rows whose id is exactly `doc_id`: substring matches that start and end on id boundaries."""
-    ends = np.append(offsets[1:], len(blob))
-    at = blob.find(doc_id)
-    while at >= 0:
-        row = int(np.searchsorted(offsets, at, side="right")) - 1
-        if int(offsets[row]) == at and int(ends[row]) == at + len(doc_id):
-            yield row
-        at = blob.find(doc_id, at + 1)
 
 
 def find_tokens(
