@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from olmo_data.dataset import LABEL_MASK_DTYPE, read_arrays
 from olmo_data.errors import DataError, shown
+from olmo_data.olmo_core.cache_files import keep_or_write
 
 if TYPE_CHECKING:
     from olmo_data.dataset import RepetitionFilter
@@ -362,23 +363,9 @@ def write_interleaving(inter: InterleavedInstances, folder: str) -> list[str]:
     lines = []
     for path, array, what in dict((f[0], f) for f in files).values():
         data = np.asarray(array).astype(INDEX_DTYPE).tobytes()
-        if os.path.lexists(path):
-            same = os.path.isfile(path) and os.path.getsize(path) == len(data)
-            if same:
-                with open(path, "rb") as existing:
-                    same = existing.read() == data
-            if not same:
-                raise DataError(
-                    f"{path}: not the {what} OLMo-core writes for this dataset; remove it, or check the run"
-                )
+        if keep_or_write(path, data, f"not the {what} OLMo-core writes for this dataset; remove it, or check the run"):
+            entries = len(data) // INDEX_DTYPE.itemsize
+            lines.append(f"interleaved: wrote {path} ({entries:,} entries): OLMo-core's name and bytes")
+        else:
             lines.append(f"interleaved: {path} is there, identical to OLMo-core's (kept)")
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        lines.append(
-            f"interleaved: wrote {path} ({len(data) // INDEX_DTYPE.itemsize:,} entries): OLMo-core's name and bytes"
-        )
     return lines

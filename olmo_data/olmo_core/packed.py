@@ -38,6 +38,7 @@ import numpy.typing as npt
 from olmo_data.dataset import LABEL_MASK_DTYPE, DocIndex, DocumentSpan, read_arrays
 from olmo_data.errors import DataError
 from olmo_data.io import open_file, read_bytes
+from olmo_data.olmo_core.cache_files import keep_or_write
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 
 SCAN_TOKENS = 1 << 24  # tokens per read when finding document boundaries (bounded memory)
@@ -431,21 +432,11 @@ def write_packing(run: OlmoCoreRun, packed: PackedInstances, folder: str, itemsi
         for name, array in zip(CACHE_NAMES, arrays, strict=True):
             path = os.path.join(folder, "dataset-common", os.path.basename(cache_path(run, name, group.paths, sizes)))
             data = array.astype(INDEX_DTYPE).tobytes()
-            if os.path.lexists(path):
-                if not os.path.isfile(path) or os.path.getsize(path) != len(data):
-                    raise DataError(f"{path}: not OLMo-core's {name} for {', '.join(group.paths)}; remove it")
-                with open(path, "rb") as f:
-                    if f.read() != data:
-                        raise DataError(
-                            f"{path}: not the {name} OLMo-core packs for {', '.join(group.paths)}; remove it, or "
-                            "check the run's dataset"
-                        )
+            refusal = (
+                f"not the {name} OLMo-core packs for {', '.join(group.paths)}; remove it, or check the run's dataset"
+            )
+            if keep_or_write(path, data, refusal):
+                lines.append(f"packing: wrote {path} ({len(array):,} entries): OLMo-core's name and bytes")
+            else:
                 lines.append(f"packing: {path} is there, identical to OLMo-core's (kept)")
-                continue
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            lines.append(f"packing: wrote {path} ({len(array):,} entries): OLMo-core's name and bytes")
     return lines

@@ -25,6 +25,7 @@ import numpy as np
 
 from olmo_data.dataset import DatasetStats
 from olmo_data.errors import DataError
+from olmo_data.olmo_core.cache_files import keep_or_write
 from olmo_data.olmo_core.config import OlmoCoreRun
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 from olmo_data.olmo_core.vsl import INDEX_DTYPE, VSLInstances, dataset_files
@@ -297,19 +298,8 @@ def write_vsl_files(walk: VSLWalk, epochs: range, destination: str | None) -> li
     """Write `vsl_files` (for `build-order`); one already there is kept only when identical, byte for byte."""
     lines = []
     for path, data, what in vsl_files(walk, epochs, destination):
-        if os.path.lexists(path):
-            same = os.path.isfile(path) and os.path.getsize(path) == len(data)
-            if same:
-                with open(path, "rb") as f:
-                    same = f.read() == data
-            if not same:
-                raise DataError(f"{path}: not the {what} OLMo-core writes for this run; remove it, or check the run")
+        if keep_or_write(path, data, f"not the {what} OLMo-core writes for this run; remove it, or check the run"):
+            lines.append(f"vsl: wrote {path} ({what}): OLMo-core's name and bytes")
+        else:
             lines.append(f"vsl: {path} is there, identical to OLMo-core's (kept)")
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        lines.append(f"vsl: wrote {path} ({what}): OLMo-core's name and bytes")
     return lines
