@@ -29,7 +29,6 @@ from it, `dataset` gives it each file's documents.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,7 @@ import numpy.typing as npt
 
 from olmo_data.dataset import LABEL_MASK_DTYPE, read_arrays
 from olmo_data.errors import DataError, shown
-from olmo_data.olmo_core.cache_files import keep_or_write
+from olmo_data.olmo_core.cache_files import keep_or_write, numpy_dataset_fingerprint
 
 if TYPE_CHECKING:
     from olmo_data.dataset import RepetitionFilter
@@ -105,12 +104,7 @@ def dataset_fingerprint(run: OlmoCoreRun, paths: list[str], size_bytes: list[int
         ("bos_token_id", run.bos_token_id),
         ("sequence_length", run.sequence_length),
     )
-    digest = hashlib.sha256(b"class=NumpyInterleavedFSLDataset")
-    for name, value in fields:
-        digest.update(f"{name}={value},".encode())
-    for path, size in zip(paths, size_bytes, strict=True):
-        digest.update(f"path={os.path.basename(path)},size={size},".encode())
-    return digest.hexdigest()
+    return numpy_dataset_fingerprint("NumpyInterleavedFSLDataset", fields, paths, size_bytes)
 
 
 class InterleavedInstances:

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from olmo_data.dataset import read_arrays
 from olmo_data.errors import DataError
 from olmo_data.io import open_file
+from olmo_data.olmo_core.cache_files import numpy_dataset_fingerprint
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
 from olmo_data.olmo_core.packed import document_bounds, metadata_of
 from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, bucket_lengths
@@ -112,12 +113,7 @@ def vsl_fingerprint(run: OlmoCoreRun, paths: list[str], size_bytes: list[int]) -
         ("max_sequence_length", run.sequence_length),
         ("curriculum", curriculum.class_repr),
     ]
-    digest = hashlib.sha256(b"class=NumpyVSLDataset")
-    for name, value in values:
-        digest.update(f"{name}={value},".encode())
-    for path, size in zip(paths, size_bytes, strict=True):
-        digest.update(f"path={os.path.basename(path)},size={size},".encode())
-    return digest.hexdigest()
+    return numpy_dataset_fingerprint("NumpyVSLDataset", values, paths, size_bytes)
 
 
 @dataclass
