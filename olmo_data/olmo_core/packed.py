@@ -122,9 +122,12 @@ def document_bounds(run: OlmoCoreRun, path: str, n_tokens: int) -> np.ndarray:
     return np.stack([np.concatenate([[0], end[:-1]]), end], axis=1).astype(np.int64)
 
 
-def metadata_bounds(path: str, n_tokens: int) -> np.ndarray:
+def metadata_bounds(path: str, n_tokens: int, *, packing: bool = True) -> np.ndarray:
     """(n, 2) documents of a token file from its .csv.gz rows (start, end, ...), each checked to lie within the
-    file as OLMo-core checks it."""
+    file as OLMo-core checks it. For packing (and composable sources) a row that ends before it starts, or an
+    empty one, is refused too: OLMo-core's packer fails on it. The VSL dataset (`packing=False`) takes both, as
+    OLMo-core's does: it cuts such a row into no pieces."""
+    verb = "packs" if packing else "reads"
     meta = metadata_of(path)
     rows: list[tuple[int, int]] = []
     try:
@@ -135,19 +138,19 @@ def metadata_bounds(path: str, n_tokens: int) -> np.ndarray:
                     start, end = int(fields[0]), int(fields[1])
                 except (ValueError, IndexError) as e:
                     raise DataError(f"{meta}: row {number} is not start,end,... token offsets") from e
-                if start >= n_tokens or end > n_tokens or end < start:
+                if start >= n_tokens or end > n_tokens or (packing and end < start):
                     raise DataError(
                         f"{meta}: row {number} is tokens [{start:,}, {end:,}), outside its token file {path} "
                         f"({n_tokens:,} tokens); the metadata does not belong to these tokens"
                     )
-                if end == start:  # OLMo-core's packer fails on one (or puts it where this one would not)
+                if packing and end == start:  # OLMo-core's packer fails on one (or puts it where this one would not)
                     raise DataError(
                         f"{meta}: row {number} is an empty document (tokens [{start:,}, {end:,})); "
                         "OLMo-core's packer cannot place one: remove the row"
                     )
                 rows.append((start, end))
     except (OSError, EOFError) as e:
-        raise DataError(f"{meta}: OLMo-core packs {path}'s documents from this metadata file ({e})") from e
+        raise DataError(f"{meta}: OLMo-core {verb} {path}'s documents from this metadata file ({e})") from e
     return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 

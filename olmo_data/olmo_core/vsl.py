@@ -31,10 +31,9 @@ import numpy.typing as npt
 
 from olmo_data.dataset import read_arrays
 from olmo_data.errors import DataError
-from olmo_data.io import open_file
 from olmo_data.olmo_core.cache_files import numpy_dataset_fingerprint
 from olmo_data.olmo_core.config import NUMPY_DTYPES, OlmoCoreRun, local_path
-from olmo_data.olmo_core.packed import document_bounds, metadata_of
+from olmo_data.olmo_core.packed import document_bounds, metadata_bounds
 from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, bucket_lengths
 
 INDEX_DTYPE = np.dtype("<u4")  # OLMo-core's indices_dtype for VSL
@@ -68,29 +67,6 @@ def bucket_pieces(docs: np.ndarray, min_length: int, max_length: int) -> np.ndar
     a, s = np.concatenate(begin), np.concatenate(size)
     order = np.argsort(a, kind="stable")  # pieces of one file never share a start: this is OLMo-core's order
     return np.stack([a[order], a[order] + s[order]], axis=1)
-
-
-def metadata_documents(path: str, n_tokens: int) -> np.ndarray:
-    """(n, 2) documents of a remote token file from its .csv.gz, bounds checked as OLMo-core checks them."""
-    meta = metadata_of(path)
-    rows: list[tuple[int, int]] = []
-    try:
-        with open_file(meta, "rt") as f:
-            for number, line in enumerate(f, start=1):
-                fields = line.split(",")
-                try:
-                    start, end = int(fields[0]), int(fields[1])
-                except (ValueError, IndexError) as e:
-                    raise DataError(f"{meta}: row {number} is not start,end,... token offsets") from e
-                if start >= n_tokens or end > n_tokens:
-                    raise DataError(
-                        f"{meta}: row {number} is tokens [{start:,}, {end:,}), outside its token file {path} "
-                        f"({n_tokens:,} tokens); the metadata does not belong to these tokens"
-                    )
-                rows.append((start, end))
-    except (OSError, EOFError) as e:
-        raise DataError(f"{meta}: OLMo-core reads {path}'s documents from this metadata file ({e})") from e
-    return np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 
 def doc_indices_path(run: OlmoCoreRun, path: str, size_bytes: int) -> str:
@@ -199,7 +175,7 @@ def open_vsl(run: OlmoCoreRun, paths: list[str], tokens: list[int], itemsize: in
             spans.append(_read_pieces(stored, path, n, lo, hi))
             read += 1
             continue
-        docs = document_bounds(run, path, n) if local_path(path) else metadata_documents(path, n)
+        docs = document_bounds(run, path, n) if local_path(path) else metadata_bounds(path, n, packing=False)
         pieces = bucket_pieces(docs, lo, hi)
         if not len(pieces):
             raise DataError(
