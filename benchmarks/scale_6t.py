@@ -9,7 +9,8 @@ wait4), and, for inspect-batch, whether the answer equals the store's own comput
 read straight from the store's order file, or built by numpy for the rebuilt case; each instance's file, offset
 and tokens from the generator).
 
-Commands: `inspect-batch --step S --order URL --json` (the order copied to the store's orders/ folder),
+Commands: `inspect-batch --step S --order URL --json` (the order copied to the store's orders/ folder; `inspect-text`:
+the same without --json, as a user reads it, unchecked),
 the same with `--order` naming a folder without it (so the order is rebuilt), `stats --no-lengths --json`, `stats
 --json` (document lengths: every file's metadata), `trace --document ID --json` (a document in the middle of a late
 file), `build-order --destination DIR`. Each has a time limit (`--limit`); a command past it is reported as such.
@@ -47,19 +48,20 @@ def run_command(args: list[str], env: dict[str, str], limit: float, out: Path) -
     began = time.perf_counter()
     with open(out, "wb") as stdout, open(f"{out}.err", "wb") as stderr:
         child = subprocess.Popen([OLMO_DATA, *args], stdout=stdout, stderr=stderr, env=env)
-        status, usage = None, None
+        status: int | None = None
+        timed_out, usage = False, None
         while status is None:
             pid, code, rusage = os.wait4(child.pid, os.WNOHANG)
             if pid:
                 status, usage = code, rusage
             elif time.perf_counter() - began > limit:
                 child.kill()
-                _, code, usage = os.wait4(child.pid, 0)
-                status = "timeout"
+                _, status, usage = os.wait4(child.pid, 0)
+                timed_out = True
             else:
                 time.sleep(0.05)
     child.returncode = 0  # reaped by wait4
-    rc = status if status == "timeout" else os.waitstatus_to_exitcode(status)  # type: ignore[arg-type]
+    rc: int | str = "timeout" if timed_out else os.waitstatus_to_exitcode(status)
     return {
         "seconds": time.perf_counter() - began,
         "rc": rc,
@@ -128,14 +130,8 @@ def main() -> None:
         flush=True,
     )
     server_cmd = [sys.executable, "-m", "tests.sim_store", "--scale", "olmo3", "--files", str(spec.files)]
-    server_cmd += [
-        "--tokens",
-        str(spec.total_tokens),
-        "--latency",
-        str(args.latency),
-        "--order-cache",
-        args.order_cache,
-    ]
+    server_cmd += ["--tokens", str(spec.total_tokens), "--latency", str(args.latency)]
+    server_cmd += ["--order-cache", args.order_cache, *(["--no-metadata"] if args.no_metadata else [])]
     began = time.perf_counter()
     server = subprocess.Popen(server_cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -149,6 +145,7 @@ def main() -> None:
             config.write_text(json.dumps(sim.olmo_core_config(spec, urls)))
             commands = {
                 "inspect": ["inspect-batch", str(config), "--step", str(step), "--order", f"{base}/orders", "--json"],
+                "inspect-text": ["inspect-batch", str(config), "--step", str(step), "--order", f"{base}/orders"],
                 "inspect-rebuild": ["inspect-batch", str(config), "--step", str(step), "--order", f"{base}/none"]
                 + ["--json"],
                 "stats": ["stats", str(config), "--no-lengths", "--json"],
@@ -169,7 +166,7 @@ def main() -> None:
                     result = run_command(commands[name], env, args.limit, out)
                     after = sim.fetch_stats(url)
                     answer = "timed out" if result["rc"] == "timeout" else f"exit {result['rc']}"
-                    if result["rc"] == 0 and name.startswith("inspect"):
+                    if result["rc"] == 0 and "--json" in commands[name] and name.startswith("inspect"):
                         answer = check_inspect(spec, urls, out, want)
                     elif result["rc"] == 0:
                         answer = "ok"

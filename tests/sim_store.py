@@ -41,7 +41,6 @@ import json
 import math
 import os
 import re
-import socket
 import struct
 import sys
 import threading
@@ -685,12 +684,6 @@ def fetch_stats(url: str) -> dict[str, Any]:
 
     with urllib.request.urlopen(f"{url}/_stats", timeout=30) as r:
         return dict(json.loads(r.read()))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
