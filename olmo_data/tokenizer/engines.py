@@ -15,7 +15,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any, Literal
 
-from olmo_data.tokenizer.tiktoken_plan import Plan, unpaired
+from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, GPT2_PATTERN, Plan, unpaired
 
 Engine = Literal["riptoken", "tiktoken"]
 # the order `auto` tries them in: the fastest first
@@ -49,7 +49,11 @@ def build_piece_encoder(engine: Engine, name: str, plan: Plan) -> Callable[[str]
         import riptoken
 
         core = riptoken.CoreBPE(plan.ranks, {}, plan.pat_str)
-        return _RiptokenPieces(core.encode_ordinary, functools.partial(build_piece_encoder, "tiktoken", name, plan))
+        exact = functools.partial(build_piece_encoder, "tiktoken", name, plan)
+        # GPT-NeoX's paired regex is GPT-2's with the pairs in front (`pair_space_runs` pairs no other); its guard
+        # looks at the text before pairing, where GPT-2's pieces are
+        one_class = plan.pat_str in ONE_CLASS_PATTERNS or plan.space_pairs
+        return _RiptokenPieces(core.encode_ordinary, exact, one_class)
     import tiktoken
 
     specials = {**plan.raw_tokens, **plan.normalized_tokens}
@@ -64,19 +68,29 @@ def build_piece_encoder(engine: Engine, name: str, plan: Plan) -> Callable[[str]
 class _RiptokenPieces:
     """riptoken's `encode_ordinary` where it is exact: texts that may hold a piece of 500 bytes or more go to
     tiktoken (made on first need), since riptoken 0.2 encodes such pieces with another merge algorithm whose ids
-    differ from rank-ordered BPE's (from exactly 500 bytes on, on every vocabulary tried). Rare in prose and code (a
-    run of 248 characters without whitespace, or of whitespace: a base64 blob, a minified line)."""
+    differ from rank-ordered BPE's (from exactly 500 bytes on, on every vocabulary tried). Texts with a run of 248
+    bytes without whitespace, or of whitespace, are looked at; for GPT-2's, cl100k's and GPT-NeoX's regexes
+    (`ONE_CLASS_PATTERNS`) only those with a run of one class of 496 bytes go (a line of 500 "=", not a URL, a base64
+    blob or a minified line, which split into short pieces): so the fallback is rarely even made."""
 
-    def __init__(self, encode: Callable[[str], list[int]], exact: Callable[[], Callable[[str], list[int]]]) -> None:
+    def __init__(
+        self, encode: Callable[[str], list[int]], exact: Callable[[], Callable[[str], list[int]]], one_class: bool
+    ) -> None:
         self._encode = encode
         self._make_exact = exact
         self._exact: Callable[[str], list[int]] | None = None
+        self._one_class = one_class  # the regex is one of ONE_CLASS_PATTERNS: the finer look applies
 
     def __call__(self, text: str, unpaired: str | None = None) -> list[int]:
         """`unpaired`: the text before its pairs of spaces became PAIR (`tiktoken_plan.pair_space_runs`), cheaper to
         look at for long pieces (ASCII, where the paired text is not) and as telling: a piece of the paired text
         holds no stand-in character (those pieces are short) and so is a piece of the text before."""
-        if len(text) >= _SHORTEST_LONG and may_hold_long_piece(text if unpaired is None else unpaired):
+        seen = text if unpaired is None else unpaired
+        if (
+            len(text) >= _SHORTEST_LONG
+            and may_hold_long_piece(seen)
+            and (not self._one_class or may_hold_long_one_class_piece(seen))
+        ):
             if self._exact is None:
                 self._exact = self._make_exact()
             return self._exact(text)
@@ -118,6 +132,39 @@ def may_hold_long_piece(text: str) -> bool:
     if text.isascii():
         return b" " * _RUN_BYTES in classes
     return b" " * _RUN_BYTES in data.translate(_SPACE_RUNS)
+
+
+# The split regexes whose every piece is at most a 4-byte lead, then a run of one class: letters, digits,
+# whitespace, or other characters (those last followed by newlines, in cl100k's), as each alternative of theirs
+# reads. For them, a piece of 500 bytes needs a run of one class of 496 bytes or more; a long run of mixed
+# classes (a URL, a base64 blob, an escaped byte string, a minified line) splits into short pieces.
+ONE_CLASS_PATTERNS = (GPT2_PATTERN, CL100K_PATTERN)
+_ONE_CLASS_RUN = LONG_PIECE_BYTES - 4
+
+
+def _one_class_table(members: bytes) -> bytes:
+    """UTF-8 bytes as b"x" where they may belong to a run of the class `members` (ASCII bytes), else b" ". Bytes of
+    non-ASCII characters, and the ASCII controls other than whitespace, may belong to any class: runs measured so
+    are only ever longer than the regex's, whatever its Unicode tables say of a character."""
+    wild = {*range(0x80, 0x100), *range(0x00, 0x09), *range(0x0E, 0x20), 0x7F}
+    return bytes(120 if b in members or b in wild else 32 for b in range(256))
+
+
+_ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
+_ASCII_DIGITS = bytes(range(48, 58))
+_ASCII_OTHER = bytes(b for b in range(0x21, 0x7F) if b not in _ASCII_LETTERS + _ASCII_DIGITS)
+_ONE_CLASS_TABLES = tuple(
+    _one_class_table(members)
+    for members in (_ASCII_LETTERS, _ASCII_DIGITS, bytes(sorted(_ASCII_SPACE)), _ASCII_OTHER + b"\r\n")
+)
+
+
+def may_hold_long_one_class_piece(text: str) -> bool:
+    """Whether `text` has a run of one class (`ONE_CLASS_PATTERNS`) of `_ONE_CLASS_RUN` UTF-8 bytes or more: the
+    finer look, for texts `may_hold_long_piece` keeps (four translations and searches in C)."""
+    data = text.encode("utf-8", "surrogatepass")
+    run = b"x" * _ONE_CLASS_RUN
+    return any(run in data.translate(table) for table in _ONE_CLASS_TABLES)
 
 
 def engine_failure(e: BaseException) -> bool:

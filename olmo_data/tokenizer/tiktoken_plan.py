@@ -17,6 +17,11 @@ from typing import Any
 
 # The split regex of the HF ByteLevel pre-tokenizer (use_regex=True), which is GPT-2's.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# cl100k's, as its tokenizer.json (and OLMo 2/3's dolma2) writes it: the engines' guard knows its pieces (`engines`)
+CL100K_PATTERN = (
+    r"""('s|'S|'t|'T|'re|'rE|'Re|'RE|'ve|'vE|'Ve|'VE|'m|'M|'ll|'lL|'Ll|'LL|'d|'D)|[^\r\n\p{L}\p{N}]?\p{L}+|"""
+    r"""\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 # Bytes that occur in valid UTF-8; each needs a one-byte token or tiktoken cannot encode every text.
 UTF8_BYTES = [*range(0x00, 0xC0), *range(0xC2, 0xF5)]

@@ -8,6 +8,7 @@ riptoken is an optional extra: its cases are skipped where it is not installed.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -37,6 +38,13 @@ ENGINES = [RIPTOKEN, "tiktoken"]
 AUTO = "riptoken" if available("riptoken") else "tiktoken"  # what auto picks here
 HERE = [e for e in ("riptoken", "tiktoken") if available(e)]  # the engines installed here
 
+MIXED_RUNS = [
+    "".join(map(chr, range(33, 127))) * 7,
+    "https://example.com/" + "/".join(f"seg{i}-{i * 7919 % 10007}_x" for i in range(80)) + "?q=" + "a1%2F" * 60,
+    "data:image/png;base64," + base64.b64encode(random.Random(2).randbytes(1500)).decode(),
+    repr(random.Random(3).randbytes(700)),
+    "var;a=1;" + "".join(f"f{i}=(x)=>x*{i}+g(x,{i}*2.5e-3);" for i in range(60)),  # minified: no whitespace
+]
 TRICKY = [
     "",
     " ",
@@ -70,6 +78,11 @@ TRICKY = [
     # pieces of 500 bytes and more (riptoken 0.2 changes algorithm there: these go to tiktoken)
     "q" * 498 + " " + "r" * 499 + " " + "s" * 500 + "\n" + "t" * 2000 + " " * 600 + "\n" * 700 + "!" * 300 + "\n" * 300,
     "日本" * 150 + " " + "\u3000" * 200 + "\u00a0" * 300 + "é" * 260,
+    # runs of one class around that size (riptoken's guard: `engines.may_hold_long_one_class_piece`) ...
+    *(f"a {c * n}\n{c * n} b" for c in "x7!\n " for n in (494, 495, 496, 497, 499, 500, 501)),
+    "!" * 490 + "\n" * 12 + "x" + "?" * 480 + "\r\n" * 12 + " " + ":" * 470 + "\n" * 40,
+    # ... and long runs of mixed classes, which split into short pieces (these stay on riptoken)
+    *MIXED_RUNS,
     # the characters a pair of spaces becomes for the engine (U+1680 U+FDD0), in the text itself
     "a\u1680\ufdd0  b \u1680  c\ufdd0\ufdd0 d  \u1680\u1680\n\n  e",
     "x\n\n    y\n \n    z\t\t  w\r\n\r\n        v \n\n\n  \n    \n" + " " * 25 + "\n\n" + " " * 49 + "u" + " " * 47,
@@ -463,3 +476,54 @@ def test_the_cache_key_reads_installed_versions_as_importlib_metadata_does() -> 
     for package in ("tokenizers", "tiktoken", "numpy", *(["riptoken"] if available("riptoken") else [])):
         assert installed_version(package) == version(package)
     assert installed_version("no_such_package_here") == "absent"
+
+
+def test_riptokens_guard_keeps_every_long_piece_and_lets_mixed_runs_through() -> None:
+    """Every piece of 500 bytes or more (where riptoken 0.2 is inexact) that the split regexes make, with the
+    `regex` module splitting (tiktoken's dependency) is seen by the guard, on random texts of long runs of one
+    class and of mixed classes; and runs of mixed classes, however long, are not (they stay on riptoken)."""
+    import regex
+
+    from olmo_data.tokenizer.engines import (
+        ONE_CLASS_PATTERNS,
+        may_hold_long_one_class_piece,
+        may_hold_long_piece,
+    )
+    from olmo_data.tokenizer.tiktoken_plan import PAIR, pair_space_runs
+
+    neox = pair_space_runs(_shared("gpt-neox-20b.json", "tiktoken")._encode_batch.plan)
+    patterns = [(regex.compile(p), False) for p in ONE_CLASS_PATTERNS] + [(regex.compile(neox.pat_str), True)]
+    alphabet = ["a", "Z", "é", "日", "7", "٣", "!", "'", "\\", "😀", " ", "\n", "\r", "\t", "\u3000", "\x00", "\u0301"]
+    rng = random.Random(44)
+    long_texts = 0
+    for _ in range(1500):
+        parts = []
+        for _ in range(rng.randrange(1, 5)):
+            if rng.random() < 0.5:  # a run of one character class
+                parts.append(rng.choice(alphabet) * rng.randrange(100, 620))
+            else:  # mixed
+                parts.append("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 900))))
+        text = "".join(parts)
+        guard = may_hold_long_piece(text) and may_hold_long_one_class_piece(text)
+        for pattern, paired in patterns:
+            pieces = pattern.findall(text.replace("  ", PAIR) if paired else text)
+            longest = max((len(p.encode("utf-8", "surrogatepass")) for p in pieces), default=0)
+            if longest >= 500:
+                long_texts += 1
+                assert guard, (pattern.pattern[:40], text[:80])
+    assert long_texts > 300  # (the texts do test the guard)
+    for text in MIXED_RUNS:
+        assert may_hold_long_piece(text) and not may_hold_long_one_class_piece(text), text[:60]
+
+
+@pytest.mark.skipif(not available("riptoken"), reason="riptoken (the fast extra) not installed")
+@pytest.mark.parametrize("name", SHARED)
+def test_mixed_runs_stay_on_riptoken(name: str) -> None:
+    """The long mixed runs of TRICKY (whose ids test_shared_tokenizers_identical_ids compares) are encoded by
+    riptoken itself: the exact fallback is not even made for them; a long run of one class makes it."""
+    tok = load_tokenizer(shared_tokenizer(name), "riptoken")
+    pieces = tok._encode_batch._encode_piece
+    tok.encode_batch(MIXED_RUNS)
+    assert pieces._exact is None
+    tok.encode_batch(["x" + "y" * 600])
+    assert pieces._exact is not None
