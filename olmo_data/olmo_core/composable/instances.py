@@ -13,6 +13,7 @@ its tokens), so that a batch's instances are read together and each can name its
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -71,8 +72,33 @@ def locate(sizes: list[int], index: int) -> tuple[int, int]:
     return k, index - bounds[k]
 
 
-class ConcatAndChunk(InstanceSource):
+class PartedInstances(InstanceSource):
+    """Instances numbered part after part, `counts[k]` of them in part k (a token source cut into instances, a
+    child instance source, a sample, a packing group), reading the files of `sources`: what the sources that
+    number their instances this way share (their length, mask, files, and which part holds an instance)."""
+
+    sources: Sequence[TokenSource] | Sequence[InstanceSource]
+    counts: list[int]
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def has_mask(self) -> bool:
+        return self.sources[0].has_mask  # one for all: checked to agree (check_masks, check_instance_masks)
+
+    def files(self) -> list[tuple[str, int]]:
+        return [f for s in self.sources for f in s.files()]
+
+    def part_of(self, index: int) -> tuple[int, int]:
+        """(part, index within it) of instance `index`, refused out of range."""
+        return locate(self.counts, self.check_index(index))
+
+
+class ConcatAndChunk(PartedInstances):
     """OLMo-core's `ConcatAndChunkInstanceSource` (see the module)."""
+
+    sources: list[TokenSource]
 
     def __init__(
         self, sources: list[TokenSource], sequence_length: int, max_sequence_length: int, label: str | None = None
@@ -84,23 +110,13 @@ class ConcatAndChunk(InstanceSource):
         M = max_sequence_length
         self.counts = [s.num_tokens // M * (M // sequence_length) for s in sources]
 
-    def __len__(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def has_mask(self) -> bool:
-        return self.sources[0].has_mask
-
-    def files(self) -> list[tuple[str, int]]:
-        return [f for s in self.sources for f in s.files()]
-
     def instance(self, index: int) -> Instance:
-        k, local = locate(self.counts, self.check_index(index))
+        k, local = self.part_of(index)
         start = local * self.sequence_length
         return Instance(tuple(self.sources[k].pieces(start, start + self.sequence_length)))
 
 
-class ConcatenatedInstances(InstanceSource):
+class ConcatenatedInstances(PartedInstances):
     """OLMo-core's `ConcatenatedInstanceSource` (see the module)."""
 
     sources: list[InstanceSource]
@@ -116,18 +132,8 @@ class ConcatenatedInstances(InstanceSource):
         self.label = label
         self.counts = [len(s) for s in flat]
 
-    def __len__(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def has_mask(self) -> bool:
-        return self.sources[0].has_mask
-
-    def files(self) -> list[tuple[str, int]]:
-        return [f for s in self.sources for f in s.files()]
-
     def instance(self, index: int) -> Instance:
-        k, local = locate(self.counts, self.check_index(index))
+        k, local = self.part_of(index)
         return self.sources[k].instance(local)
 
 

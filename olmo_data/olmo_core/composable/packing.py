@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from olmo_data.errors import DataError
-from olmo_data.olmo_core.composable.instances import Instance, InstanceSource, locate
+from olmo_data.olmo_core.composable.instances import Instance, PartedInstances
 from olmo_data.olmo_core.composable.tokens import Piece, TokenSource
 from olmo_data.olmo_core.packed import cut_long, pack_lengths
 
@@ -48,7 +48,7 @@ class PackedGroup:
         return out
 
 
-class Packing(InstanceSource):
+class Packing(PartedInstances):
     """OLMo-core's `PackingInstanceSource` (see the module)."""
 
     def __init__(
@@ -72,16 +72,10 @@ class Packing(InstanceSource):
         self.counts = [len(g.bins) for g in self.groups]
         self.sources = sources
 
-    def __len__(self) -> int:
-        return sum(self.counts)
-
     @property
     def has_mask(self) -> bool:
         return True  # OLMo-core gives every packed instance a label mask (False on its padding)
 
-    def files(self) -> list[tuple[str, int]]:
-        return [f for s in self.sources for f in s.files()]
-
     def instance(self, index: int) -> Instance:
-        g, local = locate(self.counts, self.check_index(index))
+        g, local = self.part_of(index)
         return Instance(tuple(self.groups[g].pieces(local)), pad=self.pad_token_id)

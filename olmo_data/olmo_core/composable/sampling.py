@@ -23,8 +23,8 @@ from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable.instances import (
     Instance,
     InstanceSource,
+    PartedInstances,
     check_instance_masks,
-    locate,
 )
 from olmo_data.olmo_core.composable.loader import global_indices
 from olmo_data.olmo_core.composable.sliced import SlicedTokens
@@ -148,8 +148,10 @@ class SamplingDocs(TokenSource):
         return out
 
 
-class SamplingInstances(InstanceSource):
+class SamplingInstances(PartedInstances):
     """OLMo-core's `SamplingInstanceSource` (see the module)."""
+
+    sources: list[InstanceSource]
 
     def __init__(
         self,
@@ -182,16 +184,6 @@ class SamplingInstances(InstanceSource):
             self.samples.append(np.concatenate([np.tile(order, repeats), order[:rest]]).astype(np.int64))
         self.counts = [len(s) for s in self.samples]
 
-    def __len__(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def has_mask(self) -> bool:
-        return self.sources[0].has_mask
-
-    def files(self) -> list[tuple[str, int]]:
-        return [f for s in self.sources for f in s.files()]
-
     def instance(self, index: int) -> Instance:
-        k, local = locate(self.counts, self.check_index(index))
+        k, local = self.part_of(index)
         return self.sources[k].instance(int(self.samples[k][local]))
