@@ -41,6 +41,7 @@ class Batch:
     # (local batch,) bool, OLMo's instance_mask: False = caught by data.instance_filter (no target trains); None: off
     instance_mask: torch.Tensor | None = None
     sources: np.ndarray | None = None  # rank 0: the source (index into TrainData.sources.labels) of every position
+    rank_blocks: bool = False  # this rank's rows are the r-th of W consecutive blocks of the batch (VSL)
 
 
 class TrainData:
@@ -118,6 +119,7 @@ class TrainData:
             doc_starts=tensor(rows.doc_starts),
             instance_mask=tensor(rows.instance_mask),
             sources=rows.sources,
+            rank_blocks=rows.rank_blocks,
         )
 
     def close(self) -> None:

@@ -29,11 +29,14 @@ from olmo_train.train.metrics import AppendOnlyLog, copy_aside, free_aside
 log = logging.getLogger("olmo_train")
 
 
-def gather_rows(values: torch.Tensor, world_size: int) -> np.ndarray:
-    """All ranks' (local batch, k) float64 rows in global batch order: rank r's row i is position r + W*i."""
+def gather_rows(values: torch.Tensor, world_size: int, blocks: bool = False) -> np.ndarray:
+    """All ranks' (local batch, k) float64 rows in global batch order: rank r's row i is position r + W*i, or with
+    `blocks` (a VSL batch: rank r got the r-th of W consecutive blocks) position r * (local batch) + i."""
     if world_size > 1 and dist.is_initialized():
         parts = [torch.empty_like(values) for _ in range(world_size)]
         dist.all_gather(parts, values.contiguous())
+        if blocks:
+            return torch.cat(parts, dim=0).cpu().numpy()
         stacked = torch.stack(parts, dim=1)  # (local batch, W, k): position i*W + r
         values = stacked.reshape(-1, values.shape[-1])
     return values.cpu().numpy()

@@ -180,7 +180,7 @@ def train_step(
     float8.refresh_scales(model, cfg)  # fp8 all-gather: all weights' new scales in one all-reduce
     optim.zero_grad(set_to_none=True)
     local_rows = torch.stack([torch.cat(row_sums), (labels != -100).sum(-1).double()], dim=-1)
-    instances = gather_rows(local_rows, d.world_size)  # (global batch, 2), by position
+    instances = gather_rows(local_rows, d.world_size, batch.rank_blocks)  # (global batch, 2), by position
     total_loss, stop, total_z, lost = all_reduce_sum(
         [float(loss_sum), float(stop_flag), float(z_sum), float(lock_lost)], d.device
     )
@@ -442,7 +442,9 @@ def _train(cfg: TrainConfig, d: Dist, preemption: Preemption, lock: ckpt.SaveFol
             state.step = step
             state.epoch = batch.epoch
             state.tokens_seen += tokens_per_step
-            state.instances_seen += cfg.global_train_batch_size
+            state.instances_seen += (
+                len(result.instance_tokens) if result.instance_tokens is not None else cfg.global_train_batch_size
+            )
             dt = time.perf_counter() - t0
             record: dict[str, Any] = {
                 "step": step,

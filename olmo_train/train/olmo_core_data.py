@@ -27,6 +27,10 @@ packed instance's documents may come from several files of its source group (`so
 for the file of its first document, the file `stats` counts it under (`PackedInstances.first_files`); so does an
 interleaved instance (NumpyInterleavedFSLDataset: chunks of several documents, `InterleavedInstances.first_files`).
 
+A NumpyVSLDataset run trains each step's bucket: rows of that step's length (up to model.max_sequence_length, the
+run's longest), as many as OLMo-core's global batch of tokens holds, rank r taking the r-th of W consecutive blocks
+as OLMo-core's VSL loader splits it (`Rows.rank_blocks`; the per-instance record gathers them back in batch order).
+
 Refused at start, by name: a `BatchSizeSchedulerCallback` (the loop's learning rate, token counts and
 checkpoints assume one batch size), a dataset class this trainer has no rule for (one sequence length per run),
 and `model.document_masking` with a dataset other than NumpyPackedFSLDataset (its instances have no documents
@@ -49,8 +53,8 @@ from olmo_train.train.rows import Rows
 
 log = logging.getLogger("olmo_train")
 
-# the OlmoCoreRun.kind values this trainer has a rule for (VSL: a row length per step, refused)
-TRAINABLE_KINDS = ("fsl", "padded", "packed", "interleaved", "composable")
+# the OlmoCoreRun.kind values this trainer has a rule for
+TRAINABLE_KINDS = ("fsl", "padded", "packed", "interleaved", "composable", "vsl")
 
 
 def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
@@ -68,7 +72,7 @@ def open_olmo_core_data(cfg: TrainConfig, world_size: int) -> OlmoCoreData:
         raise ConfigError(
             f"{where}: training here on its dataset ({core.run.kind}) is not covered; the trainer trains on "
             "OLMo-core's NumpyFSLDataset (and its mixture), NumpyPaddedFSLDataset, NumpyPackedFSLDataset, "
-            "NumpyInterleavedFSLDataset and its composable sources under ComposableDataLoader"
+            "NumpyInterleavedFSLDataset, NumpyVSLDataset and its composable sources under ComposableDataLoader"
         )
     check_documents(cfg, core)
     instances = core.run.global_batch_size // core.run.sequence_length
@@ -143,6 +147,7 @@ class CoreSources:
         if self.loader is not None:
             names = [s.label or f"source{k}" for k, s in enumerate(self.loader.sources)]
             self.labels = [n if names.count(n) == 1 else f"{n}.{k}" for k, n in enumerate(names)]
+            self.by_location = False
             return
         names = [s if s is not None else p for s, p in zip(core.dataset.sources, core.dataset.paths, strict=True)]
         self.labels = list(dict.fromkeys(names))
@@ -152,8 +157,12 @@ class CoreSources:
         # packed and interleaved instances are numbered as they were made (packed group after group, longest
         # documents first; interleaved after a permutation), not file after file: each by its first document's file
         self.first_files = made.first_files() if made is not None else None
+        self.by_location = core.run.kind == "vsl"
 
     def of(self, indices: np.ndarray) -> np.ndarray:
+        if self.by_location:  # VSL: instances numbered bucket by bucket; each piece is in one file
+            files = np.array([loc.file_index for loc in self.core.locate(indices)], dtype=np.int64)
+            return np.asarray(self.file_source[files], dtype=np.int64)
         if self.loader is not None:  # the loader source each instance is in (OLMo-core's batch metadata `source`)
             return np.array([self.loader.locate(int(i))[0] for i in indices], dtype=np.int64)
         if self.first_files is not None:
@@ -185,23 +194,31 @@ class CoreReader:
             return self.core.slot(step).epoch - 1
 
     def read(self, step: int) -> Rows:
-        with self._lock:
-            batch = self.core.batch(step, read=False)
+        with self._lock:  # (with this rank and world size: OLMo-core's own rules for splitting the step's batch)
+            batch = self.core.batch(step, self.rank, self.world_size, read=False)
         indices = batch.instances
         ds = self.core.dataset
+        blocks = batch.rank_blocks  # VSL: rank r trains the r-th of W consecutive blocks, not every W-th row
+
+        def mine(rows: np.ndarray, rank: int) -> np.ndarray:
+            if not blocks:
+                return rank_slice(rows, rank, self.world_size)
+            per = len(rows) // self.world_size
+            return rows[rank * per : (rank + 1) * per]
+
         fingerprint, sources = None, None
         if self.rank == 0:
             tokens, masks = ds.get_batch(indices)
             fingerprint = batch_fingerprint(tokens)
             sources = self.sources.of(indices)
-            local = rank_slice(indices, 0, self.world_size)
-            tokens = rank_slice(tokens, 0, self.world_size)
-            masks = rank_slice(masks, 0, self.world_size) if masks is not None else None
+            local = mine(indices, 0)
+            tokens = mine(tokens, 0)
+            masks = mine(masks, 0) if masks is not None else None
         else:
-            local = rank_slice(indices, self.rank, self.world_size)
+            local = mine(indices, self.rank)
             tokens, masks = ds.get_batch(local)
         keep = self.core.instance_mask(local, tokens)
         starts = None
         if self.masking and ds.packed is not None:
             starts = doc_starts(ds.packed.doc_lens(local, tokens), tokens.shape[1], local)
-        return Rows(batch.epoch - 1, tokens, masks, keep, fingerprint, sources, starts)
+        return Rows(batch.epoch - 1, tokens, masks, keep, fingerprint, sources, starts, rank_blocks=blocks)

@@ -23,6 +23,7 @@ class Rows:
     fingerprint: str | None  # of the global batch, rank 0 only
     sources: np.ndarray | None  # rank 0: each batch position's source number (into the reader's sources.labels)
     doc_starts: np.ndarray | None = None  # (rows, L) bool, True where a document starts (model.document_masking)
+    rank_blocks: bool = False  # rank r of W holds the r-th of W consecutive blocks of the batch, not every W-th row
 
 
 class SourceLabels(Protocol):

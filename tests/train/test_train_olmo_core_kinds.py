@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from olmo_data.dataset.fingerprint import batch_fingerprint
+from olmo_data.run import ROW
 from tests.data.olmo_core.test_olmo_core_interleaved import EOS, PAD, VOCAB, L, token_files
 from tests.train.test_train_e2e import launch
 from tests.train.test_train_olmo_core_packed import ours
@@ -71,3 +73,37 @@ def test_trains_on_composable_batches(core: Any, tmp_path: Path, monkeypatch: py
     assert [m["train/batch_fingerprint"] for m in metrics] == want
     sources = {k.split("/")[2] for m in metrics for k in m if k.startswith("train/source/")}
     assert sources == {"web", "code"}
+
+
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_trains_on_vsl_batches(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nproc: int) -> None:
+    """A NumpyVSLDataset run (natural curriculum): each step one bucket's rows, of its own length, the batch in
+    tokens the same; on 2 processes each rank trains its block of the batch as OLMo-core's VSL loader splits it,
+    and the losses and each position's record equal one process's."""
+    from tests.data.olmo_core import test_olmo_core_vsl as vsl
+
+    paths = vsl.token_files(tmp_path / "tokens", seed=5)
+    config = vsl.vsl_config(core, tmp_path, paths, vsl.curriculum_config("natural"), 8 * vsl.MAX, num_threads=0)
+    config_json = core.save_config_json(config, tmp_path / "olmo-core")
+    reference = core.drive_loader(config, world_size=1, last_step=STEPS, monkeypatch=monkeypatch)[0]
+    want = [batch_fingerprint(s.input_ids) for s in reference]
+    assert len({s.input_ids.shape[1] for s in reference}) > 1  # steps of different lengths
+    launch(ours(tmp_path, config_json, max_sequence_length=vsl.MAX), nproc)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/batch_fingerprint"] for m in metrics] == want
+    for m, step in zip(metrics, reference, strict=True):
+        rows, length = step.input_ids.shape
+        assert m["train/supervised_tokens"] == rows * (length - 1) and m["train/tokens_seen"] == m["step"] * 8 * vsl.MAX
+    if nproc > 1:  # the same losses as one process: each rank trained its own block, together the whole batch
+        one = tmp_path / "one"
+        one.mkdir()
+        launch(ours(one, config_json, max_sequence_length=vsl.MAX), 1)
+        alone = [json.loads(line) for line in (one / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [m["train/loss"] for m in metrics] == pytest.approx([m["train/loss"] for m in alone], rel=1e-4)
+        first = [np.fromfile(f / "run" / "instance_loss.bin", dtype=ROW) for f in (tmp_path, one)]
+        both = [r[r["step"] == 1]["loss_sum"] for r in first]  # each position's loss at the initial weights
+        assert both[0] == pytest.approx(both[1], rel=1e-4) and len(set(both[1].round(3).tolist())) > 1
+    losses = np.fromfile(tmp_path / "run" / "instance_loss.bin", dtype=ROW)
+    for step in range(1, STEPS + 1):  # the per-instance record in batch order: each row's targets
+        rows = losses[losses["step"] == step]
+        assert rows["tokens"].tolist() == [reference[step - 1].input_ids.shape[1] - 1] * len(rows)
