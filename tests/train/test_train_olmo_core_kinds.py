@@ -37,7 +37,8 @@ def check_trains_their_batches(core: Any, tmp_path: Path, monkeypatch: pytest.Mo
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["train/batch_fingerprint"] for m in metrics] == want
     for m, step in zip(metrics, reference, strict=True):  # OLMo-core's label masks: exactly its targets trained
-        assert m["train/supervised_tokens"] == int(step.label_mask[:, 1:].sum())
+        mask = step.label_mask if step.label_mask is not None else np.ones(step.input_ids.shape, dtype=bool)
+        assert m["train/supervised_tokens"] == int(mask[:, 1:].sum())
 
 
 def test_trains_on_interleaved_batches(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,3 +108,26 @@ def test_trains_on_vsl_batches(core: Any, tmp_path: Path, monkeypatch: pytest.Mo
     for step in range(1, STEPS + 1):  # the per-instance record in batch order: each row's targets
         rows = losses[losses["step"] == step]
         assert rows["tokens"].tolist() == [reference[step - 1].input_ids.shape[1] - 1] * len(rows)
+
+
+def test_trains_on_a_source_mixture(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumpyFSLDataset from a SourceMixtureDatasetConfig (token budgets, a source repeated): OLMo-core's batches,
+    each instance under its mixture source."""
+    from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data.source_mixture import SourceMixtureConfig, SourceMixtureDatasetConfig, SourceMixtureList
+
+    paths = token_files(tmp_path / "tokens", seed=9)
+    sources = SourceMixtureList(
+        sources=[
+            SourceMixtureConfig(source_name="web", target_ratio=0.6, paths=paths[:3]),
+            SourceMixtureConfig(source_name="code", target_ratio=0.4, paths=[paths[3]], max_repetition_ratio=3.0),
+        ]
+    )
+    mixture = SourceMixtureDatasetConfig(
+        source_list=sources, requested_tokens=PER_BATCH * L * 6, global_batch_size=PER_BATCH * L, seed=11, quiet=True
+    )
+    tokenizer = TokenizerConfig(vocab_size=VOCAB, eos_token_id=EOS, pad_token_id=PAD)
+    dataset = NumpyFSLDatasetConfig.from_src_mix(mixture, tokenizer=tokenizer, sequence_length=L)
+    check_trains_their_batches(core, tmp_path, monkeypatch, dataset)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {k.split("/")[2] for m in metrics for k in m if k.startswith("train/source/")} == {"web", "code"}
