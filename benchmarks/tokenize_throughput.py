@@ -27,7 +27,7 @@ pip backtracking for many minutes, and local files need neither):
         install "numpy<2" "tokenizers<=0.19.1" anyascii blingfire charset-normalizer fasttext-wheel fsspec jq \\
         jsonpath-ng msgspec necessary nltk omegaconf platformdirs python-dotenv pyyaml requests rich smart-open \\
         tqdm uniseg zstandard
-    python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install datatrove orjson
+    python3 -m venv /tmp/dtvenv && /tmp/dtvenv/bin/pip install datatrove orjson tokenizers  # (its tokenizer needs it)
 
     python benchmarks/tokenize_throughput.py --mb 30 --processes 2 --dolma /tmp/dolmavenv/bin/dolma \
         --datatrove-python /tmp/dtvenv/bin/python
@@ -223,6 +223,7 @@ def main() -> None:
         mb = sum(len(line) for f in files for line in gzip.open(f)) / 1e6
         print(f"# corpus: {len(files)} shards, {mb:.1f} MB of JSON lines; processes {args.processes}")
         print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+        print(f"# load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work slows it)")
         print(f"# dolma: {args.dolma or 'not given'}; datatrove: {args.datatrove_python or 'not given'}")
         print("# M/s: million tokens a second, all processes together; x: dolma's (datatrove's) seconds / ours")
         raw_heads = " ".join(f"{'raw ' + e:>12}" for e in engines)
@@ -303,6 +304,7 @@ def main() -> None:
                 f"{per_cpu[chosen]:>7.2f} {ours_per_cpu:>8.2f} {100 * ours_per_cpu / per_cpu[chosen]:>4.0f}%",
                 flush=True,
             )
+        print(f"# load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def _auto_engine(spec: str, env: dict[str, str]) -> str:
