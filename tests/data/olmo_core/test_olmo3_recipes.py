@@ -62,7 +62,6 @@ Trainer stops too, is not read yet), so it is not asserted here.
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ import pytest
 from olmo_data.dataset.fingerprint import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.run import read_run
+from tests.data.olmo_core.checks import inspected_rows, write_metadata
 
 WORLD = 2
 EOS, PAD, VOCAB = 100257, 100277, 100278  # dolma2's, as TokenizerConfig.dolma2() gives them (checked below)
@@ -229,10 +229,7 @@ def token_files(folder: Path, recipe: Recipe, seed: int) -> list[str]:
         tail = [rng.integers(0, EOS, size=int(rng.integers(1, 20))).astype(np.uint32)] if recipe.packed else []
         out.append(str(folder / f"part-{f:02d}-00000.npy"))
         np.concatenate(docs + tail).tofile(out[-1])
-        ends = np.cumsum([len(d) for d in docs])
-        with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
-            for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-                meta.write(f"{a},{b},{recipe.name}-{f}-{i},src-{f}.jsonl,{i + 1}\n")
+        write_metadata(out[-1], [len(d) for d in docs], f"{recipe.name}-{f}", f"src-{f}.jsonl")
     return out
 
 
@@ -386,20 +383,12 @@ def check_packed_commands(config_json: str, config: Any, reference: dict[int, li
     dataset = config.dataset.build()
     dataset.work_dir = Path(config.dataset.work_dir)
     dataset.prepare()
-    for step in chosen_steps(reference):
-        for rank in range(WORLD):
-            theirs = reference[rank][step - 1]
-            got = run_json(
-                ["inspect-batch", config_json, "--step", str(step), "--rank", str(rank), "--world-size", "2", "--json"]
-            )
-            assert got["epoch"] == theirs.epoch and [i["instance"] for i in got["instances"]] == theirs.index.tolist()
-            for row, inst in enumerate(got["instances"]):
-                np.testing.assert_array_equal(inst["token_ids"], theirs.input_ids[row])
-                np.testing.assert_array_equal(inst["label_mask"], theirs.label_mask[row])
-                assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
-                if theirs.instance_mask is not None:
-                    assert inst["masked"] == (not theirs.instance_mask[row])
-                assert merged(inst["pieces"]) == merged(core_pieces(dataset, int(theirs.index[row])))
+    for theirs, row, inst in inspected_rows(config_json, reference, chosen_steps(reference)):
+        np.testing.assert_array_equal(inst["label_mask"], theirs.label_mask[row])
+        assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
+        if theirs.instance_mask is not None:
+            assert inst["masked"] == (not theirs.instance_mask[row])
+        assert merged(inst["pieces"]) == merged(core_pieces(dataset, int(theirs.index[row])))
     # trace: a document of the last step's first instance, held wherever OLMo-core packed a piece of it
     last = reference[0][-1]
     path, start, _ = core_pieces(dataset, int(last.index[0]))[0]

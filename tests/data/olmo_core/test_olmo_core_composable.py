@@ -24,6 +24,7 @@ import pytest
 from olmo_data.dataset.fingerprint import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.olmo_core import open_olmo_core
+from tests.data.olmo_core.checks import inspected_rows, write_metadata
 
 L = 16
 SEED = 4321
@@ -54,10 +55,7 @@ def token_files(
             n = sum(len(d) for d in docs)
             (rng.random(n) < 0.7).tofile(out[-1].replace(".npy", ".mask.npy"))
         if metadata:
-            ends = np.cumsum([len(d) for d in docs[:-1]])
-            with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
-                for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-                    meta.write(f"{a},{b},doc-{seed}-{f}-{i},src.jsonl,{i + 1}\n")
+            write_metadata(out[-1], [len(d) for d in docs[:-1]], f"doc-{seed}-{f}", "src.jsonl")
     return out
 
 
@@ -322,27 +320,15 @@ def test_batch_size_schedule(core: Any, tmp_path: Path, monkeypatch: pytest.Monk
 def test_inspect_batch_of_a_composable_run(core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """inspect-batch --json of a composable run: each rank's ids and tokens are OLMo-core's, each instance's
     file pieces are its tokens in the files, its source the loader source's label."""
-    from click.testing import CliRunner
-
-    from olmo_cli.main import main as data_main
 
     paths = token_files(tmp_path / "tokens", n_files=3, seed=9)
     dataset = [chunked([numpy_source(paths, source_group_size=-1)], label="all")]
     config_json, reference = run(core, tmp_path, dataset, monkeypatch)
-    for step in (1, len(reference[0])):
-        for rank in range(WORLD):
-            theirs = reference[rank][step - 1]
-            args = ["inspect-batch", config_json, "--step", str(step), "--rank", str(rank), "--world-size", "2"]
-            result = CliRunner().invoke(data_main, [*args, "--json"], catch_exceptions=False)
-            assert result.exit_code == 0, result.output
-            got = json.loads(result.output)
-            assert got["epoch"] == theirs.epoch and [i["instance"] for i in got["instances"]] == theirs.index.tolist()
-            for row, inst in enumerate(got["instances"]):
-                np.testing.assert_array_equal(inst["token_ids"], theirs.input_ids[row])
-                pieces = inst["pieces"] or [[inst["path"], inst["token_offset"], inst["token_offset"] + L]]
-                read = np.concatenate([np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in pieces])
-                np.testing.assert_array_equal(read, theirs.input_ids[row])
-                assert inst["source"] == "all"
+    for theirs, row, inst in inspected_rows(config_json, reference, [1, len(reference[0])]):
+        pieces = inst["pieces"] or [[inst["path"], inst["token_offset"], inst["token_offset"] + L]]
+        read = np.concatenate([np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in pieces])
+        np.testing.assert_array_equal(read, theirs.input_ids[row])
+        assert inst["source"] == "all"
 
 
 # -- refusals: what is not rebuilt is named by class in one line when the config is read (no OLMo-core needed)

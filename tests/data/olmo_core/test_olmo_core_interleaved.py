@@ -26,6 +26,8 @@ from olmo_data.dataset.fingerprint import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.olmo_core import open_olmo_core, read_olmo_core_config
 from olmo_data.olmo_core.interleaved import EXEMPT, INTERLEAVABLE, dataset_fingerprint
+from tests.data.olmo_core.checks import check_written_and_kept, inspected_rows, write_metadata
+from tests.olmo_core_commands import chosen_steps
 
 L = 64
 SEED = 4321
@@ -56,10 +58,7 @@ def token_files(folder: Path, n_files: int = 4, seed: int = 0, bos: int | None =
         docs.append(rng.integers(3, VOCAB, size=int(rng.integers(1, 10))).astype(np.uint16))  # no EOS: no document
         out.append(str(folder / f"part-{f:02d}.npy"))
         np.concatenate(docs).tofile(out[-1])
-        ends = np.cumsum([len(d) for d in docs[:-1]])
-        with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
-            for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-                meta.write(f"{a},{b},doc-{f}-{i},src-{f}.jsonl,{i + 1}\n")
+        write_metadata(out[-1], [len(d) for d in docs[:-1]], f"doc-{f}", f"src-{f}.jsonl")
     return out
 
 
@@ -187,21 +186,13 @@ def test_interleaved_every_step_on_two_ranks(
 def check_files(config_json: str, tmp_path: Path, theirs: dict[str, bytes]) -> None:
     """build-order writes the orders and OLMo-core's instance-indices and interleaving files under its names and
     bytes; in the run's own work_dir, OLMo-core's are recognised as identical and kept; a changed one refused."""
-    runner = CliRunner()
     other = tmp_path / "built"
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3", "--destination", str(other)])
-    assert result.exit_code == 0, result.output
-    assert their_files(other) == theirs and any(name.endswith(INTERLEAVABLE) for name in theirs)
-    orders = sorted(f for f in os.listdir(tmp_path / "work") if f.startswith("global_indices"))
-    assert len(orders) == 3 and sorted(f for f in os.listdir(other) if f.startswith("global_indices")) == orders
-    for name in orders:
-        assert (other / name).read_bytes() == (tmp_path / "work" / name).read_bytes()
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3"])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("identical to OLMo-core's (kept)") == len(theirs)
+    assert any(name.endswith(INTERLEAVABLE) for name in theirs)
+    assert sum(f.startswith("global_indices") for f in os.listdir(tmp_path / "work")) == 3
+    check_written_and_kept(config_json, tmp_path / "work", other, theirs, their_files)
     name = next(n for n in theirs if n.endswith(INTERLEAVABLE))
     (other / name).write_bytes(theirs[name][4:] + theirs[name][:4])  # the same numbers, in another order
-    result = runner.invoke(data_main, ["build-order", config_json, "--destination", str(other)])
+    result = CliRunner().invoke(data_main, ["build-order", config_json, "--destination", str(other)])
     assert result.exit_code != 0 and "not the interleaving OLMo-core writes" in result.output
 
 
@@ -211,29 +202,16 @@ def check_commands(config_json: str, reference: dict[int, list[Any]], bos: int |
     runner = CliRunner()
     steps = reference[0]
     exempt = len(open_olmo_core(config_json).dataset.interleaved.exempt)  # whole documents: no BOS added
-    chosen = sorted({next(s.step for s in steps if s.epoch == e) for e in (1, 2)} | {steps[-1].step})
-    for step in chosen:
-        for rank in range(WORLD):
-            theirs = reference[rank][step - 1]
-            result = runner.invoke(
-                data_main,
-                ["inspect-batch", config_json, "--step", str(step), "--rank", str(rank), "--world-size", "2", "--json"],
-                catch_exceptions=False,
-            )
-            assert result.exit_code == 0, result.output
-            got = json.loads(result.output)
-            assert got["epoch"] == theirs.epoch and [i["instance"] for i in got["instances"]] == theirs.index.tolist()
-            for row, inst in enumerate(got["instances"]):
-                np.testing.assert_array_equal(inst["token_ids"], theirs.input_ids[row])
-                read = [np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in inst["pieces"]]
-                lead = int(bos is not None and inst["instance"] >= exempt and theirs.input_ids[row][0] == bos)
-                taken = np.concatenate(read)
-                np.testing.assert_array_equal(taken, theirs.input_ids[row][lead : lead + len(taken)])
-                for d in inst["documents"] or []:  # each document's tokens where the report places them
-                    k = max(i for i, at in enumerate(inst["piece_positions"]) if at <= d["instance_start"])
-                    n, first = d["instance_end"] - d["instance_start"], d["start"] + d["document_start"]
-                    want = np.fromfile(inst["pieces"][k][0], dtype=np.uint16)[first : first + n]
-                    np.testing.assert_array_equal(theirs.input_ids[row][d["instance_start"] :][:n], want)
+    for theirs, row, inst in inspected_rows(config_json, reference, chosen_steps(reference)):
+        read = [np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in inst["pieces"]]
+        lead = int(bos is not None and inst["instance"] >= exempt and theirs.input_ids[row][0] == bos)
+        taken = np.concatenate(read)
+        np.testing.assert_array_equal(taken, theirs.input_ids[row][lead : lead + len(taken)])
+        for d in inst["documents"] or []:  # each document's tokens where the report places them
+            k = max(i for i, at in enumerate(inst["piece_positions"]) if at <= d["instance_start"])
+            n, first = d["instance_end"] - d["instance_start"], d["start"] + d["document_start"]
+            want = np.fromfile(inst["pieces"][k][0], dtype=np.uint16)[first : first + n]
+            np.testing.assert_array_equal(theirs.input_ids[row][d["instance_start"] :][:n], want)
     result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)

@@ -26,6 +26,8 @@ from olmo_data.dataset.fingerprint import batch_fingerprint
 from olmo_data.errors import DataError
 from olmo_data.olmo_core import open_olmo_core, read_olmo_core_config
 from olmo_data.olmo_core.packed import CACHE_NAMES, cache_path, pack_lengths
+from tests.data.olmo_core.checks import check_written_and_kept, inspected_rows, write_metadata
+from tests.olmo_core_commands import chosen_steps
 
 L = 64
 SEED = 4321
@@ -54,10 +56,7 @@ def token_files(
         out.append(str(folder / f"part-{f:02d}.npy"))
         np.concatenate(docs).tofile(out[-1])
         if metadata:
-            ends = np.cumsum([len(d) for d in docs[:-1]])
-            with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
-                for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-                    meta.write(f"{a},{b},doc-{f}-{i},src-{f}.jsonl,{i + 1}\n")
+            write_metadata(out[-1], [len(d) for d in docs[:-1]], f"doc-{f}", f"src-{f}.jsonl")
     return out
 
 
@@ -169,21 +168,11 @@ def test_packed_every_step_on_two_ranks(
 def check_build_order(config_json: str, tmp_path: Path, theirs: dict[str, bytes]) -> None:
     """build-order writes the epochs' orders and the packing files as OLMo-core wrote them (names and bytes);
     in the run's own work_dir, OLMo-core's files are recognised as identical and kept."""
-    runner = CliRunner()
     other = tmp_path / "built"
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3", "--destination", str(other)])
-    assert result.exit_code == 0, result.output
-    assert cache_files(other) == theirs
-    orders = sorted(f for f in os.listdir(tmp_path / "work") if f.startswith("global_indices"))
-    assert sorted(f for f in os.listdir(other) if f.startswith("global_indices")) == orders
-    for name in orders:
-        assert (other / name).read_bytes() == (tmp_path / "work" / name).read_bytes()
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3"])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("identical to OLMo-core's (kept)") == len(theirs)
+    check_written_and_kept(config_json, tmp_path / "work", other, theirs, cache_files)
     name = sorted(theirs)[0]
     (other / "dataset-common" / name).write_bytes(theirs[name][:-8] + bytes(8))  # one entry changed
-    result = runner.invoke(data_main, ["build-order", config_json, "--destination", str(other)])
+    result = CliRunner().invoke(data_main, ["build-order", config_json, "--destination", str(other)])
     assert result.exit_code != 0 and f"{name}: not the" in result.output and "remove it" in result.output
 
 
@@ -276,28 +265,15 @@ def check_commands(config_json: str, reference: dict[int, list[Any]]) -> dict[st
     equal OLMo-core's, each instance's pieces are its tokens in the files; stats counts OLMo-core's instances."""
     runner = CliRunner()
     steps = reference[0]
-    chosen = sorted({next(s.step for s in steps if s.epoch == e) for e in (1, 2)} | {steps[-1].step})
-    for step in chosen:
-        for rank in range(WORLD):
-            theirs = reference[rank][step - 1]
-            result = runner.invoke(
-                data_main,
-                ["inspect-batch", config_json, "--step", str(step), "--rank", str(rank), "--world-size", "2", "--json"],
-                catch_exceptions=False,
-            )
-            assert result.exit_code == 0, result.output
-            got = json.loads(result.output)
-            assert got["epoch"] == theirs.epoch and [i["instance"] for i in got["instances"]] == theirs.index.tolist()
-            for row, inst in enumerate(got["instances"]):
-                np.testing.assert_array_equal(inst["token_ids"], theirs.input_ids[row])
-                read = [np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in inst["pieces"]]
-                used = sum(len(r) for r in read)
-                np.testing.assert_array_equal(np.concatenate(read), theirs.input_ids[row][:used])
-                assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
-                if inst["documents"] is not None:  # the metadata's documents of each piece, where it sits
-                    spans = [(d["instance_start"], d["instance_end"]) for d in inst["documents"]]
-                    assert spans[0][0] == 0 and spans[-1][1] == used
-                    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    for theirs, row, inst in inspected_rows(config_json, reference, chosen_steps(reference)):
+        read = [np.fromfile(p, dtype=np.uint16)[s:e] for p, s, e in inst["pieces"]]
+        used = sum(len(r) for r in read)
+        np.testing.assert_array_equal(np.concatenate(read), theirs.input_ids[row][:used])
+        assert inst["doc_lens"] == theirs.doc_lens[row].tolist()
+        if inst["documents"] is not None:  # the metadata's documents of each piece, where it sits
+            spans = [(d["instance_start"], d["instance_end"]) for d in inst["documents"]]
+            assert spans[0][0] == 0 and spans[-1][1] == used
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
     result = runner.invoke(data_main, ["stats", config_json, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)

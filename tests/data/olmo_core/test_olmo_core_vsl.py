@@ -28,6 +28,7 @@ from olmo_data.olmo_core import open_olmo_core, read_olmo_core_config
 from olmo_data.olmo_core.vsl import bucket_pieces, doc_indices_path
 from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, batch_order
 from olmo_data.olmo_core.vsl_loader import vsl_files
+from tests.data.olmo_core.checks import check_written_and_kept, write_metadata
 
 MIN, MAX = 8, 64
 SEED = 4321
@@ -50,10 +51,7 @@ def token_files(folder: Path, n_files: int = 3, seed: int = 0, docs: int = 90) -
         parts.append(rng.integers(2, VOCAB, size=int(rng.integers(1, 30))).astype(np.uint16))
         out.append(str(folder / f"part-{f:02d}.npy"))
         np.concatenate(parts).tofile(out[-1])
-        ends = np.cumsum([len(d) for d in parts[:-1]])
-        with gzip.open(out[-1][: -len(".npy")] + ".csv.gz", "wt") as meta:
-            for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
-                meta.write(f"{a},{b},doc-{f}-{i},src-{f}.jsonl,{i + 1}\n")
+        write_metadata(out[-1], [len(d) for d in parts[:-1]], f"doc-{f}", f"src-{f}.jsonl")
     return out
 
 
@@ -195,13 +193,8 @@ def check_commands(config_json: str, reference: dict[int, list[Any]], tmp_path: 
     assert stats["batches_per_epoch"] == sum(1 for s in reference[0] if s.epoch == 1)
     assert [b["length"] for b in stats["buckets"]] == [8, 16, 32, 64]
     assert stats["instance_tokens"] == sum(b["length"] * b["instances"] for b in stats["buckets"])
-    other = tmp_path / "built"
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3", "--destination", str(other)])
-    assert result.exit_code == 0, result.output
-    assert their_files(other) == their_files(tmp_path / "work")
-    result = runner.invoke(data_main, ["build-order", config_json, "--epochs", "3"])
-    assert result.exit_code == 0, result.output
-    assert result.output.count("identical to OLMo-core's (kept)") == len(their_files(tmp_path / "work"))
+    work = tmp_path / "work"
+    check_written_and_kept(config_json, work, tmp_path / "built", their_files(work), their_files)
     check_trace(config_json, reference, data, tmp_path / "work")
     lengths: dict[int, int] = {}
     for s in reference[0]:
