@@ -287,5 +287,5 @@ def write_olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: in
     os.makedirs(work_dir, exist_ok=True)
     path = os.path.join(work_dir, order_file_name(dataset_size, epoch, seed, chunk_size))
     with atomic_path(path) as tmp:
-        build_olmo_core_order(dataset_size, seed, epoch, chunk_size).astype("<u4").tofile(tmp)
+        build_olmo_core_order(dataset_size, seed, epoch, chunk_size).astype("<u4", copy=False).tofile(tmp)
     return path
