@@ -61,11 +61,12 @@ def step_position(step: int, global_batch_size: int, num_instances: int) -> Batc
     return batch_position(step - 1, global_batch_size, num_instances)
 
 
-def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+def rank_slice(batch: np.ndarray, rank: int, world_size: int, blocks: bool = False) -> np.ndarray:
     """The part of a global batch that rank `rank` of `world_size` trains on: positions rank, rank+W, ...
 
-    This is OLMo's strided split; each position goes to exactly one rank, and the per-rank batch size is
-    GBS / W, so W must divide the global batch size.
+    This is OLMo's strided split (OLMo-core's FSL loaders split alike); each position goes to exactly one rank,
+    and the per-rank batch size is GBS / W, so W must divide the global batch size. With `blocks` (OLMo-core's
+    VSL loader), rank r takes the r-th of W consecutive blocks instead.
     """
     if world_size <= 0 or not 0 <= rank < world_size:
         raise DataError(f"rank must be in [0, world size), got rank {rank} of world size {world_size}")
@@ -74,6 +75,9 @@ def rank_slice(batch: np.ndarray, rank: int, world_size: int) -> np.ndarray:
             f"world size {world_size} does not divide the global batch size {len(batch)}; each rank must get "
             "the same number of instances"
         )
+    if blocks:
+        per = len(batch) // world_size
+        return batch[rank * per : (rank + 1) * per]
     return batch[rank::world_size]
 
 

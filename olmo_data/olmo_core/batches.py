@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.dataset import batch_fingerprint
+from olmo_data.dataset import batch_fingerprint, rank_slice
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable import Composable, open_composable
 from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
@@ -229,10 +229,7 @@ class OlmoCoreData:
 
 def rank_rows(rows: np.ndarray, rank: int, world_size: int, blocks: bool) -> np.ndarray:
     """Rank `rank`'s rows of a global batch: every W-th from its own (FSL), or its block of W (VSL)."""
-    if not blocks:
-        return rows[rank::world_size]
-    per = len(rows) // world_size
-    return rows[rank * per : (rank + 1) * per]
+    return rank_slice(rows, rank, world_size, blocks)
 
 
 def check_world(instances_per_batch: int, rank: int | None, world_size: int, run: OlmoCoreRun) -> None:

@@ -40,11 +40,6 @@ def read_run(
     return OlmoRun(config, cfg, source=source, order=order, verify_data=verify_data)
 
 
-def is_run_config(path: str) -> bool:
-    """Whether a command's argument names a run's config (rather than token files): a YAML file, or JSON."""
-    return path.endswith((".json", ".yaml", ".yml"))
-
-
 def check_own_records(config: str, command: str, records: str) -> None:
     """Refuse, in one line, a run whose trainer does not write this project's records (`records`, which `command`
     reads): the config.json of an OLMo-core run."""

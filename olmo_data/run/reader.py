@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from olmo_data.config import TrainConfig
-from olmo_data.dataset import DocIndex, DocumentSpan, Repetition, TokenFile
+from olmo_data.dataset import DocIndex, DocumentSpan, Repetition, TokenFile, rank_slice
 from olmo_data.errors import DataError
 from olmo_data.run.lineage import Stage
 from olmo_data.tokenizer import Tokenizer
@@ -61,10 +61,7 @@ class StepBatch:
             )
         if not 0 <= rank < world_size:
             raise DataError(f"rank must be in [0, world size), got rank {rank} of world size {world_size}")
-        if self.rank_blocks:
-            per = n // world_size
-            return np.arange(rank * per, (rank + 1) * per)
-        return np.arange(rank, n, world_size)
+        return rank_slice(np.arange(n), rank, world_size, self.rank_blocks)
 
 
 @dataclass(frozen=True)

@@ -200,22 +200,16 @@ class CoreReader:
         ds = self.core.dataset
         blocks = batch.rank_blocks  # VSL: rank r trains the r-th of W consecutive blocks, not every W-th row
 
-        def mine(rows: np.ndarray, rank: int) -> np.ndarray:
-            if not blocks:
-                return rank_slice(rows, rank, self.world_size)
-            per = len(rows) // self.world_size
-            return rows[rank * per : (rank + 1) * per]
-
         fingerprint, sources = None, None
         if self.rank == 0:
             tokens, masks = ds.get_batch(indices)
             fingerprint = batch_fingerprint(tokens)
             sources = self.sources.of(indices)
-            local = mine(indices, 0)
-            tokens = mine(tokens, 0)
-            masks = mine(masks, 0) if masks is not None else None
+            local = rank_slice(indices, 0, self.world_size, blocks)
+            tokens = rank_slice(tokens, 0, self.world_size, blocks)
+            masks = rank_slice(masks, 0, self.world_size, blocks) if masks is not None else None
         else:
-            local = mine(indices, self.rank)
+            local = rank_slice(indices, self.rank, self.world_size, blocks)
             tokens, masks = ds.get_batch(local)
         keep = self.core.instance_mask(local, tokens)
         starts = None

@@ -26,7 +26,7 @@ def ours_config(tmp_path: Path, **data: object) -> str:
     (np.arange(40 * L, dtype=np.uint16) % 97 + 2).tofile(tokens)
     config = {
         "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "vocab_size": 2048, "max_sequence_length": L},
-        "data": {"paths": [str(tokens)], **data} if not data else data,
+        "data": data or {"paths": [str(tokens)]},
         "global_train_batch_size": 8,
         "max_duration": 10,
         "save_folder": str(tmp_path / "run"),
