@@ -185,7 +185,16 @@ def test_latency_and_bandwidth_are_applied() -> None:
         assert status == 206 and len(body) == 200_000 and time.perf_counter() - began >= 0.2 + 0.4
 
 
-def test_the_toolkit_sizes_and_reads_it_over_http(store: SimServer) -> None:
+@pytest.fixture
+def slow_store(fresh_reader: RemoteReader) -> Iterator[SimServer]:
+    """The store with 50 ms a request: concurrent requests overlap whatever the machine's load (without a
+    latency each is answered before the next is sent, and concurrency cannot be seen)."""
+    with SimServer(SPEC, list_page=7, latency_s=0.05) as server:
+        yield server
+
+
+def test_the_toolkit_sizes_and_reads_it_over_http(slow_store: SimServer) -> None:
+    store = slow_store
     urls = store.http_urls()
     assert file_sizes(urls) == [4 * int(n) for n in sim.token_counts(SPEC)]
     assert store.stats()["heads"] == SPEC.files and store.stats()["max_in_flight"] > 1
