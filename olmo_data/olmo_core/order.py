@@ -180,8 +180,45 @@ def olmo_core_order(work_dir: str, dataset_size: int, seed: int, epoch: int, chu
             raise DataError(f"{path}: cannot read OLMo-core's order of epoch {epoch} ({e})") from e
         sample_check(path, stored, length, epoch, chunk_size)
         return EpochOrder(epoch, stored, path, f"read from {path}", length)
+    return rebuilt_order(path, dataset_size, seed, epoch, chunk_size)
+
+
+KEEP_REBUILT_FROM = 1 << 24  # instances: a smaller order is rebuilt in under a second and not kept
+
+
+def kept_order_path(dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> str:
+    """Where a rebuilt order is kept on this machine: `<cache>/olmo-core-orders/` under OLMo-core's own name,
+    which holds everything the order depends on (instances, epoch, seed, chunk), so it never goes stale."""
+    name = order_file_name(dataset_size, epoch, seed, chunk_size)
+    return os.path.join(default_cache_dir(), "olmo-core-orders", name)
+
+
+def rebuilt_order(missing: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
+    """The order OLMo-core's rule gives, where its file (`missing`) is not there. A large one (an epoch of OLMo
+    3's pretraining is 730M instances: 2.9 GB, a minute or more to shuffle) is kept in the cache once built and
+    mapped from there by later commands (a repeated `inspect-batch` then answers in about a second); the cache
+    may be cleared at any time, and a damaged copy is rebuilt over. One that cannot be written (a full disk) is
+    not kept, without failing."""
+    length = dataset_size // chunk_size * chunk_size
+    kept = kept_order_path(dataset_size, seed, epoch, chunk_size)
+    keep = dataset_size >= KEEP_REBUILT_FROM
+    if keep and os.path.isfile(kept) and os.path.getsize(kept) == 4 * length:
+        stored = np.memmap(kept, dtype="<u4", mode="r")
+        try:
+            sample_check(kept, stored, length, epoch, chunk_size)
+            return EpochOrder(epoch, stored, None, f"rebuilt ({missing} not found; kept in {kept})", length)
+        except DataError:
+            del stored  # damaged in the cache: rebuilt over it below
     order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
-    return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)", length)
+    note = f"rebuilt ({missing} not found)"
+    if keep:
+        try:
+            with atomic_path(kept) as tmp:
+                order.astype("<u4", copy=False).tofile(tmp)
+            note = f"rebuilt ({missing} not found; kept in {kept} for later commands)"
+        except OSError:
+            pass
+    return EpochOrder(epoch, order, None, note, length)
 
 
 def order_path(location: str, name: str, dataset_size: int, seed: int, chunk_size: int = 1) -> str:
@@ -216,8 +253,7 @@ def _remote_order(path: str, length: int, dataset_size: int, seed: int, epoch: i
     root = default_cache_dir() if path.startswith(("s3://", "http://", "https://")) else None
     size = stat_many(remote_reader(), [path], root)[path].size
     if size is None:
-        order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
-        return EpochOrder(epoch, order, None, f"rebuilt ({path} not found)", length)
+        return rebuilt_order(path, dataset_size, seed, epoch, chunk_size)
     _check_size(path, size, length, dataset_size, epoch)
     stored = RemoteOrderFile(path, length)
     sample_check(path, stored, length, epoch, chunk_size)  # type: ignore[arg-type]

@@ -389,3 +389,27 @@ def test_a_schedule_replayed_past_the_epoch_bound_is_one_line(tmp_path: Path) ->
     Path(path).write_text(json.dumps(config))
     out = CliRunner().invoke(data_main, ["stats", path, "--json"])
     assert out.exit_code == 0 and json.loads(out.output)["steps"] > 10_000 * 5, out.output
+
+
+def test_a_large_rebuilt_order_is_kept_in_the_cache_and_mapped_by_later_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An order rebuilt because its file is absent is kept under OLMo-core's name in the cache (above the size at
+    which keeping pays), mapped by the next call instead of shuffled again, and a damaged kept copy is rebuilt
+    over, not trusted."""
+    from olmo_data.olmo_core import order as order_module
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(order_module, "KEEP_REBUILT_FROM", 1000)
+    n, want = 5000, build_olmo_core_order(5000, 7, 2)
+    first = olmo_core_order(str(tmp_path / "absent"), n, 7, 2)
+    kept = tmp_path / "cache" / "olmo-core-orders" / order_file_name(n, 2, 7)
+    assert "kept in" in first.note and kept.read_bytes() == want.astype("<u4").tobytes()
+    again = olmo_core_order(str(tmp_path / "absent"), n, 7, 2)
+    assert isinstance(again.order, np.memmap) and np.array_equal(again.whole(), want)
+    kept.write_bytes(bytes(4 * n))  # zeroed: every sampled entry is instance 0
+    damaged = olmo_core_order(str(tmp_path / "absent"), n, 7, 2)
+    assert not isinstance(damaged.order, np.memmap) and np.array_equal(damaged.whole(), want)
+    assert kept.read_bytes() == want.astype("<u4").tobytes()
+    small = olmo_core_order(str(tmp_path / "absent"), 999, 7, 2)  # below the size: rebuilt, not kept
+    assert "kept" not in small.note and not (kept.parent / order_file_name(999, 2, 7)).exists()
