@@ -16,7 +16,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25  # the slowest tests, listed at the end: the suite is kept under ~15 minutes on 2 cores
 
 .PHONY: install demo test test-quick lint refs
 
