@@ -21,6 +21,12 @@ What it holds (`SimSpec` sets the scale; `SimSpec()` is tiny, `SimSpec.olmo3()` 
   epoch `e` of the run's NumpyFSLDataset (`sequence_length`, loader seed `order_seed`), by OLMo-core's rule:
   `np.random.Generator(np.random.PCG64(seed + epoch))` shuffling `np.arange(N, dtype=uint32)`. This one is built
   (once, on first use; at full scale ~150 s and 2.9 GB, kept in `order_cache` when given), not computed per byte.
+* `olmo/train_data/global_indices.npy` (when `with_order`): the order of the same instances for an OLMo-form
+  YAML over the same files (`olmo_config`, seed `olmo_seed`), as OLMo's trainer writes it in
+  `save_folder/train_data`: epoch 0's `np.random.Generator(np.random.PCG64(olmo_seed + 0))` shuffling
+  `np.arange(N, dtype=uint32)`, N the same instances (OLMo's MemMapDataset also cuts each file into
+  `tokens // max_sequence_length` instances, file after file). With the default `olmo_seed = order_seed + 1` it is
+  the same permutation as OLMo-core's epoch 1, built once for both.
 
 `SimServer` serves it over HTTP/1.1 (HEAD, GET with `Range`) at `{url}/{bucket}/{key}`, which is also the path an
 S3 client sends for `s3://{bucket}/{key}` with `AWS_ENDPOINT_URL={url}` (path-style): HEAD object, ranged GET
@@ -75,6 +81,7 @@ class SimSpec:
     order_seed: int = 34521  # data_loader.seed
     order_epochs: tuple[int, ...] = (1,)
     with_order: bool = True
+    olmo_seed: int = 34522  # the OLMo-form YAML's seed (default: order_seed + 1, OLMo-core's epoch 1 permutation)
     metadata: bool = True  # False: no file has metadata (a corpus tokenized without it)
     bucket: str = "sim"
 
@@ -295,11 +302,17 @@ def order_name(spec: SimSpec, epoch: int) -> str:
     return f"global_indices_dataset_size{dataset_size(spec)}_epoch{epoch}_seed{spec.order_seed}_v1.npy"
 
 
+def permutation(spec: SimSpec, pcg_seed: int) -> np.ndarray:
+    """`np.arange(N, dtype=uint32)` over the dataset's N instances, shuffled by PCG64(pcg_seed): both trainers'
+    orders are such permutations."""
+    order = np.arange(dataset_size(spec), dtype=np.uint32)
+    np.random.Generator(np.random.PCG64(pcg_seed)).shuffle(order)
+    return order
+
+
 def build_order(spec: SimSpec, epoch: int) -> np.ndarray:
     """OLMo-core's order of `epoch` (1-based) over the dataset's instances."""
-    order = np.arange(dataset_size(spec), dtype=np.uint32)
-    np.random.Generator(np.random.PCG64(spec.order_seed + epoch)).shuffle(order)
-    return order
+    return permutation(spec, spec.order_seed + epoch)
 
 
 def step_instances(spec: SimSpec, step: int, order: np.ndarray | None = None) -> np.ndarray:
@@ -310,6 +323,98 @@ def step_instances(spec: SimSpec, step: int, order: np.ndarray | None = None) ->
     epoch, batch = 1 + (step - 1) // per_epoch, (step - 1) % per_epoch
     whole = build_order(spec, epoch) if order is None else order
     return np.asarray(whole[batch * per_batch : (batch + 1) * per_batch], dtype=np.int64)
+
+
+OLMO_ORDER_KEY = "olmo/train_data/global_indices.npy"  # where OLMo's trainer writes epoch 0's order, copied here
+
+
+def olmo_step_instances(spec: SimSpec, step: int, order: np.ndarray | None = None) -> np.ndarray:
+    """The instances of step `step` (1-based) of the OLMo-form run (`olmo_config`): OLMo's global batch `step - 1`
+    of `instances_per_batch` instances, epochs counted from 0 (`(step-1) // per_epoch`), each epoch's order
+    PCG64(olmo_seed + epoch), its tail that does not fill a batch dropped."""
+    per_batch = spec.instances_per_batch
+    per_epoch = dataset_size(spec) // per_batch
+    epoch, batch = (step - 1) // per_epoch, (step - 1) % per_epoch
+    whole = permutation(spec, spec.olmo_seed + epoch) if order is None else order
+    return np.asarray(whole[batch * per_batch : (batch + 1) * per_batch], dtype=np.int64)
+
+
+def olmo_config(spec: SimSpec, paths: list[str], save_folder: str = f"{CLUSTER_WORK_DIR}-olmo") -> dict[str, Any]:
+    """An OLMo-form training YAML's keys (allenai/OLMo's TrainConfig, as its official OLMo 2 configs write them)
+    for the run over `paths`: a 7B-shaped model over dolma2 ids (`data.memmap_dtype: uint32`, headerless files
+    without a manifest), `max_sequence_length` and `global_train_batch_size` the spec's, seed `olmo_seed`, one
+    epoch; `save_folder` (where OLMo keeps its order, `train_data/global_indices.npy`) is the training cluster's
+    folder, absent here."""
+    model = {
+        "d_model": 4096,
+        "n_heads": 32,
+        "n_layers": 32,
+        "mlp_hidden_size": 22016,
+        "weight_tying": False,
+        "alibi": False,
+        "rope": True,
+        "rope_theta": 500000,
+        "flash_attention": True,
+        "attention_dropout": 0.0,
+        "include_bias": False,
+        "block_type": "sequential",
+        "layer_norm_type": "rms",
+        "layer_norm_with_affine": True,
+        "layer_norm_eps": 1e-6,
+        "bias_for_layer_norm": False,
+        "attention_layer_norm": True,
+        "attention_layer_norm_with_affine": True,
+        "norm_after": True,
+        "activation_type": "swiglu",
+        "residual_dropout": 0.0,
+        "embedding_dropout": 0.0,
+        "max_sequence_length": spec.sequence_length,
+        "vocab_size": VOCAB,
+        "embedding_size": 100352,
+        "eos_token_id": EOS,
+        "pad_token_id": PAD,
+        "init_device": "meta",
+        "init_fn": "normal",
+        "init_std": 0.02,
+        "init_cutoff_factor": 3,
+    }
+    return {
+        "run_name": "OLMo-7B-sim",
+        "seed": spec.olmo_seed,
+        "dry_run": False,
+        "model": model,
+        "optimizer": {"name": "adamw", "learning_rate": 3.0e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+        "scheduler": {"name": "cosine_with_warmup", "units": "tokens", "t_warmup": 8388608000, "alpha_f": 0.1},
+        "tokenizer": {"identifier": "allenai/dolma2-tokenizer", "truncate_direction": "right"},
+        "save_folder": save_folder,
+        "remote_save_folder": "s3://ai2-llm/checkpoints/OLMo-7B-sim",
+        "save_overwrite": False,
+        "max_duration": "1ep",
+        "global_train_batch_size": spec.instances_per_batch,
+        "device_train_microbatch_size": 2,
+        "precision": "amp_bf16",
+        "max_grad_norm": 1.0,
+        "data": {
+            "pad_direction": "right",
+            "num_workers": 32,
+            "drop_last": True,
+            "pin_memory": True,
+            "prefetch_factor": 8,
+            "persistent_workers": True,
+            "memmap_dtype": "uint32",
+            "timeout": 0,
+            "paths": list(paths),
+        },
+    }
+
+
+def write_olmo_yaml(spec: SimSpec, paths: list[str], path: str | os.PathLike[str], **changes: Any) -> Path:
+    """`olmo_config(spec, paths, **changes)` written as YAML at `path` (returned)."""
+    import yaml
+
+    out = Path(path)
+    out.write_text(yaml.safe_dump(olmo_config(spec, paths, **changes), sort_keys=False))
+    return out
 
 
 def olmo_core_config(spec: SimSpec, paths: list[str], work_dir: str = CLUSTER_WORK_DIR) -> dict[str, Any]:
@@ -363,19 +468,28 @@ class Orders:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, epoch: int) -> np.ndarray:
-        with self._lock:
-            if epoch not in self._built:
-                self._built[epoch] = self._make(epoch)
-            return self._built[epoch]
+        """OLMo-core's order of `epoch`."""
+        return self.permutation(self.spec.order_seed + epoch)
 
-    def _make(self, epoch: int) -> np.ndarray:
+    def olmo(self) -> np.ndarray:
+        """The OLMo-form run's epoch-0 order (`OLMO_ORDER_KEY`)."""
+        return self.permutation(self.spec.olmo_seed)
+
+    def permutation(self, pcg_seed: int) -> np.ndarray:
+        with self._lock:
+            if pcg_seed not in self._built:
+                self._built[pcg_seed] = self._make(pcg_seed)
+            return self._built[pcg_seed]
+
+    def _make(self, pcg_seed: int) -> np.ndarray:
         if self.cache is None:
-            return build_order(self.spec, epoch)
-        sp = self.spec  # what the order depends on (not the metadata, nor the bucket)
-        path = Path(self.cache) / f"{sp.files}-{sp.total_tokens}-{sp.seed}-{sp.spread}-{order_name(sp, epoch)}"
+            return permutation(self.spec, pcg_seed)
+        sp = self.spec  # what the order depends on (not the metadata, nor the bucket); named as OLMo-core's epoch
+        name = order_name(sp, pcg_seed - sp.order_seed)
+        path = Path(self.cache) / f"{sp.files}-{sp.total_tokens}-{sp.seed}-{sp.spread}-{name}"
         if not path.is_file() or path.stat().st_size != 4 * dataset_size(self.spec):
             path.parent.mkdir(parents=True, exist_ok=True)
-            build_order(self.spec, epoch).tofile(f"{path}.tmp")
+            permutation(self.spec, pcg_seed).tofile(f"{path}.tmp")
             os.replace(f"{path}.tmp", path)
         return np.memmap(path, dtype="<u4", mode="r")
 
@@ -385,17 +499,20 @@ def object_keys(spec: SimSpec) -> list[str]:
     keys = [f"tokens/part-{i:05d}.npy" for i in range(spec.files)]
     keys += [f"tokens/part-{i:05d}.csv.gz" for i in range(spec.files) if has_metadata(spec, i)]
     if spec.with_order:
-        keys += [f"orders/{order_name(spec, e)}" for e in spec.order_epochs]
+        keys += [f"orders/{order_name(spec, e)}" for e in spec.order_epochs] + [OLMO_ORDER_KEY]
     return sorted(keys)
 
 
 def _parse(spec: SimSpec, key: str) -> tuple[str, int] | None:
-    """(kind, number) of a key: ("tokens", file), ("metadata", file) or ("order", epoch); None: no such object."""
+    """(kind, number) of a key: ("tokens", file), ("metadata", file), ("order", epoch) or ("order", -1): the
+    OLMo-form run's; None: no such object."""
     if m := _TOKEN.fullmatch(key):
         i = int(m.group(1))
         if i >= spec.files or (m.group(2) == "csv.gz" and not has_metadata(spec, i)):
             return None
         return ("tokens" if m.group(2) == "npy" else "metadata"), i
+    if spec.with_order and key == OLMO_ORDER_KEY:
+        return "order", -1
     if spec.with_order and key.startswith("orders/"):
         for e in spec.order_epochs:
             if key == f"orders/{order_name(spec, e)}":
@@ -425,7 +542,8 @@ def object_bytes(spec: SimSpec, key: str, start: int, stop: int, orders: Orders 
     if kind == "metadata":
         return gz_bytes(spec, n, start, stop)
     if kind == "order":
-        order = (orders or Orders(spec)).get(n)
+        orders = orders or Orders(spec)
+        order = orders.olmo() if n == -1 else orders.get(n)
         lo, hi = start // 4, -(-stop // 4)
         return np.asarray(order[lo:hi], dtype="<u4").tobytes()[start - 4 * lo : stop - 4 * lo]
     raise KeyError(key)
@@ -711,6 +829,7 @@ def main() -> None:
         if spec.with_order:
             for e in spec.order_epochs:
                 s.orders.get(e)
+            s.orders.olmo()
         print(s.url, flush=True)
         threading.Event().wait()
 
