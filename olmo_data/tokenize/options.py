@@ -3,19 +3,27 @@ tokenizer (`ResolvedOptions`), and what the run did (`InputResult` per input, `T
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from olmo_data.dataset import DTYPES, smallest_dtype
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16
+# The `array` typecodes of the token dtypes (`DTYPES`): the workers collect tokens in these, in this machine's byte
+# order as numpy's arrays of those dtypes hold them, with no numpy on the way
+TYPECODES = {"uint16": "H", "uint32": "I"}
+assert [array.array(TYPECODES[d]).itemsize for d in ("uint16", "uint32")] == [2, 4], "2- and 4-byte C unsigned types"
+
+
+def dtype_max(dtype: str) -> int:
+    """The largest token id `dtype` (uint16 or uint32) holds."""
+    return (1 << (8 * array.array(TYPECODES[dtype]).itemsize)) - 1
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,7 @@ def resolve_options(options: TokenizeOptions, tok: Tokenizer) -> ResolvedOptions
     dtype = options.dtype or smallest_dtype(tok.vocab_size)
     if dtype not in DTYPES:
         raise DataError(f"--dtype {dtype!r}: expected uint16 or uint32")
-    limit = int(np.iinfo(DTYPES[dtype]).max)
+    limit = dtype_max(dtype)
     for name, value in (("--eos-token-id", eos), ("--bos-token-id", options.bos_token_id)):
         if value is not None and not 0 <= value <= limit:
             raise DataError(f"{name} {value} does not fit {dtype} (0..{limit}); use --dtype uint32")

@@ -3,6 +3,7 @@ writes them, each under a temporary name until complete."""
 
 from __future__ import annotations
 
+import array
 import contextlib
 import csv
 import io
@@ -10,8 +11,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from olmo_data.documents import Document
 from olmo_data.io import gzip_text_writer
@@ -68,20 +67,22 @@ class PartWriter:
                 (self.dest / f".tmp-{name}").unlink(missing_ok=True)
         self._npy = self._csv = None
 
-    def write(self, flat: np.ndarray, lengths: Sequence[int], docs: Sequence[Document], src: str) -> None:
-        """Append a batch: `flat` holds the documents' tokens back to back, `lengths[i]` tokens each."""
-        pos = 0
-        run_start = 0  # start in `flat` of the run of documents not yet written to the open part
-        for doc, n in zip(docs, lengths, strict=True):
-            if self._npy is None or (self.tokens > 0 and self.tokens + n > self.max_tokens):
-                if self._npy is not None:
-                    self._npy.write(flat[run_start:pos].tobytes())
-                    self.close_part()
-                self._open()
-                run_start = pos
-            self._writer.writerow((self.tokens, self.tokens + n, doc.id, src, doc.line))
-            self.tokens += n
-            self.documents += 1
-            pos += n
-        if self._npy is not None and pos > run_start:
-            self._npy.write(flat[run_start:pos].tobytes())
+    def write(self, flat: array.array[int], lengths: Sequence[int], docs: Sequence[Document], src: str) -> None:
+        """Append a batch: `flat` holds the documents' tokens back to back, `lengths[i]` tokens each, in the part's
+        dtype (an `array` of its typecode, or any one-dimensional buffer of it: a numpy array too)."""
+        with memoryview(flat) as view:  # slices written as they are, without a copy
+            pos = 0
+            run_start = 0  # start in `flat` of the run of documents not yet written to the open part
+            for doc, n in zip(docs, lengths, strict=True):
+                if self._npy is None or (self.tokens > 0 and self.tokens + n > self.max_tokens):
+                    if self._npy is not None:
+                        self._npy.write(view[run_start:pos])
+                        self.close_part()
+                    self._open()
+                    run_start = pos
+                self._writer.writerow((self.tokens, self.tokens + n, doc.id, src, doc.line))
+                self.tokens += n
+                self.documents += 1
+                pos += n
+            if self._npy is not None and pos > run_start:
+                self._npy.write(view[run_start:pos])

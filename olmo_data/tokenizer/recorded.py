@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from olmo_data.dataset import read_manifest
 from olmo_data.errors import DataError
 from olmo_data.tokenizer.base import Tokenizer
 from olmo_data.tokenizer.load import load_tokenizer
@@ -24,6 +23,8 @@ if TYPE_CHECKING:
 def _recorded_tokenizer(source: InstanceSource) -> tuple[dict[str, Any], str] | None:
     """The tokenizer identity the token files' manifests record, and the manifest it came from; None without
     one. Files tokenized with different tokenizers cannot be decoded with one, so that is refused."""
+    from olmo_data.dataset import read_manifest  # (here: the dataset package's import is most of a tokenize start-up)
+
     found: dict[str, tuple[dict[str, Any], str]] = {}
     for directory in dict.fromkeys(f.path.rpartition("/")[0] or "." for f in source.files):
         identity = ((read_manifest(directory) or {}).get("tokenizer")) or {}

@@ -5,17 +5,24 @@ second (cl100k); both are deterministic given the file's bytes and the library v
 the self-check on an engine it is stored under the file's SHA-256 and the engine's name, and later loads skip
 both. An entry also records the engines `auto` tried first and found unusable, so that `auto` takes an entry only
 when it would have chosen that engine itself (versions of every engine installed are part of the key: installing
-riptoken invalidates the entries made without it). The cache holds plain numpy arrays and JSON (no pickle): a
-damaged or foreign file is ignored.
+riptoken invalidates the entries made without it).
+
+An entry is one file read at every start-up, so it is laid out for loading: a JSON line (the plan's settings, the
+sizes and SHA-256 of what follows), then the ranks' tokens back to back, their `struct` format (`3s5s2s...`, one
+item a token, so that one `struct.unpack` call in C cuts them apart) and their ids as little-endian uint32. No
+pickle, no numpy (its import alone is a noticeable part of a tokenize start-up); a damaged, truncated or foreign
+file fails its checks and is ignored.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
-import itertools
 import json
 import logging
 import os
+import struct
+import sys
 from collections.abc import Sequence
 
 from olmo_data import __version__
@@ -27,13 +34,14 @@ from olmo_data.tokenizer.tiktoken_plan import Plan
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
+MAGIC = b"olmo-data checked plan\n"  # the first line of an entry
 # The code that builds, checks and runs a plan: a change to any of it invalidates every cached plan.
 CODE_FILES = ("tiktoken_plan.py", "tiktoken_encoder.py", "tiktoken_backend.py", "tiktoken_cache.py", "engines.py")
 
 
 def _cache_file(sha256: str, engine: Engine) -> str:
-    return os.path.join(default_cache_dir(), "tiktoken", f"{sha256}.{engine}.npz")
+    return os.path.join(default_cache_dir(), "tiktoken", f"{sha256}.{engine}.plan")
 
 
 def _cache_versions() -> dict[str, str]:
@@ -75,9 +83,9 @@ def installed_version(package: str) -> str:
 def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -> None:
     """Store a self-checked plan (and the tokenizer's identity and special ids) for `load_checked`; `tried_before`:
     the engines `auto` tried first and found unusable (empty when the engine was asked for by name)."""
-    import numpy as np
-
-    items = sorted(plan.ranks.items(), key=lambda kv: kv[1])
+    tokens = sorted(plan.ranks, key=plan.ranks.__getitem__)
+    ids = _little_endian(array.array("I", [plan.ranks[t] for t in tokens]))
+    parts = [b"".join(tokens), "".join(f"{len(t)}s" for t in tokens).encode(), ids.tobytes()]
     meta = {
         "versions": _cache_versions(),
         "name": tok.name,
@@ -93,19 +101,28 @@ def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -
         "space_pairs": plan.space_pairs,
         "engine": tok.backend,
         "tried_before": list(tried_before),
+        "sizes": [len(p) for p in parts],  # tokens, their format, ids
+        "payload_sha256": hashlib.sha256(b"".join(parts)).hexdigest(),
     }
     path = _cache_file(tok.sha256, tok.backend)  # type: ignore[arg-type]
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(
-                f,
-                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                blob=np.frombuffer(b"".join(k for k, _ in items), dtype=np.uint8),
-                lengths=np.array([len(k) for k, _ in items], dtype=np.int64),
-                ids=np.array([v for _, v in items], dtype=np.int64),
-            )
+            f.write(MAGIC + json.dumps(meta).encode() + b"\n")
+            for part in parts:
+                f.write(part)
+        old = path[: -len(".plan")] + ".npz"  # the entry of format 2, never read again
+        if os.path.exists(old):
+            os.remove(old)
     except OSError as e:  # a read-only home or a full disk only costs speed
         log.debug("could not cache the tiktoken plan at %s: %s", path, e)
+
+
+def _little_endian(ids: array.array[int]) -> array.array[int]:
+    """`ids` (uint32) in little-endian order, as entries store them, whatever this machine's order (in place)."""
+    assert ids.itemsize == 4, "entries store ids as 4-byte unsigned ints"
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids
 
 
 def load_checked(
@@ -128,20 +145,29 @@ def load_checked(
 
 def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tuple[Tokenizer, list[str]] | None:
     """The entry of `engine` and the engines tried before it; None when missing, stale or damaged."""
-    import numpy as np
-
     path = _cache_file(sha256, engine)
-    if not os.path.exists(path):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:  # missing (the usual case: not cached yet), or unreadable
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(z["meta"].tobytes())
-            blob, lengths, ids = z["blob"].tobytes(), z["lengths"].tolist(), z["ids"].tolist()
+        if not data.startswith(MAGIC):
+            raise ValueError("not an entry of this format")
+        end = data.index(b"\n", len(MAGIC))
+        meta = json.loads(data[len(MAGIC) : end])
         if meta.get("versions") != _cache_versions() or meta.get("sha256") != sha256 or meta["engine"] != engine:
             return None
-        ends = itertools.accumulate(lengths)
-        starts = itertools.chain([0], itertools.accumulate(lengths))
-        ranks = {blob[a:b]: i for a, b, i in zip(starts, ends, ids, strict=False)}
+        payload = memoryview(data)[end + 1 :]
+        n_tokens, n_format, n_ids = (int(n) for n in meta["sizes"])
+        if len(payload) != n_tokens + n_format + n_ids:
+            raise ValueError(f"truncated: {len(payload)} bytes after the header, not {n_tokens + n_format + n_ids}")
+        if hashlib.sha256(payload).hexdigest() != meta["payload_sha256"]:
+            raise ValueError("damaged: its bytes do not match their SHA-256")
+        tokens = struct.unpack(bytes(payload[n_tokens : n_tokens + n_format]), payload[:n_tokens])
+        ids = array.array("I")
+        ids.frombytes(payload[n_tokens + n_format :])
+        ranks = dict(zip(tokens, _little_endian(ids).tolist(), strict=True))
         plan = Plan(
             pat_str=meta["pat_str"],
             ranks=ranks,

@@ -436,8 +436,8 @@ def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
     path = shared_tokenizer("gpt-neox-20b.json")
     first = load_tokenizer(path)
     assert first.backend == AUTO and first.hf is not None
-    cached_files = list((tmp_path / "cache" / "tiktoken").glob("*.npz"))
-    assert [f.name for f in cached_files] == [f"{first.sha256}.{AUTO}.npz"]
+    cached_files = list((tmp_path / "cache" / "tiktoken").glob("*.plan"))
+    assert [f.name for f in cached_files] == [f"{first.sha256}.{AUTO}.plan"]
     second = load_tokenizer(path)
     assert second.backend == AUTO and second.hf is None  # neither the HF load nor the self-check ran
     assert (second.vocab_size, second.eos_token_id, second.pad_token_id) == (50277, 0, 1)
@@ -445,11 +445,16 @@ def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
     reference = [e.ids for e in first.hf.encode_batch(texts, add_special_tokens=False)]
     assert second.encode_batch(texts) == reference
     assert second.decode(reference[-1]) == first.decode(reference[-1])
-    # a damaged cache file is ignored and rewritten
-    cached_files[0].write_bytes(b"not an npz")
-    third = load_tokenizer(path)
-    assert third.hf is not None and third.encode_batch(texts) == reference
-    assert load_tokenizer(path).hf is None
+    # a damaged cache file is ignored and rewritten: foreign, truncated, or one byte of its ranks changed
+    entry = cached_files[0].read_bytes()
+    flipped = bytearray(entry)
+    flipped[entry.index(b"\n", entry.index(b"\n") + 1) + 100] ^= 1  # a byte of the tokens, after the JSON line
+    for damaged in (b"not a plan", entry[:-1], bytes(flipped)):
+        cached_files[0].write_bytes(damaged)
+        third = load_tokenizer(path)
+        assert third.hf is not None and third.encode_batch(texts) == reference
+        assert cached_files[0].read_bytes() == entry  # written again, the same bytes
+        assert load_tokenizer(path).hf is None
     # --backend hf never uses the cache
     assert load_tokenizer(path, "hf").backend == "hf"
 
@@ -464,8 +469,8 @@ def test_cache_entries_per_engine_and_what_auto_takes(tmp_path: Path, monkeypatc
     auto = load_tokenizer(path, "auto")
     assert auto.backend == AUTO and (auto.hf is None) == (AUTO == "tiktoken")
     assert load_tokenizer(path, "auto").hf is None
-    names = sorted(f.name for f in (tmp_path / "cache" / "tiktoken").glob("*.npz"))
-    assert names == sorted({f"{auto.sha256}.tiktoken.npz", f"{auto.sha256}.{AUTO}.npz"})
+    names = sorted(f.name for f in (tmp_path / "cache" / "tiktoken").glob("*.plan"))
+    assert names == sorted({f"{auto.sha256}.tiktoken.plan", f"{auto.sha256}.{AUTO}.plan"})
 
 
 def test_the_cache_key_reads_installed_versions_as_importlib_metadata_does() -> None:
