@@ -388,21 +388,44 @@ def check_order_entries(path: str, entries: np.ndarray, start: int, num_instance
     the same length is refused here, naming the file and the entry, before any instance is read from it."""
     if not entries.size:
         return
-    values = np.asarray(entries, dtype=np.int64)
     problem = None
-    if int(values.max()) >= num_instances:
-        i = int(np.argmax(values >= num_instances))
-        problem = f"entry {start + i:,} is instance {int(values[i]):,}, past the data's {num_instances:,} instances"
-    else:
-        unique, first = np.unique(values, return_index=True)
-        if len(unique) != len(values):
-            i = int(np.setdiff1d(np.arange(len(values)), first, assume_unique=True)[0])
-            problem = f"entry {start + i:,} is instance {int(values[i]):,} again"
+    if int(entries.max()) >= num_instances:
+        i = int(np.argmax(entries >= num_instances))
+        problem = f"entry {start + i:,} is instance {int(entries[i]):,}, past the data's {num_instances:,} instances"
+    elif (repeat := _first_repeat(entries, num_instances)) is not None:
+        problem = f"entry {start + repeat:,} is instance {int(entries[repeat]):,} again"
     if problem is not None:
         raise DataError(
             f"{path}: {problem}; an order holds each instance once: the file is damaged, of another dtype, or built "
             "for other data. Delete it to rebuild it (`olmo-data build-order CONFIG`), or fix data.paths"
         )
+
+
+CHECK_BLOCK = 1 << 24  # entries: up to this many are checked by one sort, more against one byte per instance
+
+
+def _first_repeat(entries: np.ndarray, num_instances: int) -> int | None:
+    """The position of the first entry that repeats an earlier one, or None. A batch's slice is sorted; a whole
+    epoch (730M entries at OLMo 3's scale, where a sort of int64 copies would hold ~30 GB) is checked against one
+    byte per instance, a block at a time (a block is sorted only to name the entry that repeats)."""
+    if entries.size <= CHECK_BLOCK:
+        _, first = np.unique(entries, return_index=True)
+        if len(first) == len(entries):
+            return None
+        return int(np.setdiff1d(np.arange(len(entries)), first, assume_unique=True)[0])
+    seen, marked = np.zeros(num_instances, dtype=bool), 0
+    for lo in range(0, entries.size, CHECK_BLOCK):
+        block = np.asarray(entries[lo : lo + CHECK_BLOCK])
+        again = np.flatnonzero(seen[block])
+        if again.size:  # an instance of an earlier block, unless the block repeats one of its own before it
+            inside = _first_repeat(block[: int(again[0])], num_instances)
+            return lo + (int(again[0]) if inside is None else inside)
+        seen[block] = True
+        now = int(np.count_nonzero(seen))
+        if now - marked != len(block):  # fewer instances marked than entries: the block repeats one of its own
+            return lo + (_first_repeat(block, num_instances) or 0)
+        marked = now
+    return None
 
 
 def global_batch_indices(
