@@ -19,7 +19,7 @@ from olmo_data.errors import DataError
 from olmo_data.olmo_core.composable import Composable, open_composable
 from olmo_data.olmo_core.config import MAX_EPOCHS, OlmoCoreRun, read_olmo_core_config
 from olmo_data.olmo_core.dataset import CoreInstance, OlmoCoreDataset, open_core_dataset
-from olmo_data.olmo_core.order import EpochOrder, olmo_core_order
+from olmo_data.olmo_core.order import EpochOrder, olmo_core_order, olmo_core_order_note
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 from olmo_data.olmo_core.vsl_loader import VSLEpochOrder, VSLSlot, VSLWalk
 
@@ -99,6 +99,13 @@ class OlmoCoreData:
                 else olmo_core_order(self.run.work_dir, len(self.dataset), self.run.seed, epoch, self.run.chunk_size)
             )
         return self._orders[epoch]
+
+    def order_note(self, epoch: int) -> str:
+        """Where epoch `epoch`'s order comes from, as `epoch_order(epoch).note` says, without rebuilding a plain
+        FSL order (gigabytes at scale) just to say so."""
+        if isinstance(self.walk, VSLWalk) or self.composable is not None or epoch in self._orders:
+            return self.epoch_order(epoch).note
+        return olmo_core_order_note(self.run.work_dir, len(self.dataset), self.run.seed, epoch, self.run.chunk_size)
 
     def slot(self, step: int) -> StepSlot:
         return self.walk.slot(step)

@@ -132,7 +132,7 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
     buckets = vsl_stats(stats, data.walk) if isinstance(data.walk, VSLWalk) else None
     per_batch = stats.global_batch_size or per_batch
     last_epoch = data.slot(steps).epoch if steps else 1
-    orders = [data.epoch_order(e).note for e in range(1, min(last_epoch, max_orders) + 1)]
+    orders = [data.order_note(e) for e in range(1, min(last_epoch, max_orders) + 1)]
     mixed = [f"interleaving: {ds.interleaved.note}"] if ds.interleaved is not None else []
     vsl_notes = ds.vsl.notes if ds.vsl is not None else None
     return OlmoCoreStats(stats, per_batch * L, orders, mixed, buckets=buckets, vsl_files=vsl_notes)

@@ -94,6 +94,29 @@ def test_stats_counts_as_olmo_core(tmp_path: Path) -> None:
     assert "duration 2 epochs: 10 steps" in out.output and "epoch 1 order: rebuilt" in out.output
 
 
+def test_stats_names_each_epochs_order_without_building_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stats says where each epoch's order comes from as inspect-batch does, but never shuffles one to say so (an
+    epoch of OLMo 3's pretraining took 98 s): a file there is named and sized, an absent one said to be rebuilt."""
+    from olmo_data.olmo_core import order as order_module
+
+    config = core_config(tmp_path)
+    assert run(["build-order", config, "--epochs", "1"]).exit_code == 0  # epoch 1's file there, epoch 2's not
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("stats built an order")
+
+    monkeypatch.setattr(order_module, "build_olmo_core_order", refuse)
+    got = json.loads(run(["stats", config, "--json"]).output)
+    work = tmp_path / "work"
+    assert got["orders"] == [
+        f"read from {work / order_file_name(40, 1, 7)}",
+        f"rebuilt ({work / order_file_name(40, 2, 7)} not found)",
+    ]
+    (work / order_file_name(40, 1, 7)).write_bytes(bytes(12))
+    out = run(["stats", config])
+    assert out.exit_code == 2 and "12 bytes, but OLMo-core's order of epoch 1 over 40 instances" in out.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
