@@ -23,6 +23,29 @@ from olmo_data.tokenizer.tiktoken_plan import PAIR, Plan, unpaired
 
 # The tokenize stage runs one process per core, so one thread each; more are for single-process callers.
 DEFAULT_NUM_THREADS = 1
+# A batch on several threads is cut into this many runs of texts a thread, of about equal characters, which the
+# threads take as they come free: documents' sizes vary by orders of magnitude, so halves by count leave a thread idle
+CHUNKS_A_THREAD = 4
+
+
+def balanced_chunks(texts: Sequence[str], n: int) -> list[Sequence[str]]:
+    """`texts` cut into at most `n` consecutive runs of about equal characters: each text goes to the run its middle
+    character falls in (a text is never cut), so a run is off its share by at most half a text either side."""
+    total = sum(map(len, texts))
+    chunks: list[Sequence[str]] = []
+    start = 0
+    current = 0  # the run the texts from `start` on go to
+    seen = 0
+    for i, text in enumerate(texts):
+        run = min(n - 1, int((2 * seen + len(text)) * n // (2 * total))) if total else 0
+        seen += len(text)
+        if run != current:
+            if i > start:
+                chunks.append(texts[start:i])
+            start, current = i, run
+    if start < len(texts):
+        chunks.append(texts[start:])
+    return chunks
 
 
 def _alternation(tokens: Sequence[str]) -> re.Pattern[str] | None:
@@ -119,9 +142,8 @@ class TiktokenEncoder:
         if self._pool is None or self._pool_key != (os.getpid(), threads):
             self._pool = ThreadPoolExecutor(threads)  # a pool inherited through fork has no threads
             self._pool_key = (os.getpid(), threads)
-        step = -(-len(texts) // threads)
-        chunks = [texts[i : i + step] for i in range(0, len(texts), step)]
         out: list[list[int]] = []
+        chunks = balanced_chunks(texts, CHUNKS_A_THREAD * threads)
         for part in self._pool.map(self._encode_list, chunks):
             out += part
         return out

@@ -212,6 +212,23 @@ def test_threads_and_pickling_keep_ids(demo_tokenizer: str, texts: list[str], en
     assert copy.backend == engine and copy.encode_batch(texts) == one
 
 
+def test_a_batch_on_threads_is_cut_into_runs_of_about_equal_characters() -> None:
+    from olmo_data.tokenizer.tiktoken_encoder import balanced_chunks
+
+    rng = random.Random(0)
+    for _ in range(200):
+        texts = ["x" * int(rng.paretovariate(1.2) * rng.choice([1, 10, 100])) for _ in range(rng.randint(0, 60))]
+        n = rng.randint(1, 9)
+        chunks = balanced_chunks(texts, n)
+        assert [t for c in chunks for t in c] == texts and len(chunks) <= n
+        assert all(chunks)
+        if texts:  # each run is off its share by at most a text
+            total, longest = sum(map(len, texts)), max(map(len, texts))
+            assert all(sum(map(len, c)) <= total / n + longest for c in chunks)
+    # halves by count would give one thread both long documents and the other nothing to speak of
+    assert [len(c) for c in balanced_chunks(["a" * 1000, "c" * 1000, *["b"] * 10], 2)] == [1, 11]
+
+
 def test_backend_values(demo_tokenizer: str) -> None:
     assert load_tokenizer(demo_tokenizer, "hf").backend == "hf"
     assert load_tokenizer(demo_tokenizer, "auto").backend == AUTO
