@@ -9,7 +9,8 @@ For each tokenizer, on the same corpus and process count, it measures:
   ours      `olmo-data tokenize --processes N` as a user runs it (a subprocess, start-up included), with the
             tokenizer's checked plan cached from an earlier run; `cold`: the first run, cache empty; `% raw`: ours
             against the raw rate of the engine auto chose; `start s`: the same command on one short document (its
-            start-up); `phase %`: ours less that start-up, against the raw rate; also `--backend tiktoken`
+            start-up; `start cpu`: its CPU seconds, all processes, steadier than its wall time on a shared machine);
+            `phase %`: ours less that start-up, against the raw rate; also `--backend tiktoken`
   dolma     `dolma tokens --processes N` on the same files, when a `dolma` executable is given (its own venv)
   datatrove datatrove's `DocumentTokenizer` (HF `tokenizers`' encode_batch) with N tasks, when a Python with
             datatrove installed is given (its own venv; it reads the same .jsonl.gz files)
@@ -225,11 +226,14 @@ def main() -> None:
         print(f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
         print(f"# load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other work slows it)")
         print(f"# dolma: {args.dolma or 'not given'}; datatrove: {args.datatrove_python or 'not given'}")
+        if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # a stale .pyc is then compiled again at every start-up
+            print("# PYTHONDONTWRITEBYTECODE is set: start-up includes compiling modules edited since their .pyc")
         print("# M/s: million tokens a second, all processes together; x: dolma's (datatrove's) seconds / ours")
         raw_heads = " ".join(f"{'raw ' + e:>12}" for e in engines)
         print(
             f"{'tokenizer':<18} {'tokens':>10} {raw_heads} {'encoder':>8} {'engine':>8} {'cold s':>6} {'ours s':>6} "
-            f"{'ours M/s':>8} {'% raw':>5} {'start s':>7} {'phase %':>7} {'tiktok s':>8} {'dolma s':>7} {'x':>5} "
+            f"{'ours M/s':>8} {'% raw':>5} {'start s':>7} {'start cpu':>9} {'phase %':>7} {'tiktok s':>8} "
+            f"{'dolma s':>7} {'x':>5} "
             f"{'same':>4} {'dtrove s':>8} {'x':>5} {'cpu s':>6} {'dolma cpu':>9} {'cpu x':>6} {'raw/cpu':>7} "
             f"{'ours/cpu':>8} {'cpu %':>5}"
         )
@@ -298,7 +302,7 @@ def main() -> None:
             print(
                 f"{Path(spec).name:<18} {ours_tokens:>10,} {raw_cells} {encoder_rate:>8.2f} {chosen:>8} {cold_s:>6.2f} "
                 f"{ours_s:>6.2f} {ours_rate:>8.2f} {100 * ours_rate / raws.get(chosen, float('nan')):>4.0f}% "
-                f"{start_s:>7.2f} {100 * phase_rate / raws.get(chosen, float('nan')):>6.0f}% "
+                f"{start_s:>7.2f} {start_cpu:>9.2f} {100 * phase_rate / raws.get(chosen, float('nan')):>6.0f}% "
                 f"{tiktoken_s:>8.2f} {dolma_s:>7.1f} {dolma_s / ours_s:>4.1f}x {same:>4} {datatrove_s:>8.1f} "
                 f"{datatrove_s / ours_s:>4.1f}x {ours_cpu:>6.2f} {dolma_cpu:>9.1f} {dolma_cpu / ours_cpu:>5.1f}x "
                 f"{per_cpu[chosen]:>7.2f} {ours_per_cpu:>8.2f} {100 * ours_per_cpu / per_cpu[chosen]:>4.0f}%",
