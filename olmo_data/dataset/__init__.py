@@ -9,54 +9,131 @@ epoch, batch and rank arithmetic; `run_steps`, the steps a run trains), `fingerp
 `doc_index` (documents of a token range, from the tokenize metadata), `sources` (source labels), `stats`.
 """
 
-from olmo_data.dataset.doc_index import DocIndex, DocumentSpan
-from olmo_data.dataset.fingerprint import batch_fingerprint
-from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_of
-from olmo_data.dataset.instances import (
-    LABEL_MASK_DTYPE,
-    InstanceSource,
-    dtype_note,
-    open_dataset,
-    open_from_config,
-    read_arrays,
-)
-from olmo_data.dataset.manifest import (
-    DTYPES,
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    Manifests,
-    is_not_found_error,
-    read_manifest,
-    smallest_dtype,
-)
-from olmo_data.dataset.mixture import build_mix, mix_report
-from olmo_data.dataset.order import (
-    build_config_orders,
-    build_order,
-    check_order_entries,
-    default_order_location,
-    ensure_order,
-    first_difference,
-    global_batch_indices,
-    load_order,
-    order_location,
-    order_path_for_epoch,
-    read_order_range,
-)
-from olmo_data.dataset.sources import Sources
-from olmo_data.dataset.stats import DatasetStats, FileStats, SourceStats, dataset_stats, format_stats, stats_for
-from olmo_data.dataset.steps import (
-    BatchPosition,
-    batch_position,
-    batches_per_epoch,
-    rank_positions,
-    rank_slice,
-    run_steps,
-    step_position,
-)
-from olmo_data.dataset.token_files import TokenFile
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each module loads on first use (`__getattr__`)
+    from olmo_data.dataset.doc_index import DocIndex, DocumentSpan
+    from olmo_data.dataset.fingerprint import batch_fingerprint
+    from olmo_data.dataset.instance_filter import Repetition, RepetitionFilter, instance_filter_of
+    from olmo_data.dataset.instances import (
+        LABEL_MASK_DTYPE,
+        InstanceSource,
+        dtype_note,
+        open_dataset,
+        open_from_config,
+        read_arrays,
+    )
+    from olmo_data.dataset.manifest import (
+        DTYPES,
+        Manifests,
+        is_not_found_error,
+        read_manifest,
+    )
+    from olmo_data.dataset.mixture import build_mix, mix_report
+    from olmo_data.dataset.names import DTYPE_NAMES, MANIFEST_NAME, MANIFEST_VERSION, smallest_dtype
+    from olmo_data.dataset.order import (
+        build_config_orders,
+        build_order,
+        check_order_entries,
+        default_order_location,
+        ensure_order,
+        first_difference,
+        global_batch_indices,
+        load_order,
+        order_location,
+        order_path_for_epoch,
+        read_order_range,
+    )
+    from olmo_data.dataset.sources import Sources
+    from olmo_data.dataset.stats import DatasetStats, FileStats, SourceStats, dataset_stats, format_stats, stats_for
+    from olmo_data.dataset.steps import (
+        BatchPosition,
+        batch_position,
+        batches_per_epoch,
+        rank_positions,
+        rank_slice,
+        run_steps,
+        step_position,
+    )
+    from olmo_data.dataset.token_files import TokenFile
+
+# Each name's module. Loaded when first asked for, not when the package is imported: the package pulls in numpy
+# and most of the data layer, ~0.15-0.25 s of every command's start-up (tokenize needs none of it: the manifest's
+# names come from `names`, which imports nothing).
+_WHERE = {
+    "DocIndex": "doc_index",
+    "DocumentSpan": "doc_index",
+    "batch_fingerprint": "fingerprint",
+    "Repetition": "instance_filter",
+    "RepetitionFilter": "instance_filter",
+    "instance_filter_of": "instance_filter",
+    "LABEL_MASK_DTYPE": "instances",
+    "InstanceSource": "instances",
+    "dtype_note": "instances",
+    "open_dataset": "instances",
+    "open_from_config": "instances",
+    "read_arrays": "instances",
+    "DTYPES": "manifest",
+    "DTYPE_NAMES": "names",
+    "MANIFEST_NAME": "names",
+    "MANIFEST_VERSION": "names",
+    "Manifests": "manifest",
+    "is_not_found_error": "manifest",
+    "read_manifest": "manifest",
+    "smallest_dtype": "names",
+    "build_mix": "mixture",
+    "mix_report": "mixture",
+    "build_config_orders": "order",
+    "build_order": "order",
+    "check_order_entries": "order",
+    "default_order_location": "order",
+    "ensure_order": "order",
+    "first_difference": "order",
+    "global_batch_indices": "order",
+    "load_order": "order",
+    "order_location": "order",
+    "order_path_for_epoch": "order",
+    "read_order_range": "order",
+    "Sources": "sources",
+    "DatasetStats": "stats",
+    "FileStats": "stats",
+    "SourceStats": "stats",
+    "dataset_stats": "stats",
+    "format_stats": "stats",
+    "stats_for": "stats",
+    "BatchPosition": "steps",
+    "batch_position": "steps",
+    "batches_per_epoch": "steps",
+    "rank_positions": "steps",
+    "rank_slice": "steps",
+    "run_steps": "steps",
+    "step_position": "steps",
+    "TokenFile": "token_files",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the package (its module imported now, the name then kept here), or one of its modules."""
+    module = _WHERE.get(name)
+    if module is None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "DTYPE_NAMES",
     "BatchPosition",
     "DTYPES",
     "DatasetStats",

@@ -25,17 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset.names import DTYPE_NAMES
+from olmo_data.dataset.names import MANIFEST_NAME as MANIFEST_NAME  # re-exported: the names live in names.py
+from olmo_data.dataset.names import MANIFEST_VERSION as MANIFEST_VERSION
+from olmo_data.dataset.names import smallest_dtype as smallest_dtype
 from olmo_data.errors import DataError, shown
 from olmo_data.io import is_remote, read_bytes
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
 DTYPES: dict[str, type[np.unsignedinteger[Any]]] = {"uint16": np.uint16, "uint32": np.uint32}
-
-
-def smallest_dtype(vocab_size: int) -> str:
-    """uint16 when every id fits (vocab_size <= 65536), else uint32."""
-    return "uint16" if vocab_size <= 2**16 else "uint32"
+assert tuple(DTYPES) == DTYPE_NAMES  # one list of token dtypes
 
 
 def read_manifest(directory: str) -> dict[str, Any] | None:

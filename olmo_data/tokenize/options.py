@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from olmo_data.dataset import DTYPES, smallest_dtype
+from olmo_data.dataset import DTYPE_NAMES, smallest_dtype
 from olmo_data.errors import DataError
 from olmo_data.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS_PER_FILE = 512 * 1024 * 1024  # as `dolma tokens`: 1 GiB of uint16
-# The `array` typecodes of the token dtypes (`DTYPES`): the workers collect tokens in these, in this machine's byte
+# The `array` typecodes of the token dtypes (`DTYPE_NAMES`): the workers collect tokens in these, in this machine's byte
 # order as numpy's arrays of those dtypes hold them, with no numpy on the way
 TYPECODES = {"uint16": "H", "uint32": "I"}
 assert [array.array(TYPECODES[d]).itemsize for d in ("uint16", "uint32")] == [2, 4], "2- and 4-byte C unsigned types"
@@ -200,7 +200,7 @@ def resolve_options(options: TokenizeOptions, tok: Tokenizer) -> ResolvedOptions
     if eos is None:
         raise DataError(f"{options.tokenizer}: the tokenizer has no recognisable EOS token; pass --eos-token-id")
     dtype = options.dtype or smallest_dtype(tok.vocab_size)
-    if dtype not in DTYPES:
+    if dtype not in DTYPE_NAMES:
         raise DataError(f"--dtype {dtype!r}: expected uint16 or uint32")
     limit = dtype_max(dtype)
     for name, value in (("--eos-token-id", eos), ("--bos-token-id", options.bos_token_id)):
