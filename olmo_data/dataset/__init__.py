@@ -182,3 +182,4 @@ __all__ = [
     "stats_for",
     "step_position",
 ]
+assert set(__all__) == set(_WHERE), "each name of the package's API needs its module in _WHERE"

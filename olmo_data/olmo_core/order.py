@@ -189,17 +189,11 @@ def olmo_core_order_note(work_dir: str, dataset_size: int, seed: int, epoch: int
     pretraining to say so took 98 s. A file there is opened as every command opens it, and refused alike."""
     name = order_file_name(dataset_size, epoch, seed, chunk_size)
     path = order_path(work_dir, name, dataset_size, seed, chunk_size)
-    if is_remote(path):
-        root = default_cache_dir() if path.startswith(("s3://", "http://", "https://")) else None
-        there = stat_many(remote_reader(), [path], root)[path].size is not None
-    else:
-        there = os.path.lexists(path)
+    there = _remote_size(path) is not None if is_remote(path) else os.path.lexists(path)
     if there:  # opened as every command opens it (sized, a sample checked), never read whole
         return olmo_core_order(work_dir, dataset_size, seed, epoch, chunk_size).note
-    kept = kept_order_path(dataset_size, seed, epoch, chunk_size)
-    if dataset_size >= KEEP_REBUILT_FROM and os.path.isfile(kept):
-        return f"rebuilt ({path} not found; kept in {kept})"
-    return f"rebuilt ({path} not found)"
+    kept = _kept_copy(dataset_size, seed, epoch, chunk_size)
+    return f"rebuilt ({path} not found; kept in {kept})" if kept else f"rebuilt ({path} not found)"
 
 
 KEEP_REBUILT_FROM = 1 << 24  # instances: a smaller order is rebuilt in under a second and not kept
@@ -212,6 +206,15 @@ def kept_order_path(dataset_size: int, seed: int, epoch: int, chunk_size: int = 
     return os.path.join(default_cache_dir(), "olmo-core-orders", name)
 
 
+def _kept_copy(dataset_size: int, seed: int, epoch: int, chunk_size: int) -> str | None:
+    """The kept copy of a rebuilt order, when the order is large enough to keep and a file of its size is there."""
+    kept = kept_order_path(dataset_size, seed, epoch, chunk_size)
+    length = dataset_size // chunk_size * chunk_size
+    if dataset_size >= KEEP_REBUILT_FROM and os.path.isfile(kept) and os.path.getsize(kept) == 4 * length:
+        return kept
+    return None
+
+
 def rebuilt_order(missing: str, dataset_size: int, seed: int, epoch: int, chunk_size: int = 1) -> EpochOrder:
     """The order OLMo-core's rule gives, where its file (`missing`) is not there. A large one (an epoch of OLMo
     3's pretraining is 730M instances: 2.9 GB, a minute or more to shuffle) is kept in the cache once built and
@@ -219,9 +222,7 @@ def rebuilt_order(missing: str, dataset_size: int, seed: int, epoch: int, chunk_
     may be cleared at any time, and a damaged copy is rebuilt over. One that cannot be written (a full disk) is
     not kept, without failing."""
     length = dataset_size // chunk_size * chunk_size
-    kept = kept_order_path(dataset_size, seed, epoch, chunk_size)
-    keep = dataset_size >= KEEP_REBUILT_FROM
-    if keep and os.path.isfile(kept) and os.path.getsize(kept) == 4 * length:
+    if (kept := _kept_copy(dataset_size, seed, epoch, chunk_size)) is not None:
         stored = np.memmap(kept, dtype="<u4", mode="r")
         try:
             sample_check(kept, stored, length, epoch, chunk_size)
@@ -230,7 +231,8 @@ def rebuilt_order(missing: str, dataset_size: int, seed: int, epoch: int, chunk_
             del stored  # damaged in the cache: rebuilt over it below
     order = build_olmo_core_order(dataset_size, seed, epoch, chunk_size)
     note = f"rebuilt ({missing} not found)"
-    if keep:
+    if dataset_size >= KEEP_REBUILT_FROM:
+        kept = kept_order_path(dataset_size, seed, epoch, chunk_size)
         try:
             with atomic_path(kept) as tmp:
                 order.astype("<u4", copy=False).tofile(tmp)
@@ -266,11 +268,16 @@ def _check_size(path: str, size: int, length: int, dataset_size: int, epoch: int
         )
 
 
+def _remote_size(path: str) -> int | None:
+    """A remote order file's size (one HEAD, kept in the disk cache as every remote size), None when absent."""
+    root = default_cache_dir() if path.startswith(("s3://", "http://", "https://")) else None
+    return stat_many(remote_reader(), [path], root)[path].size
+
+
 def _remote_order(path: str, length: int, dataset_size: int, seed: int, epoch: int, chunk_size: int) -> EpochOrder:
     """A remote order file, sized (one HEAD, cached as every remote size) and sampled by ranges; absent (404):
     rebuilt. Its absence is not kept in the disk cache, so an order copied there later is used at once."""
-    root = default_cache_dir() if path.startswith(("s3://", "http://", "https://")) else None
-    size = stat_many(remote_reader(), [path], root)[path].size
+    size = _remote_size(path)
     if size is None:
         return rebuilt_order(path, dataset_size, seed, epoch, chunk_size)
     _check_size(path, size, length, dataset_size, epoch)
