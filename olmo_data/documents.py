@@ -28,8 +28,12 @@ from olmo_data.io import is_remote, open_file, parquet_file
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2")
 JSON_EXTENSIONS = (".jsonl", ".json", ".ndjson")
-# what a line nested deeper than Python's recursion limit is called (json.loads raises RecursionError on it)
-TOO_DEEP = "JSON nested too deeply to read (arrays or objects inside each other thousands of levels deep)"
+# what a line nested deeper than MAX_DEPTH is called. json.loads and msgspec recurse per level, so without a limit
+# of its own the verdict on a deep line would depend on the caller's recursion limit (a program that raised it would
+# read lines another refuses); 512 is below what either parser reaches under Python's default limit of 1,000.
+TOO_DEEP = "JSON nested too deeply to read (arrays or objects inside each other more than 512 levels deep)"
+MAX_DEPTH = 512
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 # Whether the `fast` extra's readers are used where installed (tests turn it off to compare both paths).
 FAST_READING = True
 
@@ -130,6 +134,9 @@ def _read_jsonl(
             position.attach(f)
         for lineno, raw in numbered_lines(f, path):
             if not raw or raw.isspace():  # (as `not raw.strip()`, without copying the line)
+                continue
+            if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(raw):
+                _fail(f"{path}:{lineno}: {TOO_DEEP}", bad)
                 continue
             if fast is not None and (got := _fast_document(fast, raw)) is not None:
                 yield Document(
@@ -236,6 +243,25 @@ def _fast_fields(text_field: str, id_field: str) -> _FastFields | None:
     rename = {"text": text_field, "id": id_field, "source": "source"}
     struct = msgspec.defstruct("DocumentFields", fields, rename=rename)
     return _FastFields(msgspec.json.Decoder(struct).decode, msgspec.DecodeError)
+
+
+def too_deep(raw: bytes) -> bool:
+    """Whether a JSON line nests arrays and objects more than MAX_DEPTH levels deep."""
+    return nesting_depth(raw) > MAX_DEPTH
+
+
+def nesting_depth(raw: bytes) -> int:
+    """How deep a JSON line nests arrays and objects (brackets inside strings do not count). Strings are cut out
+    without a parser: escaped backslashes, then escaped quotes, are dropped (a run of backslashes escapes in pairs
+    from its left), so every quote left opens or closes a string and every other piece between quotes is outside
+    one. All C-speed byte operations, so text full of brackets costs little."""
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for b in outside:
+        depth += 1 if b in (0x5B, 0x7B) else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _fast_document(fast: _FastFields, raw: bytes) -> tuple[str, Any, Any] | None:

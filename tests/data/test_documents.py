@@ -216,3 +216,65 @@ def test_without_the_fast_extra_the_standard_readers_are_used(tmp_path: Path, mo
     finally:
         _fast_fields.cache_clear()
         _igzip.cache_clear()
+
+
+@pytest.mark.parametrize("limit", [1_000, 20_000])
+def test_the_too_deep_verdict_does_not_depend_on_the_recursion_limit(
+    tmp_path: Path, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line 513 levels deep is refused and one 512 deep read, under the default recursion limit and a raised one
+    (json.loads and msgspec each recurse per level: their own verdict would move with the limit); brackets inside
+    strings, however many, are not nesting."""
+    import sys
+
+    import olmo_data.documents as documents
+
+    lines = [
+        b'{"text": "deep", "m": ' + b"[" * 512 + b"]" * 512 + b"}",
+        b'{"text": "512", "m": ' + b"[" * 511 + b"]" * 511 + b"}",  # (the object itself is a level)
+        b'{"text": "' + b"[{" * 5_000 + b'\\"]", "m": [{"x": "]]]"}]}',
+    ]
+    path = write_jsonl(tmp_path / "d.jsonl", [], raw_lines=[line + b"\n" for line in lines])
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        for fast in (True, False):
+            monkeypatch.setattr(documents, "FAST_READING", fast)
+            bad = BadDocuments()
+            got = [d.line for d in read_documents(path, bad=bad)]
+            assert (got, bad.count) == ([2, 3], 1), (fast, limit)
+            assert bad.examples == [f"{path}:1: {documents.TOO_DEEP}"]
+    finally:
+        sys.setrecursionlimit(old)
+    assert documents.too_deep(lines[0]) and not documents.too_deep(lines[1]) and not documents.too_deep(lines[2])
+
+
+def test_nesting_depth_equals_the_parsed_depth() -> None:
+    """Random JSON (strings full of quotes, backslashes and brackets; keys too) against the depth of what
+    json.loads builds."""
+    import json
+    import random
+
+    from olmo_data.documents import nesting_depth
+
+    def depth(x: Any) -> int:
+        if isinstance(x, list):
+            return 1 + max(map(depth, x), default=0)
+        if isinstance(x, dict):
+            return 1 + max(map(depth, x.values()), default=0)
+        return 0
+
+    rng = random.Random(5)
+
+    def make(level: int) -> Any:
+        r = rng.random()
+        if level > 6 or r < 0.3:
+            return "".join(rng.choice('[]{}"\\\\ab\n') for _ in range(rng.randrange(8)))
+        if r < 0.65:
+            return [make(level + 1) for _ in range(rng.randrange(4))]
+        return {make(9): make(level + 1) for _ in range(rng.randrange(4))}
+
+    for _ in range(2_000):
+        value = make(0)
+        raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
+        assert nesting_depth(raw) == depth(value), raw
