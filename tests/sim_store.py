@@ -17,6 +17,9 @@ What it holds (`SimSpec` sets the scale; `SimSpec()` is tiny, `SimSpec.olmo3()` 
   Numbers are zero-padded to fixed widths and the gzip stream is made of stored (uncompressed) deflate blocks, so
   the size and any byte range of the `.csv.gz` are computed without the rest of it (only the gzip trailer's CRC
   needs the whole text; it is computed once when asked). Stored blocks make the file ~3x its real, compressed size.
+* `tokens/part-NNNNN.docs.idx` (when `doc_index`): beside every metadata file, the range-readable document index
+  that `olmo-data index-documents` writes, as if it had been run once (`sim_doc_index`: computed, its sha256 of
+  the metadata zeros).
 * `orders/global_indices_dataset_size{N}_epoch{e}_seed{s}_v1.npy` (when `with_order`): OLMo-core's order of
   epoch `e` of the run's NumpyFSLDataset (`sequence_length`, loader seed `order_seed`), by OLMo-core's rule:
   `np.random.Generator(np.random.PCG64(seed + epoch))` shuffling `np.arange(N, dtype=uint32)`. This one is built
@@ -83,6 +86,7 @@ class SimSpec:
     with_order: bool = True
     olmo_seed: int = 34522  # the OLMo-form YAML's seed (default: order_seed + 1, OLMo-core's epoch 1 permutation)
     metadata: bool = True  # False: no file has metadata (a corpus tokenized without it)
+    doc_index: bool = False  # True: a range-readable `.docs.idx` beside every metadata file (sim_doc_index)
     bucket: str = "sim"
 
     @classmethod
@@ -455,7 +459,7 @@ def olmo_core_config(spec: SimSpec, paths: list[str], work_dir: str = CLUSTER_WO
 
 # -- objects ---------------------------------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"tokens/part-(\d{5})\.(npy|csv\.gz)")
+_TOKEN = re.compile(r"tokens/part-(\d{5})\.(npy|csv\.gz|docs\.idx)")
 
 
 @dataclass
@@ -498,19 +502,25 @@ def object_keys(spec: SimSpec) -> list[str]:
     """Every key of the store, sorted (as S3 lists them)."""
     keys = [f"tokens/part-{i:05d}.npy" for i in range(spec.files)]
     keys += [f"tokens/part-{i:05d}.csv.gz" for i in range(spec.files) if has_metadata(spec, i)]
+    if spec.doc_index:
+        keys += [f"tokens/part-{i:05d}.docs.idx" for i in range(spec.files) if has_metadata(spec, i)]
     if spec.with_order:
         keys += [f"orders/{order_name(spec, e)}" for e in spec.order_epochs] + [OLMO_ORDER_KEY]
     return sorted(keys)
 
 
 def _parse(spec: SimSpec, key: str) -> tuple[str, int] | None:
-    """(kind, number) of a key: ("tokens", file), ("metadata", file), ("order", epoch) or ("order", -1): the
-    OLMo-form run's; None: no such object."""
+    """(kind, number) of a key: ("tokens", file), ("metadata", file), ("docindex", file), ("order", epoch) or
+    ("order", -1): the OLMo-form run's; None: no such object."""
     if m := _TOKEN.fullmatch(key):
-        i = int(m.group(1))
-        if i >= spec.files or (m.group(2) == "csv.gz" and not has_metadata(spec, i)):
+        i, ext = int(m.group(1)), m.group(2)
+        if (
+            i >= spec.files
+            or (ext != "npy" and not has_metadata(spec, i))
+            or (ext == "docs.idx" and not spec.doc_index)
+        ):
             return None
-        return ("tokens" if m.group(2) == "npy" else "metadata"), i
+        return {"npy": "tokens", "csv.gz": "metadata", "docs.idx": "docindex"}[ext], i
     if spec.with_order and key == OLMO_ORDER_KEY:
         return "order", -1
     if spec.with_order and key.startswith("orders/"):
@@ -520,8 +530,16 @@ def _parse(spec: SimSpec, key: str) -> tuple[str, int] | None:
     return None
 
 
-def object_size(spec: SimSpec, key: str) -> int | None:
-    """Size in bytes of object `key`, None when the store has none by that name."""
+@functools.lru_cache(maxsize=16)
+def _default_indexes(spec: SimSpec) -> Any:
+    from tests.sim_doc_index import DocIndexes
+
+    return DocIndexes(spec)
+
+
+def object_size(spec: SimSpec, key: str, indexes: Any = None) -> int | None:
+    """Size in bytes of object `key`, None when the store has none by that name (`indexes`: the server's
+    `sim_doc_index.DocIndexes`, for `.docs.idx` objects)."""
     what = _parse(spec, key)
     if what is None:
         return None
@@ -530,12 +548,22 @@ def object_size(spec: SimSpec, key: str) -> int | None:
         return 4 * int(token_counts(spec)[n])
     if kind == "metadata":
         return gz_size(spec, n)
+    if kind == "docindex":
+        from tests.sim_doc_index import index_size
+
+        return index_size(spec, n, indexes or _default_indexes(spec))
     return 4 * dataset_size(spec)
 
 
-def object_bytes(spec: SimSpec, key: str, start: int, stop: int, orders: Orders | None = None) -> bytes:
+def object_bytes(
+    spec: SimSpec, key: str, start: int, stop: int, orders: Orders | None = None, indexes: Any = None
+) -> bytes:
     """Bytes start..stop of object `key` (which must exist)."""
     kind, n = _parse(spec, key) or ("", 0)
+    if kind == "docindex":
+        from tests.sim_doc_index import index_bytes
+
+        return index_bytes(spec, n, start, stop, indexes or _default_indexes(spec))
     if kind == "tokens":
         lo, hi = start // 4, -(-stop // 4)
         return tokens(spec, n, lo, hi).astype("<u4").tobytes()[start - 4 * lo : stop - 4 * lo]
@@ -568,11 +596,15 @@ class SimServer:
         bandwidth: float | None = None,
         list_page: int = 1000,
         order_cache: str | None = None,
+        index_cache: str | None = None,
         port: int = 0,
     ) -> None:
+        from tests.sim_doc_index import DocIndexes
+
         self.spec = spec or SimSpec()
         self.latency_s, self.bandwidth, self.list_page = latency_s, bandwidth, list_page
         self.orders = Orders(self.spec, order_cache)
+        self.indexes = DocIndexes(self.spec, index_cache)
         self._lock = threading.Lock()
         self.reset()
         handler = type("Handler", (_Handler,), {"sim": self})
@@ -677,7 +709,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 sim.lists += 1
             self._send(200, self._listing(params), {"Content-Type": "application/xml"}, body)
             return
-        size = object_size(spec, key)
+        size = object_size(spec, key, sim.indexes)
         if size is None:
             self._error(404, "NoSuchKey", body)
             return
@@ -716,7 +748,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         chunk = 4 * 2**20
         for lo in range(start, stop, chunk):
-            self._write(object_bytes(spec, key, lo, min(stop, lo + chunk), sim.orders))
+            self._write(object_bytes(spec, key, lo, min(stop, lo + chunk), sim.orders, sim.indexes))
 
     def _listing(self, params: dict[str, str]) -> bytes:
         """ListObjectsV2: keys after the continuation token (or start-after) under the prefix, a page at a time;
@@ -761,7 +793,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 parts.append(
                     f"<Contents><Key>{enc(name)}</Key><LastModified>2025-01-01T00:00:00.000Z</LastModified>"
-                    f"<ETag>{etag(spec, name).replace(chr(34), '&quot;')}</ETag><Size>{object_size(spec, name)}</Size>"
+                    f"<ETag>{etag(spec, name).replace(chr(34), '&quot;')}</ETag>"
+                    f"<Size>{object_size(spec, name, sim.indexes)}</Size>"
                     "<StorageClass>STANDARD</StorageClass></Contents>"
                 )
         if truncated:
@@ -818,14 +851,20 @@ def main() -> None:
     ap.add_argument("--no-order", action="store_true", help="serve no order file")
     ap.add_argument("--no-metadata", action="store_true", help="serve no .csv.gz metadata")
     ap.add_argument("--order-cache", default=None, help="folder keeping the built order between runs")
+    ap.add_argument("--doc-index", action="store_true", help="serve a .docs.idx beside every metadata file")
+    ap.add_argument("--index-cache", default=None, help="folder keeping the indexes' sorted id hashes")
+    ap.add_argument("--prepare-indexes", type=int, default=0, metavar="N", help="compute them first, N processes")
     args = ap.parse_args()
     spec = SimSpec.olmo3() if args.scale == "olmo3" else SimSpec()
     if args.files is not None:
         spec = replace(spec, files=args.files)
     if args.tokens is not None:
         spec = replace(spec, total_tokens=int(args.tokens))
-    spec = replace(spec, with_order=not args.no_order, metadata=not args.no_metadata)
-    with SimServer(spec, latency_s=args.latency, bandwidth=args.bandwidth, order_cache=args.order_cache) as s:
+    spec = replace(spec, with_order=not args.no_order, metadata=not args.no_metadata, doc_index=args.doc_index)
+    kwargs = {"order_cache": args.order_cache, "index_cache": args.index_cache}
+    with SimServer(spec, latency_s=args.latency, bandwidth=args.bandwidth, **kwargs) as s:
+        if args.prepare_indexes and spec.doc_index:
+            s.indexes.prepare(args.prepare_indexes)
         if spec.with_order:
             for e in spec.order_epochs:
                 s.orders.get(e)
