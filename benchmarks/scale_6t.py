@@ -27,7 +27,12 @@ tokens, instances, dropped tokens and documents those of the generator (document
 
     python benchmarks/scale_6t.py [--files 4000] [--tokens 6e12] [--latency 0.05] [--step 1000000]
         [--commands inspect,inspect-rebuild,stats,stats-lengths,trace,build-order,yaml-inspect,yaml-trace]
-        [--limit 900] [--order-cache /tmp/sim-order-cache]
+        [--limit 900] [--order-cache /tmp/sim-order-cache] [--doc-index [--index-cache /tmp/sim-index-cache]]
+
+With `--doc-index` the store serves a range-readable document index beside every metadata file, as `olmo-data
+index-documents` leaves it (tests/sim_doc_index.py); their sorted id hashes are computed before the store answers
+(at 6T: 2.4e9 ids, about 20 minutes on 2 processes, ~29 GB kept in `--index-cache` for later runs). inspect-batch's
+answer then includes the documents of a sample of instances, checked against the generator.
 """
 
 from __future__ import annotations
@@ -115,10 +120,27 @@ def check_inspect(spec: sim.SimSpec, urls: list[str], out: Path, want: np.ndarra
         i, offset = sim.instance_location(spec, k)
         if (inst["path"], inst["token_offset"]) != (urls[i], offset):
             return f"instance {k}: location differs"
+    documents = 0
     for inst in got["instances"][:: max(1, len(instances) // 16)]:
         if not np.array_equal(inst["token_ids"], sim.instance_tokens(spec, inst["instance"])):
             return f"instance {inst['instance']}: tokens differ"
-    return "equal"
+        i, offset = sim.instance_location(spec, inst["instance"])
+        ids = [d["id"] for d in inst["documents"] or []]
+        if ids != covering(spec, i, offset, offset + spec.sequence_length):
+            return f"instance {inst['instance']}: documents differ"
+        documents += len(ids)
+    return f"equal (a sample's {documents} documents too)" if documents else "equal"
+
+
+def covering(spec: sim.SimSpec, i: int, start: int, end: int) -> list[str]:
+    """The ids of file i's documents overlapping tokens [start, end) (none without metadata), from the generator:
+    documents come in pairs of 2A tokens, so those near start / (2A) are all there is to look at."""
+    if not sim.has_metadata(spec, i):
+        return []
+    a, _ = sim._pair(spec, i)
+    j = np.arange(max(0, 2 * (start // (2 * a)) - 2), min(sim.document_count(spec, i), 2 * (end // (2 * a)) + 4))
+    starts, ends = sim.document_bounds(spec, i, j)
+    return [sim.document_id(spec, i, int(k)) for k in j[(starts < end) & (ends > start)]]
 
 
 def late_document(spec: sim.SimSpec) -> tuple[int, int]:
@@ -244,19 +266,28 @@ def main() -> None:
     parser.add_argument("--order-cache", default=str(Path(tempfile.gettempdir()) / "sim-order-cache"))
     parser.add_argument("--no-repeat", action="store_true", help="first calls only")
     parser.add_argument("--no-metadata", action="store_true", help="no file has .csv.gz metadata (no documents)")
+    parser.add_argument("--doc-index", action="store_true", help="a .docs.idx beside every metadata file")
+    parser.add_argument(
+        "--index-cache", default=str(Path(tempfile.gettempdir()) / "sim-index-cache"), help="their id hashes, kept"
+    )
     args = parser.parse_args()
-    spec = sim.SimSpec.olmo3(files=args.files, total_tokens=int(args.tokens), metadata=not args.no_metadata)
+    spec = sim.SimSpec.olmo3(
+        files=args.files, total_tokens=int(args.tokens), metadata=not args.no_metadata, doc_index=args.doc_index
+    )
     per_epoch = sim.dataset_size(spec) // spec.instances_per_batch
     step = min(args.step, per_epoch)
     print(
         f"# {spec.files} files, {spec.total_tokens:.3g} tokens, {sim.dataset_size(spec):,} instances of "
         f"{spec.sequence_length}, {per_epoch:,} steps an epoch; step {step:,}; {args.latency * 1000:g} ms a request; "
-        f"{'no' if args.no_metadata else 'with'} metadata; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+        f"{'no' if args.no_metadata else 'with'} metadata{', document indexes' if args.doc_index else ''}; "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     server_cmd = [sys.executable, "-m", "tests.sim_store", "--scale", "olmo3", "--files", str(spec.files)]
     server_cmd += ["--tokens", str(spec.total_tokens), "--latency", str(args.latency)]
     server_cmd += ["--order-cache", args.order_cache, *(["--no-metadata"] if args.no_metadata else [])]
+    if args.doc_index:  # (their sorted id hashes computed first, on 2 processes, unless kept from an earlier run)
+        server_cmd += ["--doc-index", "--index-cache", args.index_cache, "--prepare-indexes", "2"]
     began = time.perf_counter()
     server = subprocess.Popen(server_cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

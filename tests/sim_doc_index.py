@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import threading
 import zlib
 from collections import OrderedDict
@@ -150,7 +151,7 @@ class DocIndexes:
         with mp.get_context("fork").Pool(processes) as pool:
             for done, _ in enumerate(pool.imap_unordered(_prepare_one, todo, chunksize=4), 1):
                 if done % 100 == 0 or done == len(todo):
-                    print(f"document indexes: {done}/{len(todo)} files", flush=True)
+                    print(f"document indexes: {done}/{len(todo)} files", file=sys.stderr, flush=True)
         return len(todo)
 
 
