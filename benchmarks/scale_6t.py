@@ -20,9 +20,9 @@ Answers checked against the store's own computation, without the toolkit's code:
 order file's entries (read by range from the store; OLMo's epochs count from 0, OLMo-core's from 1), each one's file
 and offset from the generator, a sample's tokens; trace's targets are the document's token range in its file and its
 hits (step, position, instance, the tokens of the instance and of the document) those of the instances covering that
-range, found in each epoch's order by numpy over the store's order cache file (`--order-cache`; an epoch the store
-does not serve, such as the OLMo-core run's second, whose first batch its max_duration reaches, is built into that
-cache once: at 6T ~150 s and 2.9 GB in this process); stats' sequence length, instances, tokens, steps, per file
+range, found in each epoch's order by numpy over the store's order cache files (`--order-cache`; the store serves
+the OLMo-core run's second epoch's order too, as its work_dir would hold it: its max_duration reaches that epoch's
+first batch); stats' sequence length, instances, tokens, steps, per file
 tokens, instances, dropped tokens and documents those of the generator (document lengths are not checked).
 
     python benchmarks/scale_6t.py [--files 4000] [--tokens 6e12] [--latency 0.05] [--step 1000000]

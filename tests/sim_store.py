@@ -93,7 +93,12 @@ class SimSpec:
     def olmo3(cls, **changes: Any) -> SimSpec:
         """OLMo 3 7B's pretraining at full scale: 4,000 files, 6e12 tokens, batches of 512 x 8,192 tokens."""
         full = cls(files=4000, total_tokens=6 * 10**12, doc_tokens=2048, sequence_length=8192, instances_per_batch=512)
-        return replace(full, **changes)
+        spec = replace(full, **changes)
+        if "order_epochs" not in changes and dataset_size(spec) % spec.instances_per_batch:
+            # max_duration is one epoch's instance tokens, and a dropped tail leaves it short by part of a batch: the
+            # run trains one step of epoch 2, so OLMo-core wrote that epoch's order into its work_dir too
+            spec = replace(spec, order_epochs=(1, 2))
+        return spec
 
     def tag(self) -> str:
         """A short digest of the spec: the objects' ETags (another spec, other bytes)."""
