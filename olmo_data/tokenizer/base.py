@@ -7,7 +7,7 @@ for every backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,6 +41,14 @@ class Tokenizer:
         if self._encode_batch is not None:
             return self._encode_batch(texts)  # type: ignore[no-any-return]
         return [e.ids for e in self.hf.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def encode_each(self, texts: Sequence[str]) -> Iterator[list[int]]:
+        """`encode_batch`'s lists one at a time: on the engines, each is made when asked for, so a caller that copies
+        the ids out (the tokenize stage) holds one text's ids at a time instead of a batch's."""
+        each = getattr(self._encode_batch, "each", None)
+        if each is not None:
+            return each(texts)  # type: ignore[no-any-return]
+        return iter(self.encode_batch(texts))
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
