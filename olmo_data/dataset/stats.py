@@ -90,14 +90,16 @@ def dataset_stats(
     file's document metadata is what takes time on large data."""
     L = source.sequence_length
     docs = DocIndex(cache_dir) if document_lengths else None
+    if docs is not None:  # every file's metadata and index probed at once, not one round trip after another
+        docs.prepare([(f.path, f.metadata_path) for f in source.files])
     files: list[FileStats] = []
-    lengths: list[np.ndarray] = []
+    lengths: list[tuple[np.ndarray, np.ndarray]] = []
     bar = progress_bar(desc="stats", total=sum(f.num_tokens for f in source.files), unit=" tokens", progress=progress)
     for k, f in enumerate(source.files):
         n = f.num_tokens // L
         index = docs.index_for(f.path, f.metadata_path, f.num_tokens) if docs is not None else None
-        if index is not None:
-            lengths.append(np.asarray(index.ends) - np.asarray(index.starts))
+        if index is not None:  # (an index file's lengths section: a few KB, where the rows are 36 B a document)
+            lengths.append(index.length_counts())
         files.append(
             FileStats(
                 f.path,
@@ -105,7 +107,7 @@ def dataset_stats(
                 f.num_tokens,
                 n,
                 f.num_tokens - n * L,
-                len(index.starts) if index is not None else None,
+                index.documents if index is not None else None,
             )
         )
         bar.update(f.num_tokens)
@@ -133,15 +135,10 @@ def dataset_stats(
     out = DatasetStats(L, total, total * L, sum(f.num_tokens for f in source.files), doc_total, files, sources)
     out.assumed_dtype = source.assumed_dtype
     if lengths:
-        all_lengths = np.concatenate(lengths)
-        if len(all_lengths):
-            pct = np.percentile(all_lengths, PERCENTILES)
-            out.document_lengths = {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
-            out.document_lengths["mean"] = float(all_lengths.mean())
-            top = max(1, int(all_lengths.max()))
-            edges = [0] + [2**i for i in range(int(math.log2(top)) + 2)]
-            counts, _ = np.histogram(all_lengths, bins=edges)
-            out.length_histogram = [(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts) if c]
+        values, inverse = np.unique(np.concatenate([v for v, _ in lengths]), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([c for _, c in lengths])).astype(np.int64)
+        if counts.sum():
+            out.document_lengths, out.length_histogram = length_summary(values, counts)
     if global_batch_size is not None:
         per_epoch = batches_per_epoch(total, global_batch_size)
         out.global_batch_size = global_batch_size
@@ -155,6 +152,29 @@ def dataset_stats(
             out.steps = steps
             out.epochs = steps / per_epoch if per_epoch else math.inf
     return out
+
+
+def length_summary(values: np.ndarray, counts: np.ndarray) -> tuple[dict[str, float], list[tuple[int, int, int]]]:
+    """Percentiles, mean and power-of-two histogram of document lengths given as (distinct values ascending, how
+    many documents have each): exactly what numpy gives on the lengths written out one per document (its linear
+    percentiles, float64 mean), without writing them out (2.4e9 documents at OLMo 3's scale)."""
+    n = int(counts.sum())
+    ends = np.cumsum(counts)
+
+    def at(k: np.ndarray) -> np.ndarray:  # the k-th smallest length
+        return values[np.searchsorted(ends, k, side="right")].astype(np.float64)
+
+    virtual = np.asarray(PERCENTILES, np.float64) / 100 * (n - 1)
+    below = np.floor(virtual)
+    gamma = virtual - below
+    a, b = at(below.astype(np.int64)), at(np.minimum(below.astype(np.int64) + 1, n - 1))
+    pct = np.where(gamma >= 0.5, b - (b - a) * (1 - gamma), a + (b - a) * gamma)  # (numpy's lerp, both halves)
+    summary = {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
+    summary["mean"] = float(np.float64(int((values.astype(np.int64) * counts).sum())) / n)
+    top = max(1, int(values[-1]))
+    edges = [0] + [2**i for i in range(int(math.log2(top)) + 2)]
+    binned, _ = np.histogram(values, bins=edges, weights=counts)
+    return summary, [(edges[i], edges[i + 1], int(c)) for i, c in enumerate(binned) if c]
 
 
 def stats_for(

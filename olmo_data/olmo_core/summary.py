@@ -91,7 +91,7 @@ def olmo_core_stats(data: OlmoCoreData, *, doc_index: DocIndex | None = None, ma
                 tokens=tokens,
                 instances=instances,
                 dropped_tokens=max(0, min(used, tokens) - held) if ds.documents is None else 0,
-                documents=len(index.starts) if index is not None else None,
+                documents=index.documents if index is not None else None,  # (an index file's head: no rows read)
             )
         )
         by_source.setdefault(str(name), []).append(k)

@@ -110,3 +110,20 @@ def test_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "5 steps = 1.000 epochs" in res.output
     res = CliRunner().invoke(main, ["stats", d])
     assert res.exit_code == 2 and "--sequence-length is required without a CONFIG" in res.output
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_length_summary_from_counts_is_numpys_on_the_written_out_lengths(seed: int) -> None:
+    """Percentiles (numpy's linear ones, bit for bit), mean and histogram from (length, count) pairs, as an index
+    file's lengths section gives them, equal numpy's on the lengths one per document."""
+    from olmo_data.dataset.stats import PERCENTILES, length_summary
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, [3, 50, 5_000, 2**20, 7, 100_000][seed], size=int(rng.integers(1, 3_000)))
+    values, counts = np.unique(lengths, return_counts=True)
+    summary, histogram = length_summary(values, counts)
+    want = {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(lengths, PERCENTILES), strict=True)}
+    assert summary == want | {"mean": float(lengths.mean())}
+    edges = [0] + [2**i for i in range(int(np.log2(max(1, lengths.max()))) + 2)]
+    binned, _ = np.histogram(lengths, bins=edges)
+    assert histogram == [(edges[i], edges[i + 1], int(c)) for i, c in enumerate(binned) if c]
