@@ -147,9 +147,12 @@ class TiktokenEncoder:
             for text in texts:
                 yield self.encode(text)
             return
-        if self._pool is None or self._pool_key != (os.getpid(), threads):
-            self._pool = ThreadPoolExecutor(threads)  # a pool inherited through fork has no threads
-            self._pool_key = (os.getpid(), threads)
+        key = (os.getpid(), self.num_threads)
+        if self._pool is None or self._pool_key != key:
+            if self._pool is not None and self._pool_key[0] == key[0]:
+                self._pool.shutdown(wait=False)  # (its threads are idle: they end now, not at exit)
+            self._pool = ThreadPoolExecutor(self.num_threads)  # a pool inherited through fork has no threads
+            self._pool_key = key
         chunks = balanced_chunks(texts, CHUNKS_A_THREAD * threads)
         for part in self._pool.map(self._encode_list, chunks):
             yield from part

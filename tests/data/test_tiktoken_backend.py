@@ -212,6 +212,16 @@ def test_threads_and_pickling_keep_ids(demo_tokenizer: str, texts: list[str], en
     assert copy.backend == engine and copy.encode_batch(texts) == one
 
 
+@pytest.mark.parametrize("engine", [*ENGINES, "hf"])
+def test_encode_each_gives_encode_batch_ids_on_any_threads(demo_tokenizer: str, texts: list[str], engine: str) -> None:
+    tok = load_tokenizer(demo_tokenizer, engine)  # type: ignore[arg-type]
+    one = tok.encode_batch(texts)
+    for threads in (1, 3, 2, 1):  # (the encoder's thread pool is made again when the count changes)
+        tok.set_num_threads(threads)
+        assert list(tok.encode_each(texts)) == one
+        assert list(tok.encode_each(texts[:1])) == one[:1] and list(tok.encode_each([])) == []
+
+
 def test_a_batch_on_threads_is_cut_into_runs_of_about_equal_characters() -> None:
     from olmo_data.tokenizer.tiktoken_encoder import balanced_chunks
 

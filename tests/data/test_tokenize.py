@@ -26,6 +26,17 @@ from tests.conftest import shared_tokenizer
 from tests.helpers import docs, write_jsonl
 
 
+def test_a_worker_takes_one_thread_while_inputs_wait_then_the_cores_of_finished_workers() -> None:
+    from olmo_data.tokenize.workers import _threads_now
+
+    # [inputs not started, inputs being tokenized], and the cores (--processes)
+    assert _threads_now([3, 2], 2) == 1  # every worker has an input and every core a worker
+    assert _threads_now([1, 4], 4) == 1
+    assert _threads_now([0, 2], 2) == 1  # the last two inputs, one a core
+    assert _threads_now([0, 1], 2) == 2  # the last input alone: both cores
+    assert _threads_now([0, 3], 8) == 2 and _threads_now([0, 1], 8) == 8
+
+
 def read_output(dest: Path) -> list[tuple[str, str, int, list[int]]]:
     """(id, src, line, tokens) for every document in a token directory, in manifest order."""
     manifest = json.loads((dest / "manifest.json").read_text())
