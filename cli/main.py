@@ -5,8 +5,11 @@ To add a command, add its name and "module:function" to COMMANDS.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import sys
+import threading
 from typing import Any
 
 import click
@@ -53,10 +56,39 @@ class LazyGroup(StagedGroup):
         assert isinstance(command, click.Command)
         return command
 
+    # Commands that leave nothing to finish at exit (their files closed, their workers ended), so that skipping the
+    # interpreter's teardown after they succeed loses nothing: a file left open elsewhere would lose its buffer
+    fast_exit_commands = frozenset({"tokenize"})
+    succeeded: str | None = None  # the command whose `invoke` returned
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The program itself (the `olmo-data` script, `python -m olmo_cli.main`; tests call `main()` instead): after
+        a command of `fast_exit_commands` succeeds, it exits without the interpreter's teardown, which frees every
+        module and object one by one for nothing (~15 ms of a tokenize's ~250 ms start-up on 2 processes). What
+        exiting does for the program is done first: atexit functions (logging's flush, multiprocessing's finalizers,
+        temporary directories) and the flush of stdout and stderr; with a thread still running, or a flush failing,
+        it exits the usual way."""
+        try:
+            return self.main(*args, **kwargs)
+        except SystemExit as e:
+            if e.code not in (0, None) or self.succeeded not in self.fast_exit_commands:
+                raise
+            if threading.active_count() > 1:
+                raise
+            atexit._run_exitfuncs()
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except (OSError, ValueError):  # a closed pipe, say: Python's own exit reports it
+                raise e from None
+            os._exit(0)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with stop_on_signals():  # SIGTERM and Ctrl-C run the commands' own cleanup, then end here
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+            self.succeeded = ctx.invoked_subcommand
+            return result
         except DataError as e:  # bad input: a precise message, no traceback
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
