@@ -362,7 +362,8 @@ def rows_with_ids_many(files: Sequence[RangeFileIndex], ids: Sequence[str]) -> l
     candidates: dict[int, set[int]] = {id(f): set() for f in files}
     for (f, _, _), raw in zip(reads, read_many(reads), strict=True):
         entries = np.frombuffer(raw, dtype=HASH)
-        candidates[id(f)].update(entries["row"][np.isin(entries["hash"], values)].astype(int).tolist())
+        at = np.minimum(np.searchsorted(values, entries["hash"]), len(values) - 1)  # (np.isin: ~1 ms a call)
+        candidates[id(f)].update(entries["row"][values[at] == entries["hash"]].astype(int).tolist())
     by_file = [(f, sorted(candidates[id(f)])) for f in files]
     fetch_blocks([(f, r // f.head.sample_every) for f, rows in by_file for r in rows])
     todo = [(f, r, span) for f, rows in by_file for r in rows if (span := f.id_span(r, r + 1)) is not None]

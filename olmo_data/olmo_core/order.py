@@ -19,6 +19,8 @@ whose folder then holds the others). A remote order file is read by ranges, neve
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -95,8 +97,55 @@ class EpochOrder:
             self._whole = order
         return self._whole
 
+    def positions_of(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, entries) of the order holding one of the instances `wanted`. A file's order is read a block
+        at a time (never mapped whole: an epoch is 2.9 GB at OLMo 3's scale, and a trace reaches two), and checked
+        to be a permutation in the same pass, once: the verdict is kept by the file's path, size and mtime
+        (`$OLMO_DATA_CACHE/olmo-core-orders/verified/`), so a repeated trace only searches."""
+        if self.path is None or self._whole is not None:
+            order = self.whole()
+            at = np.flatnonzero(np.isin(order, wanted))
+            return at, np.asarray(order[at], dtype=np.int64)
+        local = self.order.local_copy() if isinstance(self.order, RemoteOrderFile) else self.path
+        marker = _verified_marker(local)
+        seen = None if marker is not None and os.path.exists(marker) else np.zeros(self.size, dtype=bool)
+        found, values = [], []
+        with open(local, "rb") as f:
+            for lo in range(0, len(self.order), SCAN_ENTRIES):
+                block = np.fromfile(f, dtype="<u4", count=min(SCAN_ENTRIES, len(self.order) - lo))
+                if seen is not None and block.size:
+                    if int(block.max()) >= self.size:
+                        self._refuse(lo + int(np.argmax(block >= self.size)), int(block.max()))
+                    seen[block] = True
+                at = np.flatnonzero(np.isin(block, wanted))
+                found.append(at + lo)
+                values.append(block[at].astype(np.int64))
+        if seen is not None:
+            if not seen.all():
+                detail = f"instance {int(np.argmin(seen)):,} is not in it (another entry holds an instance twice)"
+                raise DataError(order_refusal(str(self.path), self.epoch, self.size, detail))
+        if seen is not None and marker is not None:
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                open(marker, "w").close()
+        return np.concatenate(found or [np.zeros(0, np.int64)]), np.concatenate(values or [np.zeros(0, np.int64)])
+
     def _refuse(self, position: int, value: int) -> None:
         raise DataError(order_refusal(str(self.path), self.epoch, self.size, past(position, value, self.size)))
+
+
+SCAN_ENTRIES = 1 << 25  # entries of an order file read at a time by `positions_of` (128 MB)
+
+
+def _verified_marker(path: str) -> str | None:
+    """Where the verdict that a local order file is a permutation is kept: its path, size and mtime hashed (a
+    file rewritten since gets another name), or None when the file cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = f"{os.path.realpath(path)}\n{st.st_size}\n{st.st_mtime_ns}".encode()
+    return os.path.join(default_cache_dir(), "olmo-core-orders", "verified", hashlib.sha256(key).hexdigest()[:32])
 
 
 def past(position: int, value: int, size: int) -> str:
@@ -336,9 +385,13 @@ class RemoteOrderFile:
         raw = remote_reader().read(self.url, 4 * start, 4 * (stop - start))
         return np.frombuffer(raw, dtype=self.dtype).astype(np.uint32)
 
+    def local_copy(self) -> str:
+        """The whole file's copy in the cache, downloaded once (in ranged chunks) on first use."""
+        return str(cached_download(self.url, f"{4 * self.length}"))
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         if self._whole is None:
-            local = cached_download(self.url, f"{4 * self.length}")
+            local = self.local_copy()
             self._whole = np.memmap(local, dtype=self.dtype, mode="r") if self.length else np.zeros(0, np.uint32)
         return self._whole if dtype is None else self._whole.astype(dtype)
 

@@ -189,15 +189,15 @@ def trained_at(
         return out
     walk = data.walk
     for epoch in data.epochs_of(first, last):
-        order = data.epoch_order(epoch).whole()
-        for position in np.flatnonzero(np.isin(order, wanted)).tolist():
+        positions, entries = data.epoch_order(epoch).positions_of(wanted)
+        for position, instance in zip(positions.tolist(), entries.tolist(), strict=True):
             for step in walk.steps_of(epoch, position, last):
                 if step < first:
                     continue
                 slot = walk.slot(step)
                 within = position - slot.start
                 rank = walk.rank_of(within, slot.instances, world_size)
-                out[int(order[position])].append(TrainedAt(step, epoch, within, rank))
+                out[instance].append(TrainedAt(step, epoch, within, rank))
     return out
 
 

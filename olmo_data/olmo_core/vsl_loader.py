@@ -264,6 +264,12 @@ class VSLEpochOrder:
             self._whole = self.entries(0, int(self.plan.starts[-1]))
         return self._whole
 
+    def positions_of(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, entries) of the epoch's order holding one of the instances `wanted` (as EpochOrder's)."""
+        order = self.whole()
+        at = np.flatnonzero(np.isin(order, wanted))
+        return at, order[at].astype(np.int64)
+
 
 def vsl_stats(stats: DatasetStats, walk: VSLWalk) -> list[dict[str, int]]:
     """`stats` of a VSL run counted by bucket (instances of several lengths; a batch of the longest bucket is

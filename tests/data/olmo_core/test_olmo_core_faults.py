@@ -246,6 +246,44 @@ def test_an_order_damaged_past_the_sampled_blocks_is_refused_when_read_whole(tmp
         found.whole()
 
 
+def test_positions_of_searches_by_blocks_and_checks_a_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trace's search of a file's order, a block at a time: the positions and entries a search of the whole order
+    finds; a damaged file refused as `whole` refuses it; a file found sound is not checked again (its verdict kept
+    by path, size and mtime) until it is rewritten, when its damage is found again."""
+    import olmo_data.olmo_core.order as order_module
+
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(order_module, "SCAN_ENTRIES", 4_096)  # many blocks
+    n = 200_000
+    good = build_olmo_core_order(n, 7, 1).astype("<u4")
+    path = tmp_path / order_file_name(n, 1, 7)
+    path.write_bytes(good.tobytes())
+    wanted = np.array([3, 4_097, 199_999, 12], dtype=np.int64)
+    positions, entries = olmo_core_order(str(tmp_path), n, 7, 1).positions_of(wanted)
+    want = np.flatnonzero(np.isin(good, wanted))
+    assert positions.tolist() == want.tolist() and entries.tolist() == good[want].tolist() and len(want) == 4
+    verdicts = list((tmp_path / "cache" / "olmo-core-orders" / "verified").iterdir())
+    assert len(verdicts) == 1
+    zeros = np.zeros
+
+    def no_bitmap(shape: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        assert shape != n, "checked again"  # (the check's bitmap: a byte per instance)
+        return zeros(shape, *args, **kwargs)
+
+    monkeypatch.setattr(np, "zeros", no_bitmap)
+    assert olmo_core_order(str(tmp_path), n, 7, 1).positions_of(wanted)[0].tolist() == want.tolist()
+    monkeypatch.undo()
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    damaged = good.copy()
+    damaged[100_500] = damaged[100_501]  # (between the blocks sampled at opening)
+    time.sleep(0.01)
+    path.write_bytes(damaged.tobytes())  # rewritten: another mtime, so checked again
+    with pytest.raises(DataError, match=r"_v1\.npy: instance [\d,]+ is not in it \(another entry holds an instance"):
+        olmo_core_order(str(tmp_path), n, 7, 1).positions_of(wanted)
+
+
 def test_a_damaged_padded_instance_file_is_refused_naming_it(tmp_path: Path) -> None:
     """OLMo-core's stored boundaries of a padded dataset's instances, past the token file's end, are named as
     themselves: not a token file that 'shrank'."""
