@@ -58,11 +58,22 @@ from tests import sim_store as sim  # noqa: E402
 OLMO_DATA = str(ROOT / ".venv" / "bin" / "olmo-data")
 
 
+WRAPPER = """
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)
+"""
+
+
 def run_command(args: list[str], env: dict[str, str], limit: float, out: Path) -> dict[str, Any]:
     """One command in a fresh process: seconds, exit status, peak RSS (GiB) and its stdout (in `out`)."""
     began = time.perf_counter()
     with open(out, "wb") as stdout, open(f"{out}.err", "wb") as stderr:
-        child = subprocess.Popen([OLMO_DATA, *args], stdout=stdout, stderr=stderr, env=env)
+        # through a small wrapper process: a child forked straight from this one (which maps orders gigabytes
+        # large to check answers) would start with this process's RSS as its own high-water mark
+        wrapped = [sys.executable, "-c", WRAPPER, f"{out}.rss", OLMO_DATA, *args]
+        child = subprocess.Popen(wrapped, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
         status: int | None = None
         timed_out, usage = False, None
         while status is None:
@@ -70,7 +81,7 @@ def run_command(args: list[str], env: dict[str, str], limit: float, out: Path) -
             if pid:
                 status, usage = code, rusage
             elif time.perf_counter() - began > limit:
-                child.kill()
+                os.killpg(child.pid, 9)
                 _, status, usage = os.wait4(child.pid, 0)
                 timed_out = True
             else:
@@ -80,7 +91,7 @@ def run_command(args: list[str], env: dict[str, str], limit: float, out: Path) -
     return {
         "seconds": time.perf_counter() - began,
         "rc": rc,
-        "peak_gib": usage.ru_maxrss / 2**20 if usage else None,
+        "peak_gib": int(rss.read_text()) / 2**20 if (rss := Path(f"{out}.rss")).is_file() else None,
         "stderr_tail": Path(f"{out}.err").read_text(errors="replace")[-400:],
     }
 
@@ -355,7 +366,7 @@ def main() -> None:
                         answer += f"; whole GETs: {sorted(whole)[:3]}"
                     print(
                         f"| {name} | {call} | {result['seconds']:.1f} | {heads} | {gets} | {mb:.1f} | "
-                        f"{result['peak_gib']:.2f} | {answer} |",
+                        f"{'-' if result['peak_gib'] is None else format(result['peak_gib'], '.2f')} | {answer} |",
                         flush=True,
                     )
                     if result["rc"] not in (0, "timeout"):

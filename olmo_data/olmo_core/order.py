@@ -19,8 +19,6 @@ whose folder then holds the others). A remote order file is read by ranges, neve
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from olmo_data.dataset import remember_verified, verified_marker
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, cached_download, default_cache_dir, is_remote
 from olmo_data.remote import remote_reader, stat_many
@@ -101,13 +100,13 @@ class EpochOrder:
         """(positions, entries) of the order holding one of the instances `wanted`. A file's order is read a block
         at a time (never mapped whole: an epoch is 2.9 GB at OLMo 3's scale, and a trace reaches two), and checked
         to be a permutation in the same pass, once: the verdict is kept by the file's path, size and mtime
-        (`$OLMO_DATA_CACHE/olmo-core-orders/verified/`), so a repeated trace only searches."""
+        (`verified_marker`), so a repeated trace only searches."""
         if self.path is None or self._whole is not None:
             order = self.whole()
             at = np.flatnonzero(np.isin(order, wanted))
             return at, np.asarray(order[at], dtype=np.int64)
         local = self.order.local_copy() if isinstance(self.order, RemoteOrderFile) else self.path
-        marker = _verified_marker(local)
+        marker = verified_marker(local)
         seen = None if marker is not None and os.path.exists(marker) else np.zeros(self.size, dtype=bool)
         found, values = [], []
         with open(local, "rb") as f:
@@ -124,10 +123,8 @@ class EpochOrder:
             if not seen.all():
                 detail = f"instance {int(np.argmin(seen)):,} is not in it (another entry holds an instance twice)"
                 raise DataError(order_refusal(str(self.path), self.epoch, self.size, detail))
-        if seen is not None and marker is not None:
-            with contextlib.suppress(OSError):
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
-                open(marker, "w").close()
+        if seen is not None:
+            remember_verified(marker)
         return np.concatenate(found or [np.zeros(0, np.int64)]), np.concatenate(values or [np.zeros(0, np.int64)])
 
     def _refuse(self, position: int, value: int) -> None:
@@ -135,17 +132,6 @@ class EpochOrder:
 
 
 SCAN_ENTRIES = 1 << 25  # entries of an order file read at a time by `positions_of` (128 MB)
-
-
-def _verified_marker(path: str) -> str | None:
-    """Where the verdict that a local order file is a permutation is kept: its path, size and mtime hashed (a
-    file rewritten since gets another name), or None when the file cannot be stat'ed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = f"{os.path.realpath(path)}\n{st.st_size}\n{st.st_mtime_ns}".encode()
-    return os.path.join(default_cache_dir(), "olmo-core-orders", "verified", hashlib.sha256(key).hexdigest()[:32])
 
 
 def past(position: int, value: int, size: int) -> str:

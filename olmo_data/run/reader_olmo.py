@@ -33,9 +33,11 @@ from olmo_data.dataset import (
     order_location,
     order_path_for_epoch,
     read_order_range,
+    remember_verified,
     run_steps,
     stats_for,
     step_position,
+    verified_marker,
 )
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote
@@ -190,8 +192,11 @@ class OlmoRun(RunData):
             perm = self._epoch_order(epoch)
             segment = np.asarray(perm[lo_batch * gbs : hi_batch * gbs])
             if isinstance(perm, np.memmap):  # a file, not rebuilt: checked as every command checks what it reads
-                path = order_path_for_epoch(self.location, epoch)
-                check_order_entries(path, segment, lo_batch * gbs, len(self.source))
+                path = order_path_for_epoch(self.location, epoch)  # (once: the verdict is kept by file and range)
+                marker = verified_marker(str(perm.filename), f"{lo_batch * gbs}:{hi_batch * gbs}")
+                if marker is None or not os.path.exists(marker):
+                    check_order_entries(path, segment, lo_batch * gbs, len(self.source))
+                    remember_verified(marker)
             for p in (np.flatnonzero(np.isin(segment, wanted)) + lo_batch * gbs).tolist():
                 out[int(perm[p])].append(Trained(epoch * per_epoch + p // gbs + 1, epoch, p // gbs, p % gbs))
         return out

@@ -264,7 +264,7 @@ def test_positions_of_searches_by_blocks_and_checks_a_file_once(
     positions, entries = olmo_core_order(str(tmp_path), n, 7, 1).positions_of(wanted)
     want = np.flatnonzero(np.isin(good, wanted))
     assert positions.tolist() == want.tolist() and entries.tolist() == good[want].tolist() and len(want) == 4
-    verdicts = list((tmp_path / "cache" / "olmo-core-orders" / "verified").iterdir())
+    verdicts = list((tmp_path / "cache" / "order-checks").iterdir())
     assert len(verdicts) == 1
     zeros = np.zeros
 
