@@ -43,7 +43,7 @@ from olmo_data.dataset.doc_index_ranges import (
 )
 from olmo_data.dataset.manifest import Manifests
 from olmo_data.errors import DataError
-from olmo_data.io import default_cache_dir, file_sizes, is_remote
+from olmo_data.io import atomic_path, default_cache_dir, file_sizes, is_remote
 from olmo_data.remote import remote_reader, stat_many
 
 log = logging.getLogger(__name__)
@@ -363,8 +363,28 @@ class DocIndex:
     def rows_with_ids(self, indexes: Sequence[Index], ids: Sequence[str]) -> list[list[int]]:
         """For each index, its rows whose id is one of `ids`: index files' in three concurrent rounds for all."""
         ranged = [i for i in indexes if isinstance(i, RangeFileIndex)]
-        found = dict(zip(map(id, ranged), rows_with_ids_many(ranged, ids), strict=True))
+        found = dict(zip(map(id, ranged), self._ranged_rows_with_ids(ranged, ids), strict=True))
         return [found[id(i)] if isinstance(i, RangeFileIndex) else i.rows_with_ids(ids) for i in indexes]
+
+    def _ranged_rows_with_ids(self, ranged: Sequence[RangeFileIndex], ids: Sequence[str]) -> list[list[int]]:
+        """`rows_with_ids_many`, its answer for remote index files kept in `<cache>/docindex/answers/ids-*.json`
+        (by the files' location, size and ETag and the ids): a repeated trace of a document among 3,000 remote
+        index files reads no hash blocks (three rounds of 3,000 ranged reads, ~6 s at 50 ms)."""
+        if not ranged or not all(f.remote for f in ranged):
+            return rows_with_ids_many(ranged, ids)
+        h = hashlib.sha256("\n".join(sorted(set(ids))).encode())
+        for f in ranged:
+            h.update(f"\n{f.location}\n{f.head.file_size}\n{self._found.get(f.location, (0, None))[1] or ''}".encode())
+        path = self.root / "answers" / f"ids-{h.hexdigest()[:32]}.json"
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            kept = json.loads(path.read_text())
+            return [[int(r) for r in kept[f.location]] for f in ranged]
+        found = rows_with_ids_many(ranged, ids)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError), atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({f.location: rows for f, rows in zip(ranged, found, strict=True)}))
+        return found
 
     def write_files(
         self,
