@@ -382,23 +382,32 @@ def read_order_range(
     return out
 
 
-def check_order_entries(path: str, entries: np.ndarray, start: int, num_instances: int) -> None:
+def check_order_entries(
+    path: str, entries: np.ndarray, start: int, num_instances: int, seen: np.ndarray | None = None
+) -> None:
     """Entries `start ..` of the order file `path` are instances of the data (below `num_instances`), none twice
     (a slice of a permutation): a file of another dtype, zeroed or damaged bytes, or an order of other data with
-    the same length is refused here, naming the file and the entry, before any instance is read from it."""
+    the same length is refused here, naming the file and the entry, before any instance is read from it. With
+    `seen` (one bool per instance: those of the blocks checked before), none of earlier blocks either; marked."""
     if not entries.size:
         return
     problem = None
     if int(entries.max()) >= num_instances:
         i = int(np.argmax(entries >= num_instances))
         problem = f"entry {start + i:,} is instance {int(entries[i]):,}, past the data's {num_instances:,} instances"
-    elif (repeat := _first_repeat(entries, num_instances)) is not None:
-        problem = f"entry {start + repeat:,} is instance {int(entries[repeat]):,} again"
+    else:
+        earlier = np.flatnonzero(seen[entries])[:1].tolist() if seen is not None else []
+        repeats = [r for r in (_first_repeat(entries, num_instances), *earlier) if r is not None]
+        if repeats:
+            repeat = min(repeats)
+            problem = f"entry {start + repeat:,} is instance {int(entries[repeat]):,} again"
     if problem is not None:
         raise DataError(
             f"{path}: {problem}; an order holds each instance once: the file is damaged, of another dtype, or built "
             "for other data. Delete it to rebuild it (`olmo-data build-order CONFIG`), or fix data.paths"
         )
+    if seen is not None:
+        seen[entries] = True
 
 
 CHECK_BLOCK = 1 << 24  # entries: up to this many are checked by one sort, more against one byte per instance

@@ -45,6 +45,8 @@ from olmo_data.run.lineage import Stage, read_lineage, run_stage
 from olmo_data.run.reader import Filtered, Held, Placed, RunData, StepBatch, Trained
 from olmo_data.tokenizer import Tokenizer, data_tokenizer
 
+SCAN_ENTRIES = 1 << 25  # order entries read at a time by a trace's search (128 MB of uint32)
+
 
 class OlmoRun(RunData):
     """A run of ours or OLMo's, from its config (`cfg`) and the instances it names (`source`). `order` replaces
@@ -190,16 +192,35 @@ class OlmoRun(RunData):
             if hi_batch <= lo_batch:
                 continue
             perm = self._epoch_order(epoch)
-            segment = np.asarray(perm[lo_batch * gbs : hi_batch * gbs])
+            start, stop = lo_batch * gbs, hi_batch * gbs
             if isinstance(perm, np.memmap):  # a file, not rebuilt: checked as every command checks what it reads
-                path = order_path_for_epoch(self.location, epoch)  # (once: the verdict is kept by file and range)
-                marker = verified_marker(str(perm.filename), f"{lo_batch * gbs}:{hi_batch * gbs}")
-                if marker is None or not os.path.exists(marker):
-                    check_order_entries(path, segment, lo_batch * gbs, len(self.source))
-                    remember_verified(marker)
-            for p in (np.flatnonzero(np.isin(segment, wanted)) + lo_batch * gbs).tolist():
+                found = self._search_file(perm, order_path_for_epoch(self.location, epoch), start, stop, wanted)
+            else:
+                found = np.flatnonzero(np.isin(perm[start:stop], wanted)) + start
+            for p in found.tolist():
                 out[int(perm[p])].append(Trained(epoch * per_epoch + p // gbs + 1, epoch, p // gbs, p % gbs))
         return out
+
+    def _search_file(self, perm: np.memmap, path: str, start: int, stop: int, wanted: np.ndarray) -> np.ndarray:
+        """Positions in [start, stop) of an order file holding one of `wanted`, read SCAN_ENTRIES at a time (not
+        mapped whole: an epoch is 2.9 GB at OLMo 3's scale), each block checked as `check_order_entries` checks a
+        slice and against the blocks before it (one byte per instance), once per file and range: the verdict is
+        kept (`verified_marker`), so a repeated trace only searches."""
+        marker = verified_marker(str(perm.filename), f"{start}:{stop}")
+        n = len(self.source)
+        seen = None if marker is not None and os.path.exists(marker) else np.zeros(n, dtype=bool)
+        found = []
+        with open(str(perm.filename), "rb") as f:
+            for lo in range(start, stop, SCAN_ENTRIES):
+                count = min(SCAN_ENTRIES, stop - lo)
+                block = np.fromfile(f, dtype=perm.dtype, count=count, offset=perm.offset + lo * perm.itemsize)
+                f.seek(0)
+                if seen is not None:
+                    check_order_entries(path, block, lo, n, seen)
+                found.append(np.flatnonzero(np.isin(block, wanted)) + lo)
+        if seen is not None:
+            remember_verified(marker)
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """The epoch's order file where it exists (checked against the data, as the trainer checks it), else the

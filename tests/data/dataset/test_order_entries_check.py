@@ -46,3 +46,27 @@ def test_an_entry_past_the_data_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
     entries[13] = 20
     with pytest.raises(DataError, match=r"entry 13 is instance 20, past the data's 20 instances"):
         check_order_entries("order.npy", entries, 0, 20)
+
+
+def test_blocks_checked_in_turn_against_the_earlier_ones_name_the_first_repeat() -> None:
+    """A trace reads an epoch's order a block at a time (`seen`: the instances of the blocks before): the entry
+    named is the first repeat of the whole, whichever block it is in and whatever it repeats."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(2, 300))
+        entries = rng.permutation(n).astype(np.uint32)
+        for _k in range(int(rng.integers(0, 3))):
+            entries[int(rng.integers(n))] = entries[int(rng.integers(n))]
+        want, block = first_repeat_by_brute_force(entries), int(rng.integers(1, 40))
+        seen = np.zeros(n, dtype=bool)
+        if want is None:
+            check_in_blocks(entries, block, seen)
+            assert seen.all()
+            continue
+        with pytest.raises(DataError, match=rf"order\.npy: entry {want:,} is instance {int(entries[want]):,} again"):
+            check_in_blocks(entries, block, seen)
+
+
+def check_in_blocks(entries: np.ndarray, block: int, seen: np.ndarray) -> None:
+    for lo in range(0, len(entries), block):
+        check_order_entries("order.npy", entries[lo : lo + block], lo, len(seen), seen)

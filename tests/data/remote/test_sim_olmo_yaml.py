@@ -9,6 +9,7 @@ generator's files, offsets, tokens and documents, without the toolkit's code."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -147,3 +148,17 @@ def test_trace_of_a_document_of_the_olmo_yaml(store: SimServer, tmp_path: Path) 
     keys = ("step", "position", "instance", "instance_start", "instance_end", "target_start", "target_end")
     assert sorted(tuple(h[k] for k in keys) for h in got["hits"]) == sorted(want)
     assert len(want) >= 2
+
+
+def test_the_trace_reads_the_order_in_blocks_with_the_same_hits(
+    store: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch's order searched (and checked) a few thousand entries at a time finds the same steps; a second
+    call finds the order's verdict kept and only searches."""
+    import olmo_data.run.reader_olmo as reader_olmo
+
+    monkeypatch.setattr(reader_olmo, "SCAN_ENTRIES", 4_099)
+    test_trace_of_a_document_of_the_olmo_yaml(store, tmp_path)
+    checks = list(Path(os.environ["OLMO_DATA_CACHE"], "order-checks").iterdir())
+    assert checks
+    test_trace_of_a_document_of_the_olmo_yaml(store, tmp_path)
