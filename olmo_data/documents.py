@@ -135,7 +135,7 @@ def _read_jsonl(
         for lineno, raw in numbered_lines(f, path):
             if not raw or raw.isspace():  # (as `not raw.strip()`, without copying the line)
                 continue
-            if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and too_deep(raw):
+            if too_deep(raw):
                 _fail(f"{path}:{lineno}: {TOO_DEEP}", bad)
                 continue
             if fast is not None and (got := _fast_document(fast, raw)) is not None:
@@ -246,8 +246,9 @@ def _fast_fields(text_field: str, id_field: str) -> _FastFields | None:
 
 
 def too_deep(raw: bytes) -> bool:
-    """Whether a JSON line nests arrays and objects more than MAX_DEPTH levels deep."""
-    return nesting_depth(raw) > MAX_DEPTH
+    """Whether a JSON line nests arrays and objects more than MAX_DEPTH levels deep: two byte counts for any line,
+    the depth itself only for a line with that many brackets in all."""
+    return raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and nesting_depth(raw) > MAX_DEPTH
 
 
 def nesting_depth(raw: bytes) -> int:

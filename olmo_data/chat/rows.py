@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from olmo_data.documents import MAX_DEPTH, TOO_DEEP, file_format, numbered_lines, parquet_batches, too_deep
+from olmo_data.documents import TOO_DEEP, file_format, numbered_lines, parquet_batches, too_deep
 from olmo_data.errors import DataError
 from olmo_data.io import is_remote, open_file, parquet_file
 
@@ -85,7 +85,7 @@ def parse_rows(task: RowChunk, skip_bad_rows: bool) -> tuple[list[Conversation],
         checked: str | list[tuple[str, str]]
         try:
             if task.jsonl:
-                if payload.count(b"[") + payload.count(b"{") > MAX_DEPTH and too_deep(payload):
+                if too_deep(payload):
                     raise RecursionError  # (the same verdict whatever the caller's recursion limit)
                 obj = json.loads(payload)
             checked = _check_row(obj)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each module loads
         order_path_for_epoch,
         read_order_range,
     )
-    from olmo_data.dataset.order_checks import remember_verified, verified_marker
+    from olmo_data.dataset.order_checks import already_verified, remember_verified, search_order_file, verified_marker
     from olmo_data.dataset.sources import Sources
     from olmo_data.dataset.stats import DatasetStats, FileStats, SourceStats, dataset_stats, format_stats, stats_for
     from olmo_data.dataset.steps import (
@@ -90,7 +90,9 @@ _WHERE = {
     "build_config_orders": "order",
     "build_order": "order",
     "check_order_entries": "order",
+    "already_verified": "order_checks",
     "remember_verified": "order_checks",
+    "search_order_file": "order_checks",
     "verified_marker": "order_checks",
     "default_order_location": "order",
     "ensure_order": "order",
@@ -165,7 +167,9 @@ __all__ = [
     "ensure_order",
     "format_stats",
     "check_order_entries",
+    "already_verified",
     "remember_verified",
+    "search_order_file",
     "verified_marker",
     "first_difference",
     "global_batch_indices",

@@ -380,9 +380,7 @@ class DocIndex:
             kept = json.loads(path.read_text())
             return [[int(r) for r in kept[f.location]] for f in ranged]
         found = rows_with_ids_many(ranged, ids)
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError), atomic_path(path) as tmp:
+        with contextlib.suppress(OSError), atomic_path(path) as tmp:  # (which makes its folder)
             tmp.write_text(json.dumps({f.location: rows for f, rows in zip(ranged, found, strict=True)}))
         return found
 

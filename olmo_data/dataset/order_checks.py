@@ -1,7 +1,9 @@
-"""Verdicts on order files kept between commands: an order file checked whole once is not checked again.
+"""Searching an order file a block at a time, and verdicts on order files kept between commands.
 
-Why: reading a whole epoch's order (trace's search) checks it to be a permutation of the data's instances, ~13 s
-at OLMo 3's scale (730M entries); a repeated trace would pay it every time for a file that has not changed.
+Why: trace looks for a document's instances in each epoch's whole order, 2.9 GB at OLMo 3's scale (730M
+entries): read a block at a time it is never resident whole. The same pass checks the file (a permutation of
+the data's instances, ~13 s at that scale), and the verdict is kept, so a repeated trace of a file that has not
+changed only searches.
 """
 
 from __future__ import annotations
@@ -9,8 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Callable
+
+import numpy as np
 
 from olmo_data.io import default_cache_dir
+
+SCAN_ENTRIES = 1 << 25  # entries of an order file read at a time by `search_order_file` (128 MB of uint32)
 
 
 def verified_marker(path: str, what: str = "") -> str | None:
@@ -32,3 +39,34 @@ def remember_verified(marker: str | None) -> None:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             open(marker, "w").close()
+
+
+def already_verified(marker: str | None) -> bool:
+    """Whether a `verified_marker` verdict is kept (None: the file could not be stat'ed, so it is not)."""
+    return marker is not None and os.path.exists(marker)
+
+
+def search_order_file(
+    path: str,
+    dtype: np.dtype,
+    start: int,
+    stop: int,
+    wanted: np.ndarray,
+    check: Callable[[np.ndarray, int], None] | None = None,
+    offset: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, entries as int64) of entries start..stop of the order file `path` (headerless, `dtype`, from
+    byte `offset`) holding one of the instances `wanted`, read SCAN_ENTRIES at a time, never mapped whole;
+    `check(block, first position)` sees every block before it is searched."""
+    dtype = np.dtype(dtype)
+    found, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    with open(path, "rb") as f:
+        f.seek(offset + start * dtype.itemsize)
+        for lo in range(start, stop, SCAN_ENTRIES):
+            block = np.fromfile(f, dtype=dtype, count=min(SCAN_ENTRIES, stop - lo))
+            if check is not None:
+                check(block, lo)
+            at = np.flatnonzero(np.isin(block, wanted))
+            found.append(at + lo)
+            values.append(block[at].astype(np.int64))
+    return np.concatenate(found), np.concatenate(values)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from olmo_data.dataset import remember_verified, verified_marker
+from olmo_data.dataset import already_verified, remember_verified, search_order_file, verified_marker
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, cached_download, default_cache_dir, is_remote
 from olmo_data.remote import remote_reader, stat_many
@@ -98,40 +98,37 @@ class EpochOrder:
 
     def positions_of(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions, entries) of the order holding one of the instances `wanted`. A file's order is read a block
-        at a time (never mapped whole: an epoch is 2.9 GB at OLMo 3's scale, and a trace reaches two), and checked
-        to be a permutation in the same pass, once: the verdict is kept by the file's path, size and mtime
-        (`verified_marker`), so a repeated trace only searches."""
+        at a time (`search_order_file`: never mapped whole, an epoch is 2.9 GB at OLMo 3's scale and a trace
+        reaches two), and checked to be a permutation in the same pass, once: the verdict is kept by the file's
+        path, size and mtime (`verified_marker`), so a repeated trace only searches."""
         if self.path is None or self._whole is not None:
-            order = self.whole()
-            at = np.flatnonzero(np.isin(order, wanted))
-            return at, np.asarray(order[at], dtype=np.int64)
+            return positions_in(self.whole(), wanted)
         local = self.order.local_copy() if isinstance(self.order, RemoteOrderFile) else self.path
         marker = verified_marker(local)
-        seen = None if marker is not None and os.path.exists(marker) else np.zeros(self.size, dtype=bool)
-        found, values = [], []
-        with open(local, "rb") as f:
-            for lo in range(0, len(self.order), SCAN_ENTRIES):
-                block = np.fromfile(f, dtype="<u4", count=min(SCAN_ENTRIES, len(self.order) - lo))
-                if seen is not None and block.size:
-                    if int(block.max()) >= self.size:
-                        self._refuse(lo + int(np.argmax(block >= self.size)), int(block.max()))
-                    seen[block] = True
-                at = np.flatnonzero(np.isin(block, wanted))
-                found.append(at + lo)
-                values.append(block[at].astype(np.int64))
-        if seen is not None:
-            if not seen.all():
-                detail = f"instance {int(np.argmin(seen)):,} is not in it (another entry holds an instance twice)"
-                raise DataError(order_refusal(str(self.path), self.epoch, self.size, detail))
-        if seen is not None:
-            remember_verified(marker)
-        return np.concatenate(found or [np.zeros(0, np.int64)]), np.concatenate(values or [np.zeros(0, np.int64)])
+        if already_verified(marker):
+            return search_order_file(local, np.dtype("<u4"), 0, len(self.order), wanted)
+        seen = np.zeros(self.size, dtype=bool)
+
+        def check(block: np.ndarray, lo: int) -> None:
+            if block.size and int(block.max()) >= self.size:
+                self._refuse(lo + int(np.argmax(block >= self.size)), int(block.max()))
+            seen[block] = True
+
+        found = search_order_file(local, np.dtype("<u4"), 0, len(self.order), wanted, check)
+        if not seen.all():
+            detail = f"instance {int(np.argmin(seen)):,} is not in it (another entry holds an instance twice)"
+            raise DataError(order_refusal(str(self.path), self.epoch, self.size, detail))
+        remember_verified(marker)
+        return found
 
     def _refuse(self, position: int, value: int) -> None:
         raise DataError(order_refusal(str(self.path), self.epoch, self.size, past(position, value, self.size)))
 
 
-SCAN_ENTRIES = 1 << 25  # entries of an order file read at a time by `positions_of` (128 MB)
+def positions_in(order: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, entries as int64) of an order in memory holding one of the instances `wanted`."""
+    at = np.flatnonzero(np.isin(order, wanted))
+    return at, np.asarray(order[at], dtype=np.int64)
 
 
 def past(position: int, value: int, size: int) -> str:

@@ -27,6 +27,7 @@ from olmo_data.dataset import DatasetStats
 from olmo_data.errors import DataError
 from olmo_data.olmo_core.cache_files import keep_or_write
 from olmo_data.olmo_core.config import OlmoCoreRun
+from olmo_data.olmo_core.order import positions_in
 from olmo_data.olmo_core.steps import StepSlot, StepWalk
 from olmo_data.olmo_core.vsl import INDEX_DTYPE, VSLInstances, dataset_files
 from olmo_data.olmo_core.vsl_curriculum import VSLCurriculum, batch_order, batches_per_bucket
@@ -266,9 +267,7 @@ class VSLEpochOrder:
 
     def positions_of(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions, entries) of the epoch's order holding one of the instances `wanted` (as EpochOrder's)."""
-        order = self.whole()
-        at = np.flatnonzero(np.isin(order, wanted))
-        return at, order[at].astype(np.int64)
+        return positions_in(self.whole(), wanted)
 
 
 def vsl_stats(stats: DatasetStats, walk: VSLWalk) -> list[dict[str, int]]:

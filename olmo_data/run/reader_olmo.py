@@ -21,6 +21,7 @@ from olmo_data.dataset import (
     InstanceSource,
     Sources,
     TokenFile,
+    already_verified,
     batch_fingerprint,
     batches_per_epoch,
     build_config_orders,
@@ -35,6 +36,7 @@ from olmo_data.dataset import (
     read_order_range,
     remember_verified,
     run_steps,
+    search_order_file,
     stats_for,
     step_position,
     verified_marker,
@@ -44,8 +46,6 @@ from olmo_data.io import is_remote
 from olmo_data.run.lineage import Stage, read_lineage, run_stage
 from olmo_data.run.reader import Filtered, Held, Placed, RunData, StepBatch, Trained
 from olmo_data.tokenizer import Tokenizer, data_tokenizer
-
-SCAN_ENTRIES = 1 << 25  # order entries read at a time by a trace's search (128 MB of uint32)
 
 
 class OlmoRun(RunData):
@@ -202,25 +202,22 @@ class OlmoRun(RunData):
         return out
 
     def _search_file(self, perm: np.memmap, path: str, start: int, stop: int, wanted: np.ndarray) -> np.ndarray:
-        """Positions in [start, stop) of an order file holding one of `wanted`, read SCAN_ENTRIES at a time (not
-        mapped whole: an epoch is 2.9 GB at OLMo 3's scale), each block checked as `check_order_entries` checks a
-        slice and against the blocks before it (one byte per instance), once per file and range: the verdict is
-        kept (`verified_marker`), so a repeated trace only searches."""
-        marker = verified_marker(str(perm.filename), f"{start}:{stop}")
-        n = len(self.source)
-        seen = None if marker is not None and os.path.exists(marker) else np.zeros(n, dtype=bool)
-        found = []
-        with open(str(perm.filename), "rb") as f:
-            for lo in range(start, stop, SCAN_ENTRIES):
-                count = min(SCAN_ENTRIES, stop - lo)
-                block = np.fromfile(f, dtype=perm.dtype, count=count, offset=perm.offset + lo * perm.itemsize)
-                f.seek(0)
-                if seen is not None:
-                    check_order_entries(path, block, lo, n, seen)
-                found.append(np.flatnonzero(np.isin(block, wanted)) + lo)
+        """Positions in [start, stop) of an order file holding one of `wanted`, read a block at a time
+        (`search_order_file`: not mapped whole, an epoch is 2.9 GB at OLMo 3's scale), each block checked as
+        `check_order_entries` checks a slice and against the blocks before it (one byte per instance), once per
+        file and range: the verdict is kept (`verified_marker`), so a repeated trace only searches."""
+        local, n = str(perm.filename), len(self.source)
+        marker = verified_marker(local, f"{start}:{stop}")
+        seen = None if already_verified(marker) else np.zeros(n, dtype=bool)
+
+        def check(block: np.ndarray, lo: int) -> None:
+            check_order_entries(path, block, lo, n, seen)
+
+        checked = check if seen is not None else None
+        found, _ = search_order_file(local, perm.dtype, start, stop, wanted, checked, perm.offset)
         if seen is not None:
             remember_verified(marker)
-        return np.concatenate(found) if found else np.zeros(0, np.int64)
+        return found
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """The epoch's order file where it exists (checked against the data, as the trainer checks it), else the

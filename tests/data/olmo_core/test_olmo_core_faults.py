@@ -252,10 +252,10 @@ def test_positions_of_searches_by_blocks_and_checks_a_file_once(
     """trace's search of a file's order, a block at a time: the positions and entries a search of the whole order
     finds; a damaged file refused as `whole` refuses it; a file found sound is not checked again (its verdict kept
     by path, size and mtime) until it is rewritten, when its damage is found again."""
-    import olmo_data.olmo_core.order as order_module
+    import olmo_data.dataset.order_checks as order_checks
 
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(order_module, "SCAN_ENTRIES", 4_096)  # many blocks
+    monkeypatch.setattr(order_checks, "SCAN_ENTRIES", 4_096)  # many blocks
     n = 200_000
     good = build_olmo_core_order(n, 7, 1).astype("<u4")
     path = tmp_path / order_file_name(n, 1, 7)

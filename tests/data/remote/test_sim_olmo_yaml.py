@@ -155,9 +155,9 @@ def test_the_trace_reads_the_order_in_blocks_with_the_same_hits(
 ) -> None:
     """An epoch's order searched (and checked) a few thousand entries at a time finds the same steps; a second
     call finds the order's verdict kept and only searches."""
-    import olmo_data.run.reader_olmo as reader_olmo
+    import olmo_data.dataset.order_checks as order_checks
 
-    monkeypatch.setattr(reader_olmo, "SCAN_ENTRIES", 4_099)
+    monkeypatch.setattr(order_checks, "SCAN_ENTRIES", 4_099)
     test_trace_of_a_document_of_the_olmo_yaml(store, tmp_path)
     checks = list(Path(os.environ["OLMO_DATA_CACHE"], "order-checks").iterdir())
     assert checks
