@@ -33,6 +33,7 @@ import numpy as np
 
 from olmo_data.dataset.doc_index_file import SAMPLE_EVERY, index_path_for, read_metadata, write_index_file
 from olmo_data.dataset.doc_index_ranges import (
+    HEAD_GUESS,
     RangeFileIndex,
     answers_key,
     load_answers,
@@ -44,7 +45,7 @@ from olmo_data.dataset.doc_index_ranges import (
 from olmo_data.dataset.manifest import Manifests
 from olmo_data.errors import DataError
 from olmo_data.io import atomic_path, default_cache_dir, file_sizes, is_remote
-from olmo_data.remote import remote_reader, stat_many
+from olmo_data.remote import remote_reader, stat_and_start_many
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ class DocIndex:
         self._ranged: dict[str, RangeFileIndex | None] = {}  # metadata: its index file, None: none usable
         self._found: dict[str, tuple[int, str | None]] = {}  # remote index files there: (size, ETag)
         self._probed: set[str] = set()  # remote index files looked for
+        self._starts: dict[str, bytes] = {}  # the first bytes of those, read with their probe (until opened)
         self._manifests = Manifests()  # token directories' manifests, each read once
         self._lock = threading.Lock()
         self.built = 0  # how many indexes this object had to build (tests check that lookups reuse them)
@@ -244,10 +246,11 @@ class DocIndex:
             there = [m for m in dict.fromkeys(metadata) if is_remote(m) and self._sizes.get(m) is not None]
             probe = [index_path_for(m) for m in there if index_path_for(m) not in self._probed]
         if probe:
-            found = _probe(probe)
+            found, starts = _probe(probe)
             with self._lock:
                 self._probed.update(probe)
                 self._found.update(found)
+                self._starts.update(starts)
 
     def _open_ranged(self, metadata: Sequence[str]) -> None:
         """Find and open the index files of these metadata files (those not looked for yet)."""
@@ -264,7 +267,8 @@ class DocIndex:
                     if not is_remote(path) and os.path.isfile(path):
                         candidates[m] = (path, (os.path.getsize(path), None))
                         break
-        opened = open_indexes(dict(candidates.values()), self.root) if candidates else {}
+            starts = {path: self._starts.pop(path) for path, _ in candidates.values() if path in self._starts}
+        opened = open_indexes(dict(candidates.values()), self.root, starts) if candidates else {}
         with self._lock:
             for m in todo:
                 index: RangeFileIndex | DataError | None = None
@@ -428,16 +432,22 @@ class DocIndex:
         return out
 
 
-def _probe(urls: list[str]) -> dict[str, tuple[int, str | None]]:
-    """(size, ETag) of the remote index files that are there. Sized as the metadata is (`file_sizes`: an absence
-    is believed for `olmo_data.remote.sizes.ABSENT_TTL_S`, a day: an index uploaded later is seen after that, or
-    at once once `<cache>/remote-sizes` is deleted); the ETag is the one that sizing saw (no request)."""
+def _probe(urls: list[str]) -> tuple[dict[str, tuple[int, str | None]], dict[str, bytes]]:
+    """(size, ETag) of the remote index files that are there, and the first bytes of those that had to be asked:
+    one ranged GET each gives both (`olmo_data.remote.starts`), kept where a HEAD's answer would be, so an
+    absence is believed for `olmo_data.remote.sizes.ABSENT_TTL_S`, a day (an index uploaded later is seen after
+    that, or at once once `<cache>/remote-sizes` is deleted)."""
     if not urls:
-        return {}
-    sizes = file_sizes(urls, missing_ok=True)
-    there = [u for u, size in zip(urls, sizes, strict=True) if size is not None]
-    stats = stat_many(remote_reader(), there, None) if there else {}  # (this process's memo: no request)
-    return {u: (size, stats[u].etag if u in stats else None) for u, size in zip(urls, sizes, strict=True) if size}
+        return {}, {}
+    root = default_cache_dir() if all(u.startswith(("s3://", "http://", "https://")) for u in urls) else None
+    try:
+        stats, starts = stat_and_start_many(remote_reader(), urls, HEAD_GUESS, root)
+    except DataError:
+        raise
+    except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
+        raise DataError(f"{urls[0]}: cannot read ({type(e).__name__}: {e})") from e
+    found = {u: (st.size, st.etag) for u, st in stats.items() if st.size}
+    return found, {u: data for u, data in starts.items() if u in found}
 
 
 def check_rows_within(index: Index, metadata: str, token_path: str, num_tokens: int) -> None:

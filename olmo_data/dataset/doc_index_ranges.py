@@ -36,6 +36,7 @@ from olmo_data.io import atomic_path, is_remote
 from olmo_data.remote import remote_reader
 
 WHOLE_CHUNK = 8 * 2**20  # a whole section (full columns) is read in ranged chunks of this size, concurrently
+HEAD_GUESS = 32 * 1024  # bytes read first of a remote index not sized yet: a whole head up to ~1.3M documents
 KEPT_BLOCKS = 256  # blocks of rows a file keeps in memory (a long-lived reader looking at many batches)
 
 
@@ -377,10 +378,14 @@ def head_cache_path(root: Path, url: str, size: int, etag: str | None) -> Path:
     return root / "heads" / f"{digest}.head"
 
 
-def open_indexes(found: dict[str, tuple[int, str | None]], root: Path) -> dict[str, RangeFileIndex | DataError]:
+def open_indexes(
+    found: dict[str, tuple[int, str | None]], root: Path, starts: dict[str, bytes] | None = None
+) -> dict[str, RangeFileIndex | DataError]:
     """Open the index files `found` names ({location: (size, ETag)}): a local one by reading its head, a remote
-    one from the head cache or, for all those not cached, in one concurrent round of ranged reads (two for heads
-    larger than guessed). A file that is no valid index (damaged, cut short, another version) is its DataError."""
+    one from the head cache, from its first bytes in `starts` (read when it was sized), or, for all the others,
+    in one concurrent round of ranged reads (two for heads larger than guessed). A file that is no valid index
+    (damaged, cut short, another version) is its DataError."""
+    starts = starts or {}
     out: dict[str, RangeFileIndex | DataError] = {}
     heads: dict[str, bytes] = {}
     todo: list[str] = []
@@ -402,8 +407,10 @@ def open_indexes(found: dict[str, tuple[int, str | None]], root: Path) -> dict[s
                 continue
         todo.append(location)
     if todo:
-        guess = {u: min(found[u][0], 8192 + found[u][0] // 1024) for u in todo}
-        got = dict(zip(todo, remote_reader().read_many([(u, 0, guess[u]) for u in todo]), strict=True))
+        unread = [u for u in todo if u not in starts]
+        guess = {u: min(found[u][0], 8192 + found[u][0] // 1024) for u in unread}
+        got = {u: starts[u] for u in todo if u in starts}
+        got.update(zip(unread, remote_reader().read_many([(u, 0, guess[u]) for u in unread]), strict=True))
         more: list[tuple[str, int, int]] = []
         for u, data in got.items():
             try:

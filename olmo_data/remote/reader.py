@@ -85,7 +85,7 @@ class RemoteOptions:
             )
 
 
-class _Transient(Exception):
+class Transient(Exception):
     """A failure that may not happen again: worth another attempt."""
 
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
@@ -94,7 +94,7 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-class _Permanent(Exception):
+class Permanent(Exception):
     """A failure that retrying cannot fix (a missing file, a range past its end)."""
 
 
@@ -288,9 +288,9 @@ class RemoteReader:
                 raise _Cancelled(url)
             try:
                 return attempt()
-            except _Permanent as e:
+            except Permanent as e:
                 raise DataError(f"{url}: {what} failed ({e})") from e.__cause__
-            except _Transient as e:
+            except Transient as e:
                 delay = min(opts.max_backoff_s, opts.backoff_s * 2 ** (n - 1)) * random.uniform(0.5, 1.0)
                 if e.retry_after is not None:
                     delay = max(delay, min(e.retry_after, opts.max_backoff_s))
@@ -390,14 +390,14 @@ class RemoteReader:
                 if r.status >= 400 or location:
                     r.drain_conn()  # a connection goes back to the pool only once its response is read
                 if location:  # a loop gives the same answer next time: not retried
-                    raise _Permanent(
+                    raise Permanent(
                         f"too many redirects ({self.options.redirects}), the last to {location}: a redirect loop, or "
                         "a chain longer than OLMO_DATA_REMOTE_REDIRECTS"
                     )
                 if r.status in RETRY_STATUS or r.status >= 500:
-                    raise _Transient(f"HTTP {r.status}", retry_after(r.headers.get("Retry-After")))
+                    raise Transient(f"HTTP {r.status}", retry_after(r.headers.get("Retry-After")))
                 if r.status >= 400:  # the cause's `code` tells "not found" (manifest.is_not_found_error)
-                    raise _Permanent(f"HTTP {r.status} {r.reason}") from HTTPStatusError(r.status, url)
+                    raise Permanent(f"HTTP {r.status} {r.reason}") from HTTPStatusError(r.status, url)
                 if r.status == 200 and read is not None:
                     try:
                         body = read(r)
@@ -409,17 +409,17 @@ class RemoteReader:
             finally:
                 r.release_conn()
         except BodyTooLarge as e:
-            raise _Permanent(str(e)) from e
+            raise Permanent(str(e)) from e
         except ValueError as e:  # a streamed body of another length than the file's
-            raise _Transient(str(e)) from e
+            raise Transient(str(e)) from e
         except urllib3.exceptions.LocationValueError as e:
-            raise _Permanent(f"{type(e).__name__}: {e}") from e
+            raise Permanent(f"{type(e).__name__}: {e}") from e
         except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, or a body cut short
             reason = getattr(e, "reason", None) or e
             refused = isinstance(reason, urllib3.exceptions.NewConnectionError)  # (a ConnectTimeoutError subclass)
             if isinstance(reason, urllib3.exceptions.TimeoutError) and not refused:  # stalled: say how long we waited
-                raise _Transient(f"no answer for {self.options.timeout_s:g} s ({type(reason).__name__})") from e
-            raise _Transient(f"connection failed ({type(reason).__name__})") from e
+                raise Transient(f"no answer for {self.options.timeout_s:g} s ({type(reason).__name__})") from e
+            raise Transient(f"connection failed ({type(reason).__name__})") from e
 
     def _http_range(self, url: str, start: int, length: int, stream: Stream | None = None) -> bytes:
         """Bytes `start`.. of `url`; a 200 (Range ignored) gives our slice of it, or all of it to `stream`."""
@@ -429,18 +429,18 @@ class RemoteReader:
         if status == 200 and stream is not None:
             return body
         if stream is not None and stream.done:  # a 200 cut short, retried, then a 206: bytes were given already
-            raise _Permanent("the server answered the same request with the whole file, then with a range")
+            raise Permanent("the server answered the same request with the whole file, then with a range")
         if status == 200:  # a server that ignores Range sends the whole file: read_slice kept our slice
             if len(body) < length:
-                raise _Permanent(f"the file holds {start + len(body)} bytes, fewer than the {end + 1} needed")
+                raise Permanent(f"the file holds {start + len(body)} bytes, fewer than the {end + 1} needed")
             return body
         if status != 206:
-            raise _Transient(f"HTTP {status} to a ranged GET")
+            raise Transient(f"HTTP {status} to a ranged GET")
         _check_range(headers.get("Content-Range"), "206 without a readable Content-Range", start, end)
         if changed := changed_since_sized(url, headers):  # the size cache's entry was of another file
-            raise _Permanent(changed)
+            raise Permanent(changed)
         if len(body) != length:
-            raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
+            raise Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
         return body
 
     def _read_all_once(self, url: str, cap: int) -> bytes:
@@ -452,11 +452,11 @@ class RemoteReader:
             try:
                 check_cap(int(obj.get("ContentLength") or 0), cap)
             except BodyTooLarge as e:
-                raise _Permanent(str(e)) from e
+                raise Permanent(str(e)) from e
             return self._s3_call(lambda: self._s3_body(obj))
         body = self._smart_open_call(url, lambda f: bytes(f.read(cap + 1)))
         if len(body) > cap:
-            raise _Permanent(str(BodyTooLarge(None, cap)))
+            raise Permanent(str(BodyTooLarge(None, cap)))
         return body
 
     def stat_once(self, url: str) -> tuple[int, str | None, str | None]:
@@ -464,7 +464,7 @@ class RemoteReader:
         if url.startswith(("http://", "https://")):
             _, headers, _ = self._http_request("HEAD", url, {})
             if headers.get("Content-Length") is None:
-                raise _Permanent("the server does not say the file's size (no Content-Length)")
+                raise Permanent("the server does not say the file's size (no Content-Length)")
             return int(headers["Content-Length"]), headers.get("ETag"), headers.get("Last-Modified")
         if url.startswith("s3://"):
             bucket, key = url[5:].split("/", 1)
@@ -495,10 +495,10 @@ class RemoteReader:
         obj = self._s3_call(lambda: self._s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}"))
         _check_range(obj.get("ContentRange"), "ranged GET answered without a readable ContentRange", start, end)
         if changed := changed_since_sized(url, obj):
-            raise _Permanent(changed)
+            raise Permanent(changed)
         body = self._s3_call(lambda: self._s3_body(obj))
         if len(body) != length:
-            raise _Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
+            raise Transient(f"{'short' if len(body) < length else 'long'} body ({len(body)} of {length} bytes)")
         return body
 
     @staticmethod
@@ -506,7 +506,7 @@ class RemoteReader:
         body = bytes(obj["Body"].read())
         announced = obj.get("ContentLength")
         if announced is not None and int(announced) != len(body):
-            raise _Transient(f"body length {len(body)} != ContentLength {announced}")
+            raise Transient(f"body length {len(body)} != ContentLength {announced}")
         return body
 
     @staticmethod
@@ -521,12 +521,12 @@ class RemoteReader:
             code = str(e.response.get("Error", {}).get("Code", ""))
             if status in RETRY_STATUS or status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
                 hint = e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("retry-after")
-                raise _Transient(f"S3 {code or status}", retry_after(hint)) from e
-            raise _Permanent(f"ClientError: {e}") from e
+                raise Transient(f"S3 {code or status}", retry_after(hint)) from e
+            raise Permanent(f"ClientError: {e}") from e
         except (NoCredentialsError, ParamValidationError) as e:
-            raise _Permanent(f"{type(e).__name__}: {e}") from e
+            raise Permanent(f"{type(e).__name__}: {e}") from e
         except BotoCoreError as e:  # connection errors, timeouts, a body cut short
-            raise _Transient(f"connection failed ({type(e).__name__})") from e
+            raise Transient(f"connection failed ({type(e).__name__})") from e
 
     def _smart_open_range(self, url: str, start: int, length: int) -> bytes:
         def read(f: Any) -> bytes:
@@ -535,7 +535,7 @@ class RemoteReader:
 
         body = self._smart_open_call(url, read)
         if len(body) != length:
-            raise _Transient(f"short body ({len(body)} of {length} bytes)")
+            raise Transient(f"short body ({len(body)} of {length} bytes)")
         return body
 
     @staticmethod
@@ -547,11 +547,11 @@ class RemoteReader:
             with smart_open.open(url, "rb", compression="disable") as f:
                 return use(f)
         except (FileNotFoundError, PermissionError, ValueError) as e:
-            raise _Permanent(f"{type(e).__name__}: {e}") from e
+            raise Permanent(f"{type(e).__name__}: {e}") from e
         except Exception as e:
             if getattr(e, "code", None) in (401, 403, 404):  # google.api_core NotFound / Forbidden
-                raise _Permanent(f"{type(e).__name__}: {e}") from e
-            raise _Transient(f"{type(e).__name__}: {e}") from e
+                raise Permanent(f"{type(e).__name__}: {e}") from e
+            raise Transient(f"{type(e).__name__}: {e}") from e
 
 
 def _check_range(header: str | None, missing: str, start: int, end: int) -> None:
@@ -559,11 +559,11 @@ def _check_range(header: str | None, missing: str, start: int, end: int) -> None
     another one, they may be any bytes of the file and are never used; a range cut by the file's end is final."""
     got = content_range(header)
     if got is None:
-        raise _Transient(f"{missing} ({header!r})")
+        raise Transient(f"{missing} ({header!r})")
     if got[2] is not None and got[2] <= end:
-        raise _Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
+        raise Permanent(f"the file holds {got[2]} bytes, fewer than the {end + 1} needed")
     if (got[0], got[1]) != (start, end):
-        raise _Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
+        raise Transient(f"wrong range (server sent bytes {got[0]}-{got[1]})")
 
 
 _READER: RemoteReader | None = None

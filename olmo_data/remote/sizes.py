@@ -88,6 +88,20 @@ def stat_many(
     with size None; with `missing_ok` that absence is cached too (a probe for optional metadata), else it is
     not (the caller refuses the file, and a file uploaded later must be seen at once). Any other failure (a
     server that stays down) is raised as the reader raises it, naming the URL."""
+    out, todo, cache = known_stats(urls, root)
+    if not todo:
+        return out
+    fresh = {u: stat for u, (stat, _) in ask(reader, todo, progress).items()}
+    keep(fresh, cache, missing_ok)
+    out.update(fresh)
+    return out
+
+
+def known_stats(
+    urls: Sequence[str], root: str | os.PathLike[str] | None
+) -> tuple[dict[str, RemoteStat], list[str], Path | None]:
+    """What is known of these URLs without a request (this process's memo, then the disk cache under `root`),
+    the URLs still to ask, and the disk cache folder (None: off)."""
     wanted = list(dict.fromkeys(urls))
     with _LOCK:
         out = {u: _MEMO[u] for u in wanted if u in _MEMO}
@@ -101,37 +115,47 @@ def stat_many(
             _MEMO.update(found)
         out.update(found)
         todo = [u for u in todo if u not in found]
-    if not todo:
-        return out
-    fresh = _ask(reader, todo, progress)
+    return out, todo, cache
+
+
+def keep(fresh: Mapping[str, RemoteStat], cache: Path | None, missing_ok: bool) -> None:
+    """Remember stats just asked: in this process's memo, and on disk (absences only with `missing_ok`)."""
     with _LOCK:
         _MEMO.update(fresh)
-    out.update(fresh)
     if cache is not None:
         _write_cached(cache, {u: s for u, s in fresh.items() if s.size is not None or missing_ok})
-    return out
 
 
-def _ask(reader: RemoteReader, urls: list[str], progress: bool | None) -> dict[str, RemoteStat]:
-    """HEAD each URL through the reader's pool and retries, a bar drawn if this takes more than a moment."""
+Attempt = Callable[[str], tuple[int, str | None, str | None, bytes | None]]
+
+
+def ask(
+    reader: RemoteReader, urls: list[str], progress: bool | None, attempt: Attempt | None = None
+) -> dict[str, tuple[RemoteStat, bytes | None]]:
+    """Ask each URL through the reader's pool and retries, a bar drawn if this takes more than a moment: a HEAD
+    (`stat_once`), or `attempt(url)` giving (size, ETag, Last-Modified, bytes) from another request (`starts`)."""
     from olmo_data.display import progress_bar
 
+    def head(url: str) -> tuple[int, str | None, str | None, bytes | None]:
+        return (*reader.stat_once(url), None)
+
+    how = attempt or head
     with progress_bar(
         total=len(urls), desc="sizing remote files", unit="files", progress=progress, delay=PROGRESS_AFTER_S
     ) as bar:
 
-        def one(url: str) -> RemoteStat:
+        def one(url: str) -> tuple[RemoteStat, bytes | None]:
             try:  # no shared batch: one missing file must not cancel the others' requests
-                size, etag, modified = reader._with_retries(url, "size", partial(reader.stat_once, url), None)
-                return RemoteStat(size, etag, modified)
+                size, etag, modified, data = reader._with_retries(url, "size", partial(how, url), None)
+                return RemoteStat(size, etag, modified), data
             except DataError as e:
                 if not _absent(e):
                     raise
-                return RemoteStat(None, error=str(e))
+                return RemoteStat(None, error=str(e)), None
             finally:
                 bar.update(1)
 
-        tasks: list[Callable[[], RemoteStat]] = [partial(one, u) for u in urls]
+        tasks: list[Callable[[], tuple[RemoteStat, bytes | None]]] = [partial(one, u) for u in urls]
         return dict(zip(urls, reader._run(tasks), strict=True))
 
 

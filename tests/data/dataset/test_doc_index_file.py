@@ -143,7 +143,7 @@ def test_over_http_a_batch_reads_a_few_ranges_of_each_file_and_never_the_metadat
         first = server.requests
         assert [docs.lookup(urls[s], a, b) for s, a, b in asks] == expected
         assert server.requests == first  # prepared: the lookups read nothing
-        assert server.heads == 2 * len(corpus)  # each .csv.gz and its .docs.idx sized, in two concurrent rounds
+        assert server.heads == len(corpus)  # each .csv.gz sized; each .docs.idx sized by the GET of its head
         assert not [p for p in server.ranges_by_file if p.endswith(".csv.gz")]  # the metadata: never read
         assert docs.built == 0
 
@@ -151,7 +151,7 @@ def test_over_http_a_batch_reads_a_few_ranges_of_each_file_and_never_the_metadat
         again = DocIndex(str(tmp_path / "cache"))  # a later command, the same batch: its answers from the cache
         again.prepare([(urls[s], None, a, b) for s, a, b in asks])
         assert [again.lookup(urls[s], a, b) for s, a, b in asks] == expected
-        assert server.heads == 2 * len(corpus)  # (sizes: this process's memo; another's: the disk cache)
+        assert server.heads == len(corpus)  # (sizes: this process's memo; another's: the disk cache)
         assert server.requests - first == 1  # the folder's manifest.json (404), nothing of the index files
 
         monkeypatch.setattr("olmo_data.remote.reader._READER", RemoteReader(RemoteOptions.from_env()))

@@ -66,6 +66,10 @@ def test_the_hashes_kept_in_a_cache_folder_are_mapped_again(tmp_path: Path) -> N
     assert first.prepare(processes=2) == sum(sim.has_metadata(SPEC, k) for k in range(SPEC.files))
     again = sim_doc_index.DocIndexes(SPEC, tmp_path)
     assert again.prepare() == 0  # all there
+    samples = sorted(tmp_path.rglob("*.sample.npy"))  # (each head's sample, a file of its own)
+    assert len(samples) == sum(sim.has_metadata(SPEC, k) for k in range(SPEC.files))
+    samples[0].unlink()
+    assert sim_doc_index.DocIndexes(SPEC, tmp_path).prepare() == 1  # only that one's sample made again
     hashes, lengths = again.get(i)
     assert isinstance(hashes, np.memmap)
     key = f"tokens/part-{i:05d}.docs.idx"
