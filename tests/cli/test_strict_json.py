@@ -30,3 +30,18 @@ def test_a_list_of_ints_is_passed_through_and_one_float_is_still_seen() -> None:
 def test_a_numpy_float64_among_ints_is_seen() -> None:
     np = pytest.importorskip("numpy")
     assert json.loads(dumps({"x": [1, 2, np.float64("inf")]})) == {"x": [1, 2, None]}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_compact_output_is_the_same_json_with_or_without_msgspec(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if fast:
+        pytest.importorskip("msgspec", reason="the fast extra's JSON writer")
+    else:
+        monkeypatch.setitem(__import__("sys").modules, "msgspec", None)  # (import fails: the json way)
+    np = pytest.importorskip("numpy")
+    obj = {"loss": math.inf, "ids": list(range(1000)), "t": "é\u2028", "x": [1.5, -math.nan, 10**30], "n": None}
+    compact = dumps(obj, ensure_ascii=False, indent=None)
+    assert json.loads(compact) == {**obj, "loss": None, "x": [1.5, None, 10**30]}
+    assert ('ids":[0,1,' in compact) == fast  # (msgspec's separators: no spaces)
+    odd = {"f": np.float64("inf"), "s": "x\ud800"}  # not msgspec's to write: the json way, as before
+    assert json.loads(dumps(odd, ensure_ascii=False, indent=None)) == {"f": None, "s": "x\ud800"}
