@@ -2,10 +2,12 @@
 
 For each tokenizer, on the same corpus and process count, it measures:
   raw       each engine's own in-memory rate x processes: N processes each encode their share of documents already
-            in memory with the engine's bare call (riptoken `CoreBPE.encode_ordinary`, tiktoken `encode_ordinary`,
-            HF `tokenizers` `encode_batch_fast` on one thread), on the text that engine is given (GPT-NeoX-20B: with
-            its space pairs); aggregate tokens / slowest worker's time
-  encoder   the same with our encoder (`Tokenizer.encode_batch`: added tokens, NFC, the long-piece guard)
+            in memory with the engine's bare call (quicktok `encode_batch(texts, 1)` on batches of 512, riptoken
+            `CoreBPE.encode_ordinary`, tiktoken `encode_ordinary`, HF `tokenizers` `encode_batch_fast` on one
+            thread), on the text that engine is given (GPT-NeoX-20B: with its space pairs); aggregate tokens /
+            slowest worker's time; nan where the engine cannot run the tokenizer (quicktok: cl100k's regex only)
+  encoder   the same with our encoder (`Tokenizer.encode_batch`: added tokens, NFC, the long-piece guard; on
+            quicktok `encode_flat`, the tokenize stage's batch path)
   ours      `olmo-data tokenize --processes N` as a user runs it (a subprocess, start-up included), with the
             tokenizer's checked plan cached from an earlier run; `cold`: the first run, cache empty; `% raw`: ours
             against the raw rate of the engine auto chose; `start s`: the same command on one short document (its
@@ -93,6 +95,7 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
     import unicodedata
 
     from olmo_data.documents import read_documents
+    from olmo_data.errors import DataError
     from olmo_data.tokenizer import load_tokenizer
     from olmo_data.tokenizer.engines import build_piece_encoder
     from olmo_data.tokenizer.tiktoken_plan import PAIR
@@ -103,21 +106,30 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
     for mode in modes:
         if mode == "encoder":
             tok = load_tokenizer(spec)
-            runs[mode] = lambda tok=tok: sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+            if tok.encode_flat(texts[:1]) is not None:  # the engine's batch call (quicktok): what tokenize runs
+                runs[mode] = lambda tok=tok: sum(len(tok.encode_flat(b)[0]) for b in batches)  # type: ignore[index]
+            else:
+                runs[mode] = lambda tok=tok: sum(len(ids) for b in batches for ids in tok.encode_batch(b))
         elif mode == "hf":
             hf = load_tokenizer(spec, "hf").hf
             runs[mode] = lambda hf=hf: sum(
                 len(e.ids) for b in batches for e in hf.encode_batch_fast(b, add_special_tokens=False)
             )
         else:
-            plan = load_tokenizer(spec, mode)._encode_batch.plan  # type: ignore[arg-type]
+            try:
+                plan = load_tokenizer(spec, mode)._encode_batch.plan  # type: ignore[arg-type]
+            except DataError:  # an engine that cannot run this tokenizer (quicktok on GPT-2's regex)
+                continue
             seen = texts
             if plan.space_pairs:
                 seen = [unicodedata.normalize("NFC", t).replace("  ", PAIR) for t in texts]
             # riptoken's call with its long-piece guard (texts that may hold a piece of 500+ bytes go to tiktoken):
             # bare, it is both inexact and slow on those pieces
             encode = build_piece_encoder(mode, "raw", plan)  # type: ignore[arg-type]
-            runs[mode] = lambda encode=encode, seen=seen: sum(len(encode(t)) for t in seen)
+            if mode == "quicktok":  # its batch call, on the batches tokenize gives it
+                runs[mode] = lambda encode=encode: sum(len(encode.flat(b, 1)[0]) for b in batches)  # type: ignore
+            else:
+                runs[mode] = lambda encode=encode, seen=seen: sum(len(encode(t)) for t in seen)
     best: dict[str, tuple[int, float, float]] = {}
     barrier.wait()
     for _ in range(repeat):
@@ -143,9 +155,11 @@ def in_memory(
         shares = [(spec, modes, files[i::processes], repeat, barrier) for i in range(processes)]
         with ctx.Pool(processes) as pool:
             results = pool.map(_encode_share, shares)
-    wall = {m: sum(r[m][0] for r in results) / max(r[m][1] for r in results) / 1e6 for m in modes}
-    cpu = {m: sum(r[m][0] for r in results) / sum(r[m][2] for r in results) / 1e6 for m in modes}
-    return wall, cpu
+    ran = [m for m in modes if all(m in r for r in results)]
+    wall = {m: sum(r[m][0] for r in results) / max(r[m][1] for r in results) / 1e6 for m in ran}
+    cpu = {m: sum(r[m][0] for r in results) / sum(r[m][2] for r in results) / 1e6 for m in ran}
+    nan = {m: float("nan") for m in modes if m not in ran}
+    return wall | nan, cpu | nan
 
 
 _DATATROVE = """
@@ -209,7 +223,7 @@ def main() -> None:
     parser.add_argument("--dolma", default=shutil.which("dolma"), help="path of the `dolma` executable")
     parser.add_argument("--datatrove-python", help="a Python with datatrove installed (its own venv)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of ours; the best counts")
-    parser.add_argument("--engines", default="riptoken,tiktoken,hf", help="raw rates measured")
+    parser.add_argument("--engines", default="quicktok,riptoken,tiktoken,hf", help="raw rates measured")
     args = parser.parse_args()
     specs = args.tokenizer or [str(SHARED / n) for n in ("gpt2.json", "cl100k_base.json", "gpt-neox-20b.json")]
     olmo_data_cli = [sys.executable, "-m", "olmo_cli.main"]
@@ -269,7 +283,8 @@ def main() -> None:
             ours_cpu = min(cpus["auto"])
             manifest = json.loads((out / "manifest.json").read_text())
             ours_tokens, dtype = manifest["totals"]["tokens"], manifest["dtype"]
-            chosen = "riptoken" if "riptoken" in raws and _auto_engine(spec, cache) == "riptoken" else "tiktoken"
+            auto = _auto_engine(spec, cache)
+            chosen = auto if auto in raws and auto != "hf" else "tiktoken"
             ours_docs = documents_of(out, dtype)
             # start-up: the same command on one short document a process (interpreter, imports, cached plan, pool)
             cpus["auto"].clear()

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Backend = Literal["auto", "riptoken", "tiktoken", "hf"]
-BACKENDS: tuple[Backend, ...] = ("auto", "riptoken", "tiktoken", "hf")  # as --backend names them
+Backend = Literal["auto", "quicktok", "riptoken", "tiktoken", "hf"]
+BACKENDS: tuple[Backend, ...] = ("auto", "quicktok", "riptoken", "tiktoken", "hf")  # as --backend names them
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 PAD_CANDIDATES = ("<|padding|>", "<|pad|>", "<pad>")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
@@ -50,6 +50,13 @@ class Tokenizer:
             return each(texts)  # type: ignore[no-any-return]
         return iter(self.encode_batch(texts))
 
+    def encode_flat(self, texts: Sequence[str]) -> tuple[Any, Any] | None:
+        """`encode_batch`'s ids as one numpy uint32 array and int64 offsets (text i's ids are
+        tokens[offsets[i]:offsets[i + 1]]), where the engine has a batch call that gives them so (quicktok: no Python
+        lists), else None."""
+        flat = getattr(self._encode_batch, "flat", None)
+        return None if flat is None else flat(texts)  # type: ignore[no-any-return]
+
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
@@ -59,7 +66,7 @@ class Tokenizer:
         return str(self.hf.decode(list(map(int, ids)), skip_special_tokens=False))
 
     def set_num_threads(self, num_threads: int) -> None:
-        """Threads one `encode_batch` call may use (riptoken and tiktoken backends; default 1, as the tokenize stage
+        """Threads one `encode_batch` call may use (the engine backends; default 1, as the tokenize stage
         runs one process per core). HF `tokenizers` sizes its own pool (RAYON_NUM_THREADS, TOKENIZERS_PARALLELISM).
         """
         if hasattr(self._encode_batch, "num_threads"):
@@ -69,7 +76,7 @@ class Tokenizer:
         """Pickled for worker processes: a tiktoken-backed tokenizer leaves the HF tokenizer behind (slow to
         serialise and rebuild for large vocabularies) and decodes with tiktoken, which gives the same bytes."""
         state = dict(self.__dict__)
-        if self.backend in ("riptoken", "tiktoken") and hasattr(self._encode_batch, "decode"):
+        if self.backend in ("quicktok", "riptoken", "tiktoken") and hasattr(self._encode_batch, "decode"):
             state.update(hf=None, _decode=self._encode_batch.decode)
         return state
 

@@ -16,9 +16,9 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
     """Load `spec` (a `tokenizer.json` path, a `.tiktoken` ranks file, or a Hugging Face hub id) and pick the
     fastest backend that gives identical ids.
 
-    `auto` uses the fastest installed engine (riptoken, then tiktoken) where an exact equivalent can be built and
-    passes the start-up self-check, else HF `tokenizers`; `riptoken` or `tiktoken` insists on that engine (error
-    when impossible); `hf` always uses `tokenizers`.
+    `auto` uses the fastest installed engine (quicktok, riptoken, then tiktoken) where an exact equivalent can be
+    built and passes the start-up self-check, else HF `tokenizers`; `quicktok`, `riptoken` or `tiktoken` insists on
+    that engine (error when impossible); `hf` always uses `tokenizers`.
     """
     if backend not in BACKENDS:
         raise DataError(f"unknown tokenizer backend {backend!r}; expected {', '.join(BACKENDS[:-1])} or hf")
@@ -31,7 +31,9 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
 def _load(spec: str, backend: Backend) -> Tokenizer:
     if spec.endswith(".tiktoken"):
         if backend == "hf":
-            raise DataError(f"{spec}: a .tiktoken ranks file runs on the riptoken or tiktoken backend only; use auto")
+            raise DataError(
+                f"{spec}: a .tiktoken ranks file runs on the quicktok, riptoken or tiktoken backend only; use auto"
+            )
         return load_tiktoken_file(spec, engine=None if backend == "auto" else backend)
     if backend != "hf":
         local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")

@@ -1,11 +1,11 @@
-"""The engine backends (riptoken, tiktoken): the same ids as HF `tokenizers` for byte-level BPE vocabularies,
+"""The engine backends (quicktok, riptoken, tiktoken): the same ids as HF `tokenizers` for byte-level BPE vocabularies,
 several times faster.
 
 A tokenizer.json is reduced to a `Plan` (`tiktoken_plan`, which says why this can be exact and refuses what
 cannot be reproduced), run by a `TiktokenEncoder` (`tiktoken_encoder`) on an engine (`engines`), and even then a
 start-up self-check here compares it with `tokenizers` on probe strings; `auto` takes the fastest installed engine
-that passes, else `tokenizers`; `--backend riptoken` or `tiktoken` insists on that engine (a difference is an
-error). A plan that passed is cached (`tiktoken_cache`). A `.tiktoken` ranks file (with its JSON sidecar) loads
+that passes, else `tokenizers`; `--backend quicktok`, `riptoken` or `tiktoken` insists on that engine (a difference
+is an error). A plan that passed is cached (`tiktoken_cache`). A `.tiktoken` ranks file (with its JSON sidecar) loads
 here too, with tiktoken as its reference.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from olmo_data.errors import DataError
 from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
-from olmo_data.tokenizer.engines import ENGINES, INSTALL_HINT, Engine, available, describe, engine_failure
+from olmo_data.tokenizer.engines import ENGINES, INSTALL_HINT, Engine, available, describe, engine_failure, refusal
 from olmo_data.tokenizer.tiktoken_cache import save_checked
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, pair_space_runs, plan_from_json
@@ -100,6 +100,13 @@ def self_check(encoder: Callable[[Sequence[str]], list[list[int]]], reference: A
             return f"{label} ({getattr(encoder, 'engine', 'the engine')} failed: {describe(e)})"
         if ours != expected:
             return label
+    flat = getattr(encoder, "flat", None)  # the engine's batch call, where it has one: the tokenize stage's path
+    got = flat(texts) if flat is not None else None
+    if got is not None:
+        tokens, offsets = got
+        for i, ((label, _), expected) in enumerate(zip(probes, theirs, strict=True)):
+            if tokens[offsets[i] : offsets[i + 1]].tolist() != expected:
+                return f"{label} (in a batch)"
     return None
 
 
@@ -122,7 +129,7 @@ def try_tiktoken(
     json_text: str | None = None,
     engine: Engine | None = None,
 ) -> Tokenizer | None:
-    """An engine-backed copy of the HF tokenizer `tok` (riptoken or tiktoken, `engines`), or None (auto) /
+    """An engine-backed copy of the HF tokenizer `tok` (quicktok, riptoken or tiktoken, `engines`), or None (auto) /
     DataError (strict) where no engine reproduces it exactly.
 
     `engine` None tries each installed engine, fastest first, and takes the first whose self-check passes;
@@ -145,7 +152,7 @@ def try_tiktoken(
         return None
     candidates = _candidates(engine)
     if not candidates:
-        refuse("neither riptoken nor tiktoken is installed")
+        refuse("no BPE engine is installed (quicktok, riptoken or tiktoken)")
         return None
     try:
         plan = plan_from_json(json.loads(json_text if json_text is not None else tok.hf.to_str()))
@@ -155,6 +162,11 @@ def try_tiktoken(
     fast = _engine_plan(plan)
     failed: list[str] = []
     for name in candidates:
+        why = refusal(name, fast)
+        if why is not None:  # an engine that cannot run this plan at all (quicktok on GPT-2's regex): no warning
+            refuse(why)
+            log.debug("%s: not using %s: %s", tok.name, name, why)
+            continue
         try:
             encoder = TiktokenEncoder(name, tok.name, fast, num_threads)
         except BaseException as e:  # a regex or vocabulary the engine rejects, or panics on (from Rust)
@@ -181,7 +193,7 @@ def try_tiktoken(
     if any("self-check" in f for f in failed):
         log.warning("%s: %s; using the hf backend", tok.name, "; ".join(failed))
     else:
-        log.debug("%s: not using riptoken or tiktoken: %s", tok.name, "; ".join(failed))
+        log.debug("%s: not using an engine: %s", tok.name, "; ".join(failed))
     return None
 
 
@@ -229,8 +241,8 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS, engine
 
     The ranks file alone does not say how text is split or which special tokens exist: a sidecar is required.
     Special tokens found in the text become their ids, as `tokenizers` does with a tokenizer.json. tiktoken is the
-    reference here (there is no HF tokenizer to check against); riptoken, where installed (`engine` None) or asked
-    for, is used when its ids equal tiktoken's on the self-check probes.
+    reference here (there is no HF tokenizer to check against); quicktok or riptoken, the fastest installed (`engine`
+    None) or the one asked for, is used when its ids equal tiktoken's on the self-check probes.
     """
     sidecar = path + ".json"
     if not os.path.isfile(path):
@@ -272,10 +284,15 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS, engine
             "the pattern must not match the empty string"
         ) from None
     chosen: Engine = "tiktoken"
-    if engine != "tiktoken" and (engine == "riptoken" or available("riptoken")):
-        faster = _riptoken_like(encoder, name, plan, num_threads, strict=engine == "riptoken", where=path)
+    if engine is None:  # auto: the fastest installed engine whose ids equal tiktoken's
+        faster_ones = [e for e in ENGINES if e != "tiktoken" and available(e)]
+    else:
+        faster_ones = [] if engine == "tiktoken" else [engine]
+    for candidate in faster_ones:
+        faster = _faster_like(candidate, encoder, name, plan, num_threads, strict=engine is not None, where=path)
         if faster is not None:
-            encoder, chosen = faster, "riptoken"
+            encoder, chosen = faster, candidate
+            break
 
     def find(candidates: Sequence[str]) -> int | None:
         return next((specials[c] for c in candidates if c in specials), None)
@@ -295,23 +312,29 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS, engine
     )
 
 
-def _riptoken_like(
-    reference: TiktokenEncoder, name: str, plan: Plan, num_threads: int, strict: bool, where: str
+def _faster_like(
+    engine: Engine, reference: TiktokenEncoder, name: str, plan: Plan, num_threads: int, strict: bool, where: str
 ) -> TiktokenEncoder | None:
-    """riptoken on a `.tiktoken` file's plan, where its ids equal tiktoken's on the probes (else None, or DataError
-    when `strict`)."""
-    if not available("riptoken"):
-        raise DataError(f"{where}: --backend riptoken, but riptoken is not installed ({INSTALL_HINT['riptoken']})")
+    """`engine` (quicktok or riptoken) on a `.tiktoken` file's plan, where its ids equal tiktoken's on the probes
+    (else None, or DataError when `strict`: the engine was asked for by name)."""
+    if not available(engine):
+        raise DataError(f"{where}: --backend {engine}, but {engine} is not installed ({INSTALL_HINT[engine]})")
+    why = refusal(engine, plan)
+    if why is not None:
+        if strict:
+            raise DataError(f"{where}: the {engine} backend cannot run this tokenizer: {why}; use auto or tiktoken")
+        log.debug("%s: not using %s: %s", name, engine, why)
+        return None
     try:
-        encoder = TiktokenEncoder("riptoken", name, plan, num_threads)
+        encoder = TiktokenEncoder(engine, name, plan, num_threads)
         differs = self_check(encoder, reference, plan)
     except BaseException as e:
         if not engine_failure(e):
             raise
-        differs = f"riptoken failed: {describe(e)}"
+        differs = f"{engine} failed: {describe(e)}"
     if differs is None:
         return encoder
     if strict:
-        raise DataError(f"{where}: riptoken and tiktoken give different ids on the self-check probe {differs!r}")
-    log.warning("%s: riptoken self-check differs from tiktoken on probe %r; using tiktoken", name, differs)
+        raise DataError(f"{where}: {engine} and tiktoken give different ids on the self-check probe {differs!r}")
+    log.warning("%s: %s self-check differs from tiktoken on probe %r; using tiktoken", name, engine, differs)
     return None

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from olmo_data import __version__
 from olmo_data.io import atomic_path, default_cache_dir
 from olmo_data.tokenizer.base import Tokenizer
-from olmo_data.tokenizer.engines import ENGINES, Engine, available
+from olmo_data.tokenizer.engines import DISTRIBUTIONS, ENGINES, Engine, available
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import Plan
 
@@ -37,7 +37,14 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = 3
 MAGIC = b"olmo-data checked plan\n"  # the first line of an entry
 # The code that builds, checks and runs a plan: a change to any of it invalidates every cached plan.
-CODE_FILES = ("tiktoken_plan.py", "tiktoken_encoder.py", "tiktoken_backend.py", "tiktoken_cache.py", "engines.py")
+CODE_FILES = (
+    "tiktoken_plan.py",
+    "tiktoken_encoder.py",
+    "tiktoken_backend.py",
+    "tiktoken_cache.py",
+    "engines.py",
+    "quicktok_engine.py",
+)
 
 
 def _cache_file(sha256: str, engine: Engine) -> str:
@@ -51,12 +58,12 @@ def _cache_versions() -> dict[str, str]:
             code.update(f.read())
     versions = {"format": str(CACHE_FORMAT), "code": code.hexdigest(), "olmo_data": __version__}
     for package in ("tokenizers", *ENGINES):  # not imported: that would cost start-up time
-        versions[package] = installed_version(package)
+        versions[package] = installed_version(package, DISTRIBUTIONS.get(package))
     return versions
 
 
-def installed_version(package: str) -> str:
-    """The installed version of `package` (whose distribution has the same name), or "absent".
+def installed_version(package: str, distribution: str | None = None) -> str:
+    """The installed version of `package` (from `distribution`, by default the package's name), or "absent".
 
     Read from the `NAME-VERSION.dist-info` folder installers write beside the package (the wheel format's layout),
     and from `importlib.metadata` where that is not one unambiguous folder (an editable or egg install): importing
@@ -69,13 +76,14 @@ def installed_version(package: str) -> str:
     if spec is None:
         return "absent"
     where = list(spec.submodule_search_locations or [])[:1] or [spec.origin or ""]
-    found = glob.glob(os.path.join(glob.escape(os.path.dirname(where[0])), f"{package}-*.dist-info"))
+    dist = distribution or package
+    found = glob.glob(os.path.join(glob.escape(os.path.dirname(where[0])), f"{dist}-*.dist-info"))
     if len(found) == 1:
-        return os.path.basename(found[0])[len(package) + 1 : -len(".dist-info")]
+        return os.path.basename(found[0])[len(dist) + 1 : -len(".dist-info")]
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version(package)
+        return version(dist)
     except PackageNotFoundError:
         return "absent"
 

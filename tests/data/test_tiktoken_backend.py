@@ -1,4 +1,5 @@
-"""The engine backends (riptoken, tiktoken) give the ids of HF `tokenizers`, document by document, or are not used.
+"""The engine backends (riptoken, tiktoken; quicktok has test_quicktok_engine) give the ids of HF `tokenizers`,
+document by document, or are not used.
 
 Each real tokenizer is run through every backend on real text (the stdlib demo corpus, cut several ways) and
 on strings written to hit the places where they could part: space runs, tabs, newlines, Unicode, NFD text,
@@ -36,6 +37,10 @@ RIPTOKEN = pytest.param(
 )
 ENGINES = [RIPTOKEN, "tiktoken"]
 AUTO = "riptoken" if available("riptoken") else "tiktoken"  # what auto picks here
+AUTO_CL100K = "quicktok" if available("quicktok") else AUTO  # ... for cl100k (quicktok runs its regex only)
+QUICKTOK = pytest.param(
+    "quicktok", marks=pytest.mark.skipif(not available("quicktok"), reason="quicktok (the fast extra) not installed")
+)
 HERE = [e for e in ("riptoken", "tiktoken") if available(e)]  # the engines installed here
 
 MIXED_RUNS = [
@@ -149,7 +154,7 @@ def test_shared_tokenizers_identical_ids(name: str, engine: str, texts: list[str
 
 def test_auto_picks_the_fastest_installed_engine() -> None:
     for name in SHARED:
-        assert _shared(name, "auto").backend == AUTO, name
+        assert _shared(name, "auto").backend == (AUTO_CL100K if "cl100k" in name else AUTO), name
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -243,20 +248,22 @@ def test_backend_values(demo_tokenizer: str) -> None:
     assert load_tokenizer(demo_tokenizer, "hf").backend == "hf"
     assert load_tokenizer(demo_tokenizer, "auto").backend == AUTO
     assert load_tokenizer(demo_tokenizer, "tiktoken").backend == "tiktoken"
-    with pytest.raises(DataError, match="unknown tokenizer backend 'fast'; expected auto, riptoken, tiktoken or hf"):
+    with pytest.raises(
+        DataError, match="unknown tokenizer backend 'fast'; expected auto, quicktok, riptoken, tiktoken or hf"
+    ):
         load_tokenizer(demo_tokenizer, "fast")  # type: ignore[arg-type]
 
 
 def test_without_riptoken_auto_uses_tiktoken_and_riptoken_is_refused(
     demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """riptoken is an optional extra: where it is missing, auto runs on tiktoken, and asking for it says how to
-    install it."""
+    """riptoken and quicktok are an optional extra: where they are missing, auto runs on tiktoken, and asking for
+    either says how to install it."""
     import olmo_data.tokenizer.engines as engines
 
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     real = engines.available
-    monkeypatch.setattr(engines, "available", lambda e: e != "riptoken" and real(e))
+    monkeypatch.setattr(engines, "available", lambda e: e not in ("riptoken", "quicktok") and real(e))
     for module in ("tiktoken_backend", "tiktoken_cache"):
         monkeypatch.setattr(f"olmo_data.tokenizer.{module}.available", engines.available)
     assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"
@@ -267,6 +274,10 @@ def test_without_riptoken_auto_uses_tiktoken_and_riptoken_is_refused(
     assert load_tokenizer(ranks, "auto").backend == "tiktoken"
     with pytest.raises(DataError, match=r"cl100k_base.tiktoken: --backend riptoken, but riptoken is not installed"):
         load_tokenizer(ranks, "riptoken")
+    with pytest.raises(
+        DataError, match=r"quicktok is not installed \(pip install 'olmo-data\[fast\]' \(quicktok-v1\)\)"
+    ):
+        load_tokenizer(shared_tokenizer("cl100k_base.json"), "quicktok")
 
 
 # Tokenizers that tiktoken cannot reproduce: auto falls back, strict says why.
@@ -395,11 +406,11 @@ def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tm
 # .tiktoken ranks files
 
 
-@pytest.mark.parametrize("engine", ["auto", *ENGINES])
+@pytest.mark.parametrize("engine", ["auto", *ENGINES, QUICKTOK])
 def test_tiktoken_file_matches_hf_cl100k(texts: list[str], engine: str) -> None:
     ranks = shared_tokenizer("cl100k_base.tiktoken")
     tok = load_tokenizer(ranks, engine)  # type: ignore[arg-type]
-    assert tok.backend == (AUTO if engine == "auto" else engine) and tok.hf is None
+    assert tok.backend == (AUTO_CL100K if engine == "auto" else engine) and tok.hf is None
     assert tok.name == "cl100k_base.tiktoken"
     sidecar = json.loads(Path(ranks + ".json").read_text())
     identity = Path(ranks).read_bytes() + json.dumps(sidecar, sort_keys=True).encode()
@@ -418,7 +429,7 @@ def test_tiktoken_file_without_sidecar(tmp_path: Path) -> None:
     shutil.copy(shared_tokenizer("cl100k_base.tiktoken"), ranks)
     with pytest.raises(DataError, match=r"mini.tiktoken: a .tiktoken ranks file needs a sidecar .*\.tiktoken\.json"):
         load_tokenizer(str(ranks))
-    with pytest.raises(DataError, match="runs on the riptoken or tiktoken backend only"):
+    with pytest.raises(DataError, match="runs on the quicktok, riptoken or tiktoken backend only"):
         load_tokenizer(str(ranks), "hf")
 
 

@@ -105,7 +105,8 @@ def test_cli_backend_option_names_each_engine(demo_corpus: list[str], demo_token
         assert result.exit_code == 0, result.output
         assert f"{backend} backend)" in result.output
     result = CliRunner().invoke(main, ["tokenize", "-d", demo_corpus[0], "-t", demo_tokenizer, "--backend", "bpe"])
-    assert result.exit_code == 2 and "'bpe' is not one of 'auto', 'riptoken', 'tiktoken', 'hf'" in result.output
+    choices = "'auto', 'quicktok', 'riptoken', 'tiktoken', 'hf'"
+    assert result.exit_code == 2 and f"'bpe' is not one of {choices}" in result.output
 
 
 def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
