@@ -13,6 +13,7 @@ are matched by our encoder (`tiktoken_encoder`), as for the other engines, so th
 
 from __future__ import annotations
 
+import array
 import hashlib
 import itertools
 import os
@@ -37,6 +38,7 @@ SCANNERS = {CL100K_PATTERN: "cl100k", CL100K_POSSESSIVE_PATTERN: "cl100k"}
 _TABLES = {"cl100k": ("uniclass.bin", "uniclass.bin.meta")}
 MAX_ID = (1 << 18) - 1  # quicktok's ids are 18 bits
 ENCODING = "olmo"  # the encoding's name in its folder (every folder holds one)
+FORMAT = 1  # of the files written here: a change to `_files` changes it
 
 
 class QuicktokRefuses(ValueError):
@@ -79,45 +81,63 @@ def _vocab_bytes(ranks: dict[bytes, int]) -> bytes:
     return struct.pack(layout, len(tokens), *[v for t in tokens for v in (len(t), t, ranks[t])])
 
 
-def _files(plan: Plan) -> dict[str, bytes]:
-    """The files of `plan`'s encoding: its ranks, no special tokens (a u32 count of 0), the scanner, and the
-    scanner's class table from the installed quicktok."""
+def _tables(scanner: str) -> dict[str, bytes]:
+    """The class table `scanner` reads, from the installed quicktok's `data` folder."""
     import quicktok
 
+    data = os.path.join(os.path.dirname(quicktok.__file__), "data")
+    tables = {}
+    for table in _TABLES[scanner]:
+        with open(os.path.join(data, table), "rb") as f:
+            tables[table] = f.read()
+    return tables
+
+
+def _files(plan: Plan) -> dict[str, bytes]:
+    """The files of `plan`'s encoding: its ranks, no special tokens (a u32 count of 0), the scanner, and the
+    scanner's class table."""
     scanner = SCANNERS[plan.pat_str]
-    files = {
+    return {
         f"{ENCODING}.vocab": _vocab_bytes(with_fillers(plan.ranks)),
         f"{ENCODING}.special": struct.pack("<I", 0),
         f"{ENCODING}.enc": f"scanner={scanner}\n".encode(),
+        **_tables(scanner),
     }
-    data = os.path.join(os.path.dirname(quicktok.__file__), "data")
-    for table in _TABLES[scanner]:
-        with open(os.path.join(data, table), "rb") as f:
-            files[table] = f.read()
-    return files
+
+
+def _folder_key(plan: Plan) -> str:
+    """What determines the files (the ranks as given, the scanner, its tables, this module's format), hashed without
+    making the 1.2 MB `.vocab` (~40 ms): the token lengths, tokens and ids in the dict's own order. The same ranks in
+    another order only make another folder."""
+    tokens = list(plan.ranks)
+    digest = hashlib.sha256(f"{FORMAT} {SCANNERS[plan.pat_str]} {len(tokens)}\n".encode())
+    digest.update(array.array("I", map(len, tokens)).tobytes())
+    digest.update(b"".join(tokens))
+    digest.update(array.array("I", plan.ranks.values()).tobytes())
+    for name, data in sorted(_tables(SCANNERS[plan.pat_str]).items()):
+        digest.update(f"{name} {len(data)}\n".encode() + data)
+    return digest.hexdigest()[:32]
 
 
 def write_encoding(plan: Plan) -> str:
     """The folder holding `plan`'s encoding as quicktok reads it, written if missing.
 
-    In the cache dir (`default_cache_dir()/quicktok/<SHA-256 of the files>`), not a temporary folder, because every
-    worker process builds the engine again (`TiktokenEncoder` is pickled as its plan): one write of ~1.2 MB per
-    vocabulary and quicktok version, then each start-up only checks that the files are there. Each file is written
-    atomically (`atomic_path`), so a folder holds complete files or none of a name, and two processes writing the
-    same folder write the same bytes. Where the cache cannot be written, a temporary folder (removed by the caller
-    once the engine is loaded: quicktok reads the files into memory).
+    In the cache dir (`default_cache_dir()/quicktok/<_folder_key>`), not a temporary folder, because the engine is
+    built again at every start-up and in every worker that gets the tokenizer pickled (`TiktokenEncoder` is pickled
+    as its plan): one write of ~1.2 MB per vocabulary and class table, then each start-up only checks that the files
+    are there. Each file is written atomically (`atomic_path`), so a folder holds complete files or none of a name,
+    and two processes writing the same folder write the same bytes. Where the cache cannot be written, a temporary
+    folder (removed by the caller once the engine is loaded: quicktok reads the files into memory).
     """
+    folder = os.path.join(default_cache_dir(), "quicktok", _folder_key(plan))
+    names = (f"{ENCODING}.vocab", f"{ENCODING}.special", f"{ENCODING}.enc", *_TABLES[SCANNERS[plan.pat_str]])
+    if all(os.path.isfile(os.path.join(folder, name)) for name in names):
+        return folder
     files = _files(plan)
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
-    folder = os.path.join(default_cache_dir(), "quicktok", digest.hexdigest()[:32])
     try:
         for name, data in files.items():
-            path = os.path.join(folder, name)
-            if not (os.path.isfile(path) and os.path.getsize(path) == len(data)):
-                with atomic_path(path) as tmp:
-                    tmp.write_bytes(data)
+            with atomic_path(os.path.join(folder, name)) as tmp:
+                tmp.write_bytes(data)
         return folder
     except OSError:  # a read-only home or a full disk
         folder = tempfile.mkdtemp(prefix="olmo-data-quicktok-")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -167,21 +168,31 @@ def dolma2(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @NEEDS_QUICKTOK
-def test_our_regex_and_files_are_what_quicktok_knows(tmp_path: Path) -> None:
+def test_our_regex_and_files_are_what_quicktok_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its cl100k scanner is keyed by the pattern we name, and the rank file we write is byte for byte the one it
-    ships for cl100k."""
+    ships for cl100k; a folder missing a file is completed, and an unwritable cache costs only a temporary folder."""
+    import dataclasses
+
     import quicktok
     from quicktok import _import_core
 
-    from olmo_data.tokenizer.quicktok_engine import ENCODING, write_encoding
+    from olmo_data.tokenizer.quicktok_engine import ENCODING, QuicktokPieces, write_encoding
     from olmo_data.tokenizer.tiktoken_backend import load_tiktoken_file
 
     assert _import_core.CL100K_PAT_POSSESSIVE == CL100K_POSSESSIVE_PATTERN
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     plan = load_tiktoken_file(shared_tokenizer("cl100k_base.tiktoken"), engine="tiktoken")._encode_batch.plan
     folder = Path(write_encoding(plan))
     shipped = Path(quicktok.__file__).parent / "data" / "cl100k.vocab"
     assert (folder / f"{ENCODING}.vocab").read_bytes() == shipped.read_bytes()
-    assert write_encoding(plan) == str(folder)  # the same folder, not written again
+    (folder / "uniclass.bin").unlink()
+    assert write_encoding(plan) == str(folder) and (folder / "uniclass.bin").is_file()  # the same folder, completed
+    other = dataclasses.replace(plan, ranks={**plan.ranks, b"not a token yet": len(plan.ranks)})
+    assert Path(write_encoding(other)) != folder  # other ranks, another folder
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "file"))  # (a file: no folder can be made in it)
+    assert QuicktokPieces(plan)("hello world") == [15339, 1917]
+    assert not list(Path(tempfile.gettempdir()).glob("olmo-data-quicktok-*"))  # the temporary folder is gone
 
 
 @NEEDS_QUICKTOK
@@ -204,6 +215,11 @@ def test_ids_equal_tokenizers_text_by_text_and_in_a_batch(name: str, dolma2: str
     plain = [t for t in texts if "<|" not in t]
     tokens, offsets = tok.encode_flat(plain)  # type: ignore[misc]  # (one engine call)
     assert tokens.tolist() == [t for ids in tok.encode_batch(plain) for t in ids]
+    tok.set_num_threads(2)  # the engine's own threads (tokenize gives a worker more once inputs run out)
+    threaded, same_offsets = tok.encode_flat(texts)  # type: ignore[misc]
+    assert threaded.tolist() == [t for ids in expected for t in ids] and np.diff(same_offsets).tolist() == list(
+        map(len, got)
+    )
 
 
 @NEEDS_QUICKTOK
