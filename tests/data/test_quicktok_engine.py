@@ -8,7 +8,6 @@ BOS/EOS rule); the rest need it installed (the `fast` extra) and are skipped, sa
 
 from __future__ import annotations
 
-import json
 import random
 import struct
 import tempfile
@@ -27,7 +26,6 @@ from olmo_data.tokenizer.engines import available, refusal
 from olmo_data.tokenizer.quicktok_engine import CL100K_POSSESSIVE_PATTERN, MAX_ID, _vocab_bytes, with_fillers
 from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, GPT2_PATTERN, Plan
 from tests.conftest import shared_tokenizer
-from tests.data.test_tokenize_engines import DOLMA2_ADDED
 from tests.helpers import docs, write_jsonl
 
 NEEDS_QUICKTOK = pytest.mark.skipif(not available("quicktok"), reason="quicktok (the fast extra) not installed")
@@ -151,20 +149,6 @@ def test_cli_names_quicktok() -> None:
 
 
 # With quicktok
-
-
-@pytest.fixture(scope="module")
-def dolma2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """OLMo 2/3's dolma2 tokenizer as test_tokenize_engines builds it: cl100k's BPE, its own special tokens."""
-    data = json.loads(Path(shared_tokenizer("cl100k_base.json")).read_text())
-    data["added_tokens"] = [
-        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
-        | {"special": True}
-        for c, i in DOLMA2_ADDED.items()
-    ]
-    path = tmp_path_factory.mktemp("dolma2") / "tokenizer.json"
-    path.write_text(json.dumps(data))
-    return str(path)
 
 
 @NEEDS_QUICKTOK

@@ -8,7 +8,6 @@ cl100k tokenizer.json: `<|endoftext|>` 100257, `<|fim_prefix|>` 100258, `<|fim_m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,6 @@ from tests.conftest import shared_tokenizer
 from tests.helpers import docs, write_jsonl
 
 ENGINES = [e for e in ("riptoken", "tiktoken") if available(e)]
-DOLMA2_ADDED = {
-    "<|endoftext|>": 100257,
-    "<|fim_prefix|>": 100258,
-    "<|fim_middle|>": 100259,
-    "<|fim_suffix|>": 100260,
-    "<|endofprompt|>": 100276,
-    "<|pad|>": 100277,
-}
 TRICKY = [
     "x\n\n    y  z\t\t  w \n  \n" + " " * 49 + "v",
     "text<|endoftext|>more <|pad|><|fim_prefix|>a<|fim_middle|>b<|fim_suffix|>c<|endofprompt|> end",
@@ -39,19 +30,6 @@ TRICKY = [
     "q" * 700 + " " + "\n" * 600 + "日本" * 200,
     "Cafe\u0301 naïve 😀 \u00a0\u3000 ٣٤٥",
 ]
-
-
-@pytest.fixture(scope="module")
-def dolma2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    data = json.loads(Path(shared_tokenizer("cl100k_base.json")).read_text())
-    data["added_tokens"] = [
-        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
-        | {"special": True}
-        for c, i in DOLMA2_ADDED.items()
-    ]
-    path = tmp_path_factory.mktemp("dolma2") / "tokenizer.json"
-    path.write_text(json.dumps(data))
-    return str(path)
 
 
 def test_dolma2_ids_equal_tokenizers_on_every_engine(dolma2: str, demo_corpus: list[str]) -> None:
