@@ -171,6 +171,11 @@ def test_our_regex_and_files_are_what_quicktok_knows(tmp_path: Path, monkeypatch
     assert (folder / f"{ENCODING}.vocab").read_bytes() == shipped.read_bytes()
     (folder / "uniclass.bin").unlink()
     assert write_encoding(plan) == str(folder) and (folder / "uniclass.bin").is_file()  # the same folder, completed
+    vocab = folder / f"{ENCODING}.vocab"
+    damaged = bytearray(vocab.read_bytes())
+    damaged[100] ^= 1  # a flipped bit in a token: the folder is written again before quicktok reads it
+    vocab.write_bytes(bytes(damaged))
+    assert write_encoding(plan) == str(folder) and vocab.read_bytes() == shipped.read_bytes()
     other = dataclasses.replace(plan, ranks={**plan.ranks, b"not a token yet": len(plan.ranks)})
     assert Path(write_encoding(other)) != folder  # other ranks, another folder
     (tmp_path / "file").write_text("")
