@@ -39,8 +39,10 @@ def start_once(reader: RemoteReader, url: str, length: int) -> tuple[int, str | 
         return int(headers["Content-Length"]), headers.get("ETag"), headers.get("Last-Modified"), body
     if status != 206:
         raise Transient(f"HTTP {status} to a ranged GET")
-    size = _checked(headers.get("Content-Range"), length, body)
-    return size, headers.get("ETag"), headers.get("Last-Modified"), body
+    total = _checked(headers.get("Content-Range"), length, body)
+    if total is None:  # `bytes 0-N/*`: a server that does not know the size in a range's answer; a HEAD says it
+        return (*reader.stat_once(url), body)
+    return total, headers.get("ETag"), headers.get("Last-Modified"), body
 
 
 def _s3_start(reader: RemoteReader, url: str, length: int) -> tuple[int, str | None, str | None, bytes]:
@@ -53,17 +55,20 @@ def _s3_start(reader: RemoteReader, url: str, length: int) -> tuple[int, str | N
             return (*reader.stat_once(url), b"")
         raise
     body = reader._s3_call(lambda: reader._s3_body(obj))
-    return _checked(obj.get("ContentRange"), length, body), obj.get("ETag"), text(obj.get("LastModified")), body
+    size = _checked(obj.get("ContentRange"), length, body)
+    if size is None:
+        return (*reader.stat_once(url), body)
+    return size, obj.get("ETag"), text(obj.get("LastModified")), body
 
 
-def _checked(header: str | None, length: int, body: bytes) -> int:
-    """The file's size from a 206's Content-Range, which must say bytes 0..min(length, size) - 1, the body's."""
+def _checked(header: str | None, length: int, body: bytes) -> int | None:
+    """The file's size from a 206's Content-Range, which must say bytes 0..min(length, size) - 1, the body's; None
+    where it gives the range but not the size (`/*`, which RFC 9110 allows: the caller asks a HEAD)."""
     got = content_range(header)
-    size = got[2] if got is not None else None
-    if got is None or size is None:
-        raise Transient(f"206 without a readable Content-Range with the file's size ({header!r})")
-    start, end = got[0], got[1]
-    if (start, end) != (0, min(length, size) - 1) or len(body) != end + 1:
+    if got is None:
+        raise Transient(f"206 without a readable Content-Range ({header!r})")
+    start, end, size = got
+    if (start, end) != (0, min(length, size if size is not None else length) - 1) or len(body) != end + 1:
         raise Transient(f"wrong range (bytes {start}-{end} of {size}, a body of {len(body)} bytes)")
     return size
 

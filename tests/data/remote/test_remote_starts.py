@@ -82,3 +82,38 @@ def test_over_s3(s3_server: str, tmp_path: Path, cache: Path, fresh_reader: Remo
     check(stats, starts, urls)
     clear_memo()
     assert file_sizes([urls["large.bin"]]) == [len(FILES["large.bin"])]  # (from the disk cache)
+
+
+def test_a_range_answer_without_the_size_is_sized_by_a_head(fresh_reader: RemoteReader) -> None:
+    """`Content-Range: bytes 0-N/*` (RFC 9110 allows an unknown size): the bytes kept, the size from a HEAD."""
+    import http.server
+    import threading
+
+    data = FILES["large.bin"]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            end = int(self.headers["Range"].split("-")[1])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{end}/*")
+            self.send_header("Content-Length", str(end + 1))
+            self.end_headers()
+            self.wfile.write(data[: end + 1])
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/f"
+        stats, starts = stat_and_start_many(fresh_reader, [url], FIRST, None)
+        assert stats[url].size == len(data) and starts[url] == data[:FIRST]
+    finally:
+        server.shutdown()
+        server.server_close()
