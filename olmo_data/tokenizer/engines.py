@@ -16,7 +16,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any, Literal
 
-from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, GPT2_PATTERN, Plan, unpaired
+from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, GPT2_PATTERN, Plan, unpaired, without_lone_surrogates
 
 Engine = Literal["quicktok", "riptoken", "tiktoken"]
 # the order `auto` tries them in: the fastest first
@@ -113,10 +113,8 @@ class _RiptokenPieces:
             return self._exact(text)
         try:
             return self._encode(text)  # releases the GIL
-        except UnicodeEncodeError:
-            # A lone surrogate (no reader of this project lets one through): what tiktoken does with it, so that
-            # both engines give the same ids on any str.
-            return self._encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+        except UnicodeEncodeError:  # a lone surrogate
+            return self._encode(without_lone_surrogates(text))
 
 
 # riptoken 0.2 is exact on pieces shorter than this (UTF-8 bytes); the extra pins riptoken<0.3

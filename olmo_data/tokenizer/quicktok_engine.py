@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from olmo_data.io import atomic_path, default_cache_dir
-from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, Plan
+from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, Plan, without_lone_surrogates
 
 # tiktoken's own cl100k_base pattern (possessive quantifiers; the same pieces as the tokenizer.json form
 # `CL100K_PATTERN`: a possessive quantifier here never gives up a character the rest could match), which is the
@@ -185,11 +185,6 @@ def _load(plan: Plan) -> Any:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _without_surrogates(text: str) -> str:
-    """A lone surrogate (which quicktok refuses with TypeError) as U+FFFD, as tiktoken encodes it."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
 class QuicktokPieces:
     """quicktok's `encode_ordinary` on one text (already cut at added tokens and normalised), and its batch call.
 
@@ -205,7 +200,7 @@ class QuicktokPieces:
         except TypeError:
             if not isinstance(text, str):
                 raise
-            return self._encode(_without_surrogates(text))
+            return self._encode(without_lone_surrogates(text))
 
     def flat(self, texts: Sequence[str], threads: int = 1) -> tuple[Any, Any]:
         """(tokens, offsets) of `texts`, each encoded whole: numpy uint32 ids back to back, and int64 offsets (text
@@ -214,4 +209,4 @@ class QuicktokPieces:
         try:
             return self._tokenizer.encode_batch(texts, threads)
         except TypeError:
-            return self._tokenizer.encode_batch([_without_surrogates(t) for t in texts], threads)
+            return self._tokenizer.encode_batch([without_lone_surrogates(t) for t in texts], threads)

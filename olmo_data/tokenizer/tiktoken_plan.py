@@ -227,3 +227,10 @@ def unpaired(plan: Plan) -> Plan:
         raw_tokens=plan.raw_tokens,
         normalized_tokens=plan.normalized_tokens,
     )
+
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD, which is what tiktoken encodes for one: an engine that refuses
+    such a str (riptoken: UnicodeEncodeError, quicktok: TypeError) is given this, so every engine gives the same ids
+    on any str (no reader of this project lets one through)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
