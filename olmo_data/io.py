@@ -16,13 +16,15 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from olmo_data.errors import DataError, yaml_problem
 from olmo_data.interrupts import signals_deferred
-from olmo_data.remote import remote_reader, stat_many
+from olmo_data.remote import RemoteStat, remote_reader, stat_and_start_many, stat_many
+
+T = TypeVar("T")
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "http://", "https://")
 
@@ -101,13 +103,9 @@ def file_sizes(paths: Sequence[str], *, missing_ok: bool = False, progress: bool
     remote = [p for p in paths if is_remote(p)]
     stats = {}
     if remote:
-        try:
-            root = default_cache_dir() if all(p.startswith(_HEAD_SCHEMES) for p in remote) else None
-            stats = stat_many(remote_reader(), remote, root, missing_ok=missing_ok, progress=progress)
-        except DataError:
-            raise
-        except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
-            raise DataError(f"{remote[0]}: cannot read ({type(e).__name__}: {e})") from e
+        stats = _asked(
+            remote, lambda root: stat_many(remote_reader(), remote, root, missing_ok=missing_ok, progress=progress)
+        )
     for i, p in enumerate(paths):
         if not is_remote(p):
             if missing_ok and not os.path.exists(p):
@@ -121,7 +119,25 @@ def file_sizes(paths: Sequence[str], *, missing_ok: bool = False, progress: bool
     return out
 
 
-_HEAD_SCHEMES = ("s3://", "http://", "https://")  # sized by one retried HEAD each; and cached (others: not)
+def remote_stats_and_starts(urls: list[str], length: int) -> tuple[dict[str, RemoteStat], dict[str, bytes]]:
+    """The stats of remote files, as `file_sizes` keeps them (a missing file's size None, cached), and the first
+    `length` bytes of those that had to be asked, from the same ranged GETs (`olmo_data.remote.starts`): how a
+    remote document index is sized and its head read in one request."""
+    return _asked(urls, lambda root: stat_and_start_many(remote_reader(), urls, length, root))
+
+
+_HEAD_SCHEMES = ("s3://", "http://", "https://")  # sized by one retried request each; and cached (others: not)
+
+
+def _asked(remote: Sequence[str], ask: Callable[[str | None], T]) -> T:
+    """`ask(root)` with the size cache's root (None for schemes it does not cache), its failures DataErrors that
+    name a path (botocore's, requests' and gcs' errors do not)."""
+    try:
+        return ask(default_cache_dir() if all(p.startswith(_HEAD_SCHEMES) for p in remote) else None)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{remote[0]}: cannot read ({type(e).__name__}: {e})") from e
 
 
 def read_bytes(path: str) -> bytes:

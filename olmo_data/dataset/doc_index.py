@@ -44,8 +44,7 @@ from olmo_data.dataset.doc_index_ranges import (
 )
 from olmo_data.dataset.manifest import Manifests
 from olmo_data.errors import DataError
-from olmo_data.io import atomic_path, default_cache_dir, file_sizes, is_remote
-from olmo_data.remote import remote_reader, stat_and_start_many
+from olmo_data.io import atomic_path, default_cache_dir, file_sizes, is_remote, remote_stats_and_starts
 
 log = logging.getLogger(__name__)
 
@@ -439,13 +438,7 @@ def _probe(urls: list[str]) -> tuple[dict[str, tuple[int, str | None]], dict[str
     that, or at once once `<cache>/remote-sizes` is deleted)."""
     if not urls:
         return {}, {}
-    root = default_cache_dir() if all(u.startswith(("s3://", "http://", "https://")) for u in urls) else None
-    try:
-        stats, starts = stat_and_start_many(remote_reader(), urls, HEAD_GUESS, root)
-    except DataError:
-        raise
-    except Exception as e:  # botocore, requests and gcs errors: name the path in all of them
-        raise DataError(f"{urls[0]}: cannot read ({type(e).__name__}: {e})") from e
+    stats, starts = remote_stats_and_starts(urls, HEAD_GUESS)
     found = {u: (st.size, st.etag) for u, st in stats.items() if st.size}
     return found, {u: data for u, data in starts.items() if u in found}
 
