@@ -361,10 +361,12 @@ def sha256_file(path: str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def remove_stale_temporaries(directory: str | os.PathLike[str]) -> int:
-    """Delete `.tmp-*` leftovers of a killed run; returns how many were removed."""
+def remove_stale_temporaries(directory: str | os.PathLike[str], of: Sequence[str] | None = None) -> int:
+    """Delete `.tmp-*` leftovers of a killed run; returns how many were removed. With `of` (file names), only the
+    temporaries of those files (`atomic_path`'s `.tmp-NAME.*`): where other processes may be writing the rest now."""
     n = 0
-    for p in Path(directory).glob(".tmp-*"):
+    patterns = [".tmp-*"] if of is None else [f".tmp-{glob.escape(name)}.*" for name in of]
+    for p in (found for pattern in patterns for found in Path(directory).glob(pattern)):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
             n += 1

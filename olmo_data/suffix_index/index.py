@@ -64,6 +64,8 @@ from olmo_data.suffix_index.parts import (
 from olmo_data.suffix_index.search import SAMPLE_STEP, Samples
 from olmo_data.suffix_index.sort import engine_name, openmp_started, suffix_array
 
+SHARD_SUFFIXES = ("u32", "keys", "json")  # the files of a shard (`layout.shard_file`)
+
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -241,7 +243,6 @@ def _build_index(
                 )
             (folder / "manifest.json").unlink()
         folder.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(folder)  # a shard cut off mid-write by a killed build
         tokens = token_array(path, f.dtype)
         n = len(tokens)
         shards = [
@@ -251,9 +252,14 @@ def _build_index(
             for k, a in enumerate(range(0, n, shard_tokens))
         ]
         remove_beyond(folder, len(shards))
+        owned = mine(shards, numbered, part)
+        # a shard cut off mid-write by a killed build; with --shard only this machine's shards' temporaries, since
+        # the other machines of the build may be writing theirs in this folder now
+        ours = None if part is None else [shard_file(folder, t.shard, s).name for t in owned for s in SHARD_SUFFIXES]
+        remove_stale_temporaries(folder, of=ours)
         if part is not None and not trust:
             write_plan(folder, numbered, len(shards), part[1])
-        for task in mine(shards, numbered, part):
+        for task in owned:
             current = _sorted_current(task, tokens, trust)  # the window's checksum read once a shard
             if current and _keys_written(task, tokens):
                 skipped += 1

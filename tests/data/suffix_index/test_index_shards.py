@@ -137,3 +137,20 @@ def test_a_rebuild_with_larger_shards_leaves_no_old_shard_files(tmp_path: Path) 
     fresh = build_index(source, index_dir=str(tmp_path / "b"), shard_tokens=3000, context=9, progress=False)
     assert tree(tmp_path / "a") == tree(tmp_path / "b")  # shard-00001 ... of the 700-token build are gone
     assert summary.index_bytes == fresh.index_bytes
+
+
+def test_a_machine_removes_only_its_own_shards_leftovers(tmp_path: Path) -> None:
+    """Another machine of a --shard build may be writing its shard in the same folder right now: its `.tmp-` file
+    is not this machine's to remove (a 3-task Slurm array job once lost a shard so), while this machine's own
+    leftovers of a killed build go."""
+    from olmo_data.suffix_index.layout import index_folder
+
+    paths, cfg = make_files(tmp_path, "uint16", n=1400)  # two shards a file: the first file's are machine 0's, 1's
+    folder = index_folder(paths[0])
+    folder.mkdir(parents=True)
+    theirs = folder / ".tmp-shard-00001.u32.live"
+    mine = [folder / ".tmp-shard-00000.u32.dead", folder / ".tmp-shard-00000.json.dead"]
+    for p in (theirs, *mine):
+        p.write_bytes(b"half")
+    build_index(open_from_config(cfg), shard_tokens=700, context=9, progress=False, part=(0, 2))
+    assert theirs.exists() and not any(p.exists() for p in mine)
