@@ -14,8 +14,9 @@ about 15 MB of the standard library's Python sources:
   kitoken     `Kitoken.from_tokenizers_file(path).encode(text, True)`
 
 Each engine encodes fresh `str` objects (no UTF-8 conversion cached from an earlier pass), once, timed in CPU
-seconds, after a warm-up on its last 20 documents; `same` counts the documents whose ids equal HF `tokenizers`' (no special tokens added). An engine that
-is not installed is reported as such. The engines are not project dependencies; in a scratch venv:
+seconds, after a warm-up on its last 20 documents; `same` counts the documents whose ids equal HF `tokenizers`'
+(no special tokens added). An engine that is not installed is reported as such. The engines are not project
+dependencies; in a scratch venv:
 
     python3 -m venv /tmp/engvenv && /tmp/engvenv/bin/pip install fastokens tokie kitoken riptoken tokenizers \\
         numpy msgspec
