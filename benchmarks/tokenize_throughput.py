@@ -2,7 +2,8 @@
 
 For each tokenizer, on the same corpus and process count, it measures:
   raw       each engine's own in-memory rate x processes: N processes each encode their share of documents already
-            in memory with the engine's bare call (quicktok `encode_batch(texts, 1)` on batches of 512, riptoken
+            in memory with the engine's bare call (quicktok `encode_batch(texts, 1)` and fastokens
+            `encode_batch_flat(texts)` (through our `flat`: ids as numpy, no lists) on batches of 512, riptoken
             `CoreBPE.encode_ordinary`, tiktoken `encode_ordinary`, HF `tokenizers` `encode_batch_fast` on one
             thread), on the text that engine is given (GPT-NeoX-20B: with its space pairs); aggregate tokens /
             slowest worker's time; nan where the engine cannot run the tokenizer (quicktok: cl100k's regex only)
@@ -110,6 +111,12 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
                 runs[mode] = lambda tok=tok: sum(len(tok.encode_flat(b)[0]) for b in batches)  # type: ignore[index]
             else:
                 runs[mode] = lambda tok=tok: sum(len(ids) for b in batches for ids in tok.encode_batch(b))
+        elif mode == "fastokens":  # its batch call, on the batches tokenize gives it (the whole tokenizer.json)
+            try:
+                encoder = load_tokenizer(spec, "fastokens")._encode_batch
+            except DataError:  # a vocabulary it refuses (cl100k's, with a gap in its ids)
+                continue
+            runs[mode] = lambda encoder=encoder: sum(len(encoder.flat(b)[0]) for b in batches)
         elif mode == "hf":
             hf = load_tokenizer(spec, "hf").hf
             runs[mode] = lambda hf=hf: sum(
@@ -223,7 +230,7 @@ def main() -> None:
     parser.add_argument("--dolma", default=shutil.which("dolma"), help="path of the `dolma` executable")
     parser.add_argument("--datatrove-python", help="a Python with datatrove installed (its own venv)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of ours; the best counts")
-    parser.add_argument("--engines", default="quicktok,riptoken,tiktoken,hf", help="raw rates measured")
+    parser.add_argument("--engines", default="quicktok,fastokens,riptoken,tiktoken,hf", help="raw rates measured")
     args = parser.parse_args()
     specs = args.tokenizer or [str(SHARED / n) for n in ("gpt2.json", "cl100k_base.json", "gpt-neox-20b.json")]
     olmo_data_cli = [sys.executable, "-m", "olmo_cli.main"]

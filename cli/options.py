@@ -101,11 +101,12 @@ class Command(click.Command):
 
 backend_option = click.option(
     "--backend",
-    type=click.Choice(["auto", "quicktok", "riptoken", "tiktoken", "hf"]),
+    type=click.Choice(["auto", "quicktok", "fastokens", "riptoken", "tiktoken", "hf"]),
     default="auto",
     show_default=True,
-    help="Tokenizer backend; all give identical ids. auto: the fastest installed engine (quicktok and riptoken, "
-    "from the fast extra, then tiktoken) whose exact equivalent passes the start-up self-check, else HF tokenizers.",
+    help="Tokenizer backend; all give identical ids. auto: the fastest installed engine (quicktok, fastokens and "
+    "riptoken, from the fast extra, then tiktoken) whose exact equivalent passes the start-up self-check, else HF "
+    "tokenizers.",
 )
 progress_option = click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a terminal].")
 

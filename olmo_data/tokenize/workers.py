@@ -373,10 +373,12 @@ def run_tasks(
         # fork where it is safe (olmo_data.processes): workers start at once and inherit the imported modules;
         # each loads its own tokenizer in the initializer, with thread pools off, so nothing threaded crosses it
         ctx = pool_context()
-        if tok.backend == "quicktok" and ctx.get_start_method() == "fork":
+        if tok.backend in ("quicktok", "fastokens") and ctx.get_start_method() == "fork":
             # its batch call gives numpy arrays: numpy imported once here and inherited, rather than by every worker
             # at its first batch, at once (two tiny inputs on two processes: ~0.40 -> ~0.35 s)
             import numpy  # noqa: F401
+        if ctx.get_start_method() == "fork":
+            tok.ready()  # an engine loading on a thread of its own (fastokens): loaded once, here, and inherited
         progress_q, stop = ctx.Queue(), ctx.Event()
         workers = min(processes, len(todo))
         # fewer inputs than processes: encode with threads instead. On an engine (its threads release the GIL), a

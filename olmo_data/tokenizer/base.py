@@ -11,8 +11,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Backend = Literal["auto", "quicktok", "riptoken", "tiktoken", "hf"]
-BACKENDS: tuple[Backend, ...] = ("auto", "quicktok", "riptoken", "tiktoken", "hf")  # as --backend names them
+Backend = Literal["auto", "quicktok", "fastokens", "riptoken", "tiktoken", "hf"]
+# as --backend names them
+BACKENDS: tuple[Backend, ...] = ("auto", "quicktok", "fastokens", "riptoken", "tiktoken", "hf")
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 PAD_CANDIDATES = ("<|padding|>", "<|pad|>", "<pad>")
 BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>")
@@ -76,9 +77,16 @@ class Tokenizer:
         """Pickled for worker processes: a tiktoken-backed tokenizer leaves the HF tokenizer behind (slow to
         serialise and rebuild for large vocabularies) and decodes with tiktoken, which gives the same bytes."""
         state = dict(self.__dict__)
-        if self.backend in ("quicktok", "riptoken", "tiktoken") and hasattr(self._encode_batch, "decode"):
+        if self.backend in ("quicktok", "fastokens", "riptoken", "tiktoken") and hasattr(self._encode_batch, "decode"):
             state.update(hf=None, _decode=self._encode_batch.decode)
         return state
+
+    def ready(self) -> None:
+        """Wait for an engine that loads on a thread of its own (fastokens) to have loaded: before a fork, which
+        copies no threads, so that the workers inherit the loaded engine. Raises what loading it raised."""
+        ready = getattr(self._encode_batch, "ready", None)
+        if ready is not None:
+            ready()
 
     def identity(self) -> dict[str, Any]:
         """What a manifest records about the tokenizer."""

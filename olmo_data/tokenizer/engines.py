@@ -1,12 +1,14 @@
-"""The BPE engines a `Plan` runs on: quicktok and riptoken (optional, the `fast` extra) and tiktoken (a dependency).
+"""The BPE engines: quicktok, fastokens and riptoken (optional, the `fast` extra) and tiktoken (a dependency).
 
-All take the same things, a byte-level rank table and a split regex, and give the ids of rank-ordered BPE over the
-regex's pieces; they differ only in speed and in the regexes they run. quicktok (`quicktok_engine`) runs cl100k's
-regex only, about 1.9x riptoken's rate text by text on code and 3.3x with its batch call. riptoken recognises
-GPT-2's and cl100k's split regexes and runs them without the backtracking regex engine tiktoken uses for their
-lookahead: about 1.8x tiktoken's rate on GPT-2 and cl100k, 2x on GPT-NeoX-20B with its space pairs
+The plan engines take the same things, a byte-level rank table and a split regex, and give the ids of rank-ordered
+BPE over the regex's pieces; they differ only in speed and in the regexes they run. quicktok (`quicktok_engine`)
+runs cl100k's regex only, about 1.9x riptoken's rate text by text on code and 3.3x with its batch call. riptoken
+recognises GPT-2's and cl100k's split regexes and runs them without the backtracking regex engine tiktoken uses for
+their lookahead: about 1.8x tiktoken's rate on GPT-2 and cl100k, 2x on GPT-NeoX-20B with its space pairs
 (`tiktoken_plan.pair_space_runs`), one thread, on code. Which engine a tokenizer gets is decided by the self-check
 (`tiktoken_backend`), never assumed: an engine is used only where its ids equalled `tokenizers'` at start-up.
+fastokens (`fastokens_engine`) is the one engine not given a `Plan`: it runs the tokenizer.json itself, about 1.8x
+riptoken's rate on GPT-NeoX-20B and 2-3x on GPT-2.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import Any, Literal
 
 from olmo_data.tokenizer.tiktoken_plan import CL100K_PATTERN, GPT2_PATTERN, Plan, unpaired, without_lone_surrogates
 
-Engine = Literal["quicktok", "riptoken", "tiktoken"]
+Engine = Literal["quicktok", "fastokens", "riptoken", "tiktoken"]
 # the order `auto` tries them in: the fastest first
-ENGINES: tuple[Engine, ...] = ("quicktok", "riptoken", "tiktoken")
+ENGINES: tuple[Engine, ...] = ("quicktok", "fastokens", "riptoken", "tiktoken")
 INSTALL_HINT = {
     "quicktok": "pip install 'olmo-data[fast]' (quicktok-v1)",
+    "fastokens": "pip install 'olmo-data[fast]' (fastokens)",
     "riptoken": "pip install 'olmo-data[fast]' (riptoken)",
     "tiktoken": "pip install tiktoken",
 }
@@ -58,6 +61,8 @@ def build_piece_encoder(engine: Engine, name: str, plan: Plan) -> Callable[[str]
     Raises what the engine raises on a regex or rank table it refuses (ValueError and the like, or pyo3's
     PanicException, a BaseException). quicktok's encoder also has `flat`, its batch call (`quicktok_engine`).
     """
+    if engine == "fastokens":
+        raise ValueError("fastokens runs a whole tokenizer.json, not a plan (fastokens_engine.FastokensEncoder)")
     if engine == "quicktok":
         from olmo_data.tokenizer.quicktok_engine import QuicktokPieces
 

@@ -16,9 +16,9 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
     """Load `spec` (a `tokenizer.json` path, a `.tiktoken` ranks file, or a Hugging Face hub id) and pick the
     fastest backend that gives identical ids.
 
-    `auto` uses the fastest installed engine (quicktok, riptoken, then tiktoken) where an exact equivalent can be
-    built and passes the start-up self-check, else HF `tokenizers`; `quicktok`, `riptoken` or `tiktoken` insists on
-    that engine (error when impossible); `hf` always uses `tokenizers`.
+    `auto` uses the fastest installed engine (quicktok, fastokens, riptoken, then tiktoken) where an exact equivalent
+    can be built and passes the start-up self-check, else HF `tokenizers`; naming an engine insists on it (an error
+    where it cannot: fastokens runs a tokenizer.json only); `hf` always uses `tokenizers`.
     """
     if backend not in BACKENDS:
         raise DataError(f"unknown tokenizer backend {backend!r}; expected {', '.join(BACKENDS[:-1])} or hf")
@@ -30,7 +30,7 @@ def load_tokenizer(spec: str, backend: Backend = "auto") -> Tokenizer:
 
 def _load(spec: str, backend: Backend) -> Tokenizer:
     if spec.endswith(".tiktoken"):
-        if backend == "hf":
+        if backend == "hf" or backend == "fastokens":
             raise DataError(
                 f"{spec}: a .tiktoken ranks file runs on the quicktok, riptoken or tiktoken backend only; use auto"
             )
@@ -39,8 +39,9 @@ def _load(spec: str, backend: Backend) -> Tokenizer:
         local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
         if os.path.isfile(local):
             with open(local, "rb") as f:
-                digest = hashlib.sha256(f.read()).hexdigest()
-            cached = load_checked(digest, os.path.basename(local), None if backend == "auto" else backend)
+                data = f.read()
+            digest = hashlib.sha256(data).hexdigest()
+            cached = load_checked(digest, os.path.basename(local), None if backend == "auto" else backend, data=data)
             if cached is not None:
                 return cached
     tok, json_text = load_hf_tokenizer(spec)

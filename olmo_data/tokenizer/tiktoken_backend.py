@@ -1,5 +1,5 @@
-"""The engine backends (quicktok, riptoken, tiktoken): the same ids as HF `tokenizers` for byte-level BPE vocabularies,
-several times faster.
+"""The engine backends (quicktok, fastokens, riptoken, tiktoken): the same ids as HF `tokenizers` for byte-level BPE
+vocabularies, several times faster.
 
 A tokenizer.json is reduced to a `Plan` (`tiktoken_plan`, which says why this can be exact and refuses what
 cannot be reproduced), run by a `TiktokenEncoder` (`tiktoken_encoder`) on an engine (`engines`), and even then a
@@ -24,6 +24,8 @@ from typing import Any
 from olmo_data.errors import DataError
 from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
 from olmo_data.tokenizer.engines import ENGINES, INSTALL_HINT, Engine, available, describe, engine_failure, refusal
+from olmo_data.tokenizer.fastokens_engine import FastokensEncoder
+from olmo_data.tokenizer.fastokens_engine import refusal as fastokens_refusal
 from olmo_data.tokenizer.tiktoken_cache import save_checked
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, pair_space_runs, plan_from_json
@@ -129,8 +131,8 @@ def try_tiktoken(
     json_text: str | None = None,
     engine: Engine | None = None,
 ) -> Tokenizer | None:
-    """An engine-backed copy of the HF tokenizer `tok` (quicktok, riptoken or tiktoken, `engines`), or None (auto) /
-    DataError (strict) where no engine reproduces it exactly.
+    """An engine-backed copy of the HF tokenizer `tok` (quicktok, fastokens, riptoken or tiktoken, `engines`), or None
+    (auto) / DataError (strict) where no engine reproduces it exactly.
 
     `engine` None tries each installed engine, fastest first, and takes the first whose self-check passes;
     `engine` given tries that one only (strict: its failure is an error). `json_text` is the tokenizer.json the HF
@@ -152,23 +154,25 @@ def try_tiktoken(
         return None
     candidates = _candidates(engine)
     if not candidates:
-        refuse("no BPE engine is installed (quicktok, riptoken or tiktoken)")
+        refuse("no BPE engine is installed (quicktok, fastokens, riptoken or tiktoken)")
         return None
+    text = json_text if json_text is not None else tok.hf.to_str()
+    data = json.loads(text)
     try:
-        plan = plan_from_json(json.loads(json_text if json_text is not None else tok.hf.to_str()))
+        plan = plan_from_json(data)
     except Unsupported as e:
         refuse(str(e))
         return None
     fast = _engine_plan(plan)
     failed: list[str] = []
     for name in candidates:
-        why = refusal(name, fast)
+        why = fastokens_refusal(data) if name == "fastokens" else refusal(name, fast)
         if why is not None:  # an engine that cannot run this plan at all (quicktok on GPT-2's regex): no warning
             refuse(why)
             log.debug("%s: not using %s: %s", tok.name, name, why)
             continue
         try:
-            encoder = TiktokenEncoder(name, tok.name, fast, num_threads)
+            encoder = _encoder(name, tok.name, fast, text, num_threads)
         except BaseException as e:  # a regex or vocabulary the engine rejects, or panics on (from Rust)
             if not engine_failure(e):
                 raise
@@ -197,7 +201,19 @@ def try_tiktoken(
     return None
 
 
-def _engine_tokenizer(tok: Tokenizer, engine: Engine, encoder: TiktokenEncoder) -> Tokenizer:
+def _encoder(
+    engine: Engine, name: str, plan: Plan, json_text: str, num_threads: int
+) -> TiktokenEncoder | FastokensEncoder:
+    """The batch encoder on `engine`: fastokens is given the tokenizer.json (loaded here, so that a file it refuses
+    fails here), the others the engine plan."""
+    if engine == "fastokens":
+        encoder = FastokensEncoder(name, json_text, num_threads)
+        encoder.ready()
+        return encoder
+    return TiktokenEncoder(engine, name, plan, num_threads)
+
+
+def _engine_tokenizer(tok: Tokenizer, engine: Engine, encoder: TiktokenEncoder | FastokensEncoder) -> Tokenizer:
     return Tokenizer(
         name=tok.name,
         sha256=tok.sha256,
@@ -284,8 +300,10 @@ def load_tiktoken_file(path: str, num_threads: int = DEFAULT_NUM_THREADS, engine
             "the pattern must not match the empty string"
         ) from None
     chosen: Engine = "tiktoken"
-    if engine is None:  # auto: the fastest installed engine whose ids equal tiktoken's
-        faster_ones = [e for e in ENGINES if e != "tiktoken" and available(e)]
+    if engine == "fastokens":
+        raise DataError(f"{path}: fastokens runs a tokenizer.json, not a .tiktoken ranks file; use auto or tiktoken")
+    if engine is None:  # auto: the fastest installed plan engine whose ids equal tiktoken's
+        faster_ones = [e for e in ENGINES if e not in ("tiktoken", "fastokens") and available(e)]
     else:
         faster_ones = [] if engine == "tiktoken" else [engine]
     for candidate in faster_ones:

@@ -24,11 +24,13 @@ import os
 import struct
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from olmo_data import __version__
 from olmo_data.io import atomic_path, default_cache_dir
 from olmo_data.tokenizer.base import Tokenizer
 from olmo_data.tokenizer.engines import DISTRIBUTIONS, ENGINES, Engine, available
+from olmo_data.tokenizer.fastokens_engine import FastokensEncoder
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import Plan
 
@@ -44,6 +46,7 @@ CODE_FILES = (
     "tiktoken_cache.py",
     "engines.py",
     "quicktok_engine.py",
+    "fastokens_engine.py",
 )
 
 
@@ -91,9 +94,12 @@ def installed_version(package: str, distribution: str | None = None) -> str:
 def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -> None:
     """Store a self-checked plan (and the tokenizer's identity and special ids) for `load_checked`; `tried_before`:
     the engines `auto` tried first and found unusable (empty when the engine was asked for by name)."""
-    tokens = sorted(plan.ranks, key=plan.ranks.__getitem__)
-    ids = _little_endian(array.array("I", [plan.ranks[t] for t in tokens]))
-    parts = [b"".join(tokens), "".join(f"{len(t)}s" for t in tokens).encode(), ids.tobytes()]
+    if tok.backend == "fastokens":  # loaded from the tokenizer.json itself: the entry only says it passed
+        parts = [b"", b"", b""]
+    else:
+        tokens = sorted(plan.ranks, key=plan.ranks.__getitem__)
+        ids = _little_endian(array.array("I", [plan.ranks[t] for t in tokens]))
+        parts = [b"".join(tokens), "".join(f"{len(t)}s" for t in tokens).encode(), ids.tobytes()]
     meta = {
         "versions": _cache_versions(),
         "name": tok.name,
@@ -134,25 +140,34 @@ def _little_endian(ids: array.array[int]) -> array.array[int]:
 
 
 def load_checked(
-    sha256: str, name: str, engine: Engine | None = None, num_threads: int = DEFAULT_NUM_THREADS
+    sha256: str,
+    name: str,
+    engine: Engine | None = None,
+    num_threads: int = DEFAULT_NUM_THREADS,
+    data: bytes | None = None,
 ) -> Tokenizer | None:
     """The engine-backed tokenizer stored by `save_checked` for this file hash (named `name`), or None.
 
     `engine` None (auto): the entry of the engine `auto` would choose, the fastest installed one whose entry shows
-    the faster ones were tried and found unusable; an engine's name: that engine's entry."""
+    the faster ones were tried and found unusable; an engine's name: that engine's entry. `data`: the
+    tokenizer.json's bytes (whose SHA-256 is `sha256`), which fastokens loads from (its entry holds no plan)."""
     if engine is not None:
-        entry = _load_entry(sha256, name, engine, num_threads)
+        entry = _load_entry(sha256, name, engine, num_threads, data)
         return None if entry is None else entry[0]
     installed = [e for e in ENGINES if available(e)]
     for i, candidate in enumerate(installed):
-        entry = _load_entry(sha256, name, candidate, num_threads)
+        entry = _load_entry(sha256, name, candidate, num_threads, data)
         if entry is not None and entry[1] == installed[:i]:
             return entry[0]
     return None
 
 
-def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tuple[Tokenizer, list[str]] | None:
+def _load_entry(
+    sha256: str, name: str, engine: Engine, num_threads: int, json_bytes: bytes | None
+) -> tuple[Tokenizer, list[str]] | None:
     """The entry of `engine` and the engines tried before it; None when missing, stale or damaged."""
+    if engine == "fastokens" and json_bytes is None:
+        return None
     path = _cache_file(sha256, engine)
     try:
         with open(path, "rb") as f:
@@ -172,6 +187,13 @@ def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tup
             raise ValueError(f"truncated: {len(payload)} bytes after the header, not {n_tokens + n_format + n_ids}")
         if hashlib.sha256(payload).hexdigest() != meta["payload_sha256"]:
             raise ValueError("damaged: its bytes do not match their SHA-256")
+        tried_before = [str(e) for e in meta["tried_before"]]
+        if engine == "fastokens":
+            assert json_bytes is not None
+            # (loads on a thread of its own: the caller's next work runs beside it)
+            text = json_bytes.decode("utf-8")
+            encoder: TiktokenEncoder | FastokensEncoder = FastokensEncoder(name, text, num_threads)
+            return _checked_tokenizer(name, sha256, engine, meta, encoder), tried_before
         tokens = struct.unpack(bytes(payload[n_tokens : n_tokens + n_format]), payload[:n_tokens])
         ids = array.array("I")
         ids.frombytes(payload[n_tokens + n_format :])
@@ -185,11 +207,16 @@ def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tup
             space_pairs=bool(meta["space_pairs"]),
         )
         encoder = TiktokenEncoder(engine, name, plan, num_threads)
-        tried_before = [str(e) for e in meta["tried_before"]]
+        return _checked_tokenizer(name, sha256, engine, meta, encoder), tried_before
     except Exception as e:  # damaged, truncated or foreign: rebuild from the tokenizer.json
         log.debug("ignoring the tiktoken cache %s: %s", path, e)
         return None
-    tok = Tokenizer(
+
+
+def _checked_tokenizer(
+    name: str, sha256: str, engine: Engine, meta: dict[str, Any], encoder: TiktokenEncoder | FastokensEncoder
+) -> Tokenizer:
+    return Tokenizer(
         name=name,
         sha256=sha256,
         vocab_size=int(meta["vocab_size"]),
@@ -201,4 +228,3 @@ def _load_entry(sha256: str, name: str, engine: Engine, num_threads: int) -> tup
         _encode_batch=encoder,
         _decode=encoder.decode,
     )
-    return tok, tried_before

@@ -49,6 +49,24 @@ def balanced_chunks(texts: Sequence[str], n: int) -> list[Sequence[str]]:
     return chunks
 
 
+class ThreadPools:
+    """The thread pool of this process for a number of threads, made when first asked for: a pool inherited through
+    fork has no threads, and one for another count is shut down (its threads are idle: they end now, not at exit)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._key = (-1, 0)  # (pid, threads) the pool was made for
+
+    def get(self, threads: int) -> ThreadPoolExecutor:
+        key = (os.getpid(), threads)
+        if self._pool is None or self._key != key:
+            if self._pool is not None and self._key[0] == key[0]:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(threads)
+            self._key = key
+        return self._pool
+
+
 def _alternation(tokens: Sequence[str]) -> re.Pattern[str] | None:
     """A regex matching `tokens` leftmost-longest, as `tokenizers` matches added tokens."""
     if not tokens:
@@ -77,8 +95,7 @@ class TiktokenEncoder:
         self._norm_re = _alternation(list(plan.normalized_tokens))
         self._plain: Callable[[str], list[int]] | None = None
         self._decode_table: dict[int, bytes] | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_key = (-1, 0)  # (pid, threads) the pool was made for
+        self._pools = ThreadPools()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The plan holds the ranks once; the engine (a second copy) is rebuilt from it, which is quick.
@@ -184,12 +201,6 @@ class TiktokenEncoder:
             for text in texts:
                 yield self.encode(text)
             return
-        key = (os.getpid(), self.num_threads)
-        if self._pool is None or self._pool_key != key:
-            if self._pool is not None and self._pool_key[0] == key[0]:
-                self._pool.shutdown(wait=False)  # (its threads are idle: they end now, not at exit)
-            self._pool = ThreadPoolExecutor(self.num_threads)  # a pool inherited through fork has no threads
-            self._pool_key = key
         chunks = balanced_chunks(texts, CHUNKS_A_THREAD * threads)
-        for part in self._pool.map(self._encode_list, chunks):
+        for part in self._pools.get(self.num_threads).map(self._encode_list, chunks):
             yield from part

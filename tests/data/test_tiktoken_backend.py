@@ -1,10 +1,10 @@
-"""The engine backends (riptoken, tiktoken; quicktok has test_quicktok_engine) give the ids of HF `tokenizers`,
-document by document, or are not used.
+"""The engine backends (fastokens, riptoken, tiktoken; quicktok has test_quicktok_engine) give the ids of HF
+`tokenizers`, document by document, or are not used.
 
 Each real tokenizer is run through every backend on real text (the stdlib demo corpus, cut several ways) and
 on strings written to hit the places where they could part: space runs, tabs, newlines, Unicode, NFD text,
 emoji, code, special tokens inside the text, and the characters the engines' text stands in for space runs with.
-riptoken is an optional extra: its cases are skipped where it is not installed.
+riptoken and fastokens are an optional extra: their cases are skipped where they are not installed.
 """
 
 from __future__ import annotations
@@ -35,13 +35,36 @@ _SHARED_PATHS = {str(SHARED_TOKENIZERS / n) for n in SHARED}
 RIPTOKEN = pytest.param(
     "riptoken", marks=pytest.mark.skipif(not available("riptoken"), reason="riptoken (the fast extra) not installed")
 )
-ENGINES = [RIPTOKEN, "tiktoken"]
-AUTO = "riptoken" if available("riptoken") else "tiktoken"  # what auto picks here
-AUTO_CL100K = "quicktok" if available("quicktok") else AUTO  # ... for cl100k (quicktok runs its regex only)
+FASTOKENS = pytest.param(
+    "fastokens", marks=pytest.mark.skipif(not available("fastokens"), reason="fastokens (the fast extra) not installed")
+)
+ENGINES = [FASTOKENS, RIPTOKEN, "tiktoken"]
+PLAN_AUTO = "riptoken" if available("riptoken") else "tiktoken"  # what auto picks here among the plan engines
+AUTO = "fastokens" if available("fastokens") else PLAN_AUTO  # what auto picks here
+# ... for cl100k (quicktok runs its regex only; fastokens refuses the gap in its ids)
+AUTO_CL100K = "quicktok" if available("quicktok") else PLAN_AUTO
+# fastokens refuses a vocabulary whose ids have a gap: cl100k's has none at 100256
+REFUSED = {("cl100k_base.json", "fastokens")}
 QUICKTOK = pytest.param(
     "quicktok", marks=pytest.mark.skipif(not available("quicktok"), reason="quicktok (the fast extra) not installed")
 )
-HERE = [e for e in ("riptoken", "tiktoken") if available(e)]  # the engines installed here
+HERE = [e for e in ("riptoken", "tiktoken") if available(e)]  # the plan engines installed here
+
+
+@pytest.fixture
+def without_fastokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fastokens as if not installed: what auto does on the plan engines alone."""
+    _without(monkeypatch, "fastokens")
+
+
+def _without(monkeypatch: pytest.MonkeyPatch, *missing: str) -> None:
+    import olmo_data.tokenizer.engines as engines
+
+    real = engines.available
+    monkeypatch.setattr(engines, "available", lambda e: e not in missing and real(e))
+    for module in ("tiktoken_backend", "tiktoken_cache"):
+        monkeypatch.setattr(f"olmo_data.tokenizer.{module}.available", engines.available)
+
 
 MIXED_RUNS = [
     "".join(map(chr, range(33, 127))) * 7,
@@ -132,6 +155,10 @@ def _assert_same(texts: list[str], expected: list[list[int]], got: list[list[int
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_tokenizers_identical_ids(name: str, engine: str, texts: list[str]) -> None:
+    if (name, engine) in REFUSED:
+        with pytest.raises(DataError, match=f"{name}: the fastokens backend cannot .*id 100256 has no token"):
+            load_tokenizer(shared_tokenizer(name), "fastokens")
+        return
     path = shared_tokenizer(name)
     hf, expected = _reference(path, texts)
     fast = _shared(name, engine)
@@ -162,6 +189,8 @@ def test_shared_special_tokens_in_text_become_their_ids(engine: str) -> None:
     """Pinned against the tokenizers' own special ids (../shared/README.md), not against our output."""
     cases = {"gpt2.json": 50256, "cl100k_base.json": 100257, "gpt-neox-20b.json": 0}
     for name, eos in cases.items():
+        if (name, engine) in REFUSED:
+            continue
         tok = _shared(name, engine)
         ids = tok.encode("a<|endoftext|>b")
         assert ids.count(eos) == 1 and ids[0] != eos and ids[-1] != eos, name
@@ -249,7 +278,8 @@ def test_backend_values(demo_tokenizer: str) -> None:
     assert load_tokenizer(demo_tokenizer, "auto").backend == AUTO
     assert load_tokenizer(demo_tokenizer, "tiktoken").backend == "tiktoken"
     with pytest.raises(
-        DataError, match="unknown tokenizer backend 'fast'; expected auto, quicktok, riptoken, tiktoken or hf"
+        DataError,
+        match="unknown tokenizer backend 'fast'; expected auto, quicktok, fastokens, riptoken, tiktoken or hf",
     ):
         load_tokenizer(demo_tokenizer, "fast")  # type: ignore[arg-type]
 
@@ -257,15 +287,10 @@ def test_backend_values(demo_tokenizer: str) -> None:
 def test_without_riptoken_auto_uses_tiktoken_and_riptoken_is_refused(
     demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """riptoken and quicktok are an optional extra: where they are missing, auto runs on tiktoken, and asking for
-    either says how to install it."""
-    import olmo_data.tokenizer.engines as engines
-
+    """riptoken, fastokens and quicktok are an optional extra: where they are missing, auto runs on tiktoken, and
+    asking for one says how to install it."""
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
-    real = engines.available
-    monkeypatch.setattr(engines, "available", lambda e: e not in ("riptoken", "quicktok") and real(e))
-    for module in ("tiktoken_backend", "tiktoken_cache"):
-        monkeypatch.setattr(f"olmo_data.tokenizer.{module}.available", engines.available)
+    _without(monkeypatch, "riptoken", "quicktok", "fastokens")
     assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"
     assert load_tokenizer(demo_tokenizer, "auto").backend == "tiktoken"  # from the cache
     with pytest.raises(DataError, match=r"the riptoken backend cannot .*riptoken is not installed .*olmo-data\[fast\]"):
@@ -278,6 +303,10 @@ def test_without_riptoken_auto_uses_tiktoken_and_riptoken_is_refused(
         DataError, match=r"quicktok is not installed \(pip install 'olmo-data\[fast\]' \(quicktok-v1\)\)"
     ):
         load_tokenizer(shared_tokenizer("cl100k_base.json"), "quicktok")
+    with pytest.raises(
+        DataError, match=r"fastokens is not installed \(pip install 'olmo-data\[fast\]' \(fastokens\)\)"
+    ):
+        load_tokenizer(demo_tokenizer, "fastokens")
 
 
 # Tokenizers that tiktoken cannot reproduce: auto falls back, strict says why.
@@ -341,7 +370,20 @@ def _rank_order_trap(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.skipif(not available("fastokens"), reason="fastokens (the fast extra) not installed")
+def test_fastokens_runs_merges_where_rank_order_differs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """fastokens runs the tokenizer.json's merges, not ranks: where rank order and merge order part (the plan
+    engines' self-check differs, below), its ids are `tokenizers'`, and auto takes it without a warning."""
+    path = _rank_order_trap(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="olmo_data.tokenizer.tiktoken_backend"):
+        tok = load_tokenizer(path, "auto")
+    assert tok.backend == "fastokens" and not caplog.records
+    assert tok.encode("return") == load_tokenizer(path, "hf").encode("return") == [256, *map(ord, "turn")]
+
+
+def test_self_check_difference_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, without_fastokens: None
+) -> None:
     path = _rank_order_trap(tmp_path)
     assert load_tokenizer(path, "hf").encode("return") == [256, ord("t"), ord("u"), ord("r"), ord("n")]
     with caplog.at_level(logging.WARNING, logger="olmo_data.tokenizer.tiktoken_backend"):
@@ -360,9 +402,11 @@ def test_self_check_difference_falls_back_with_a_warning(tmp_path: Path, caplog:
             load_tokenizer(path, engine)  # type: ignore[arg-type]
 
 
-def test_tiktoken_crash_falls_back(demo_tokenizer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_tiktoken_crash_falls_back(
+    demo_tokenizer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, without_fastokens: None
+) -> None:
     """A split regex that matches the empty string makes tiktoken panic (and riptoken give ids past the vocabulary):
-    a fallback, not a crash."""
+    a fallback, not a crash. (fastokens, set aside here, gives `tokenizers'` ids on it: test_fastokens_engine.)"""
     data = json.loads(Path(demo_tokenizer).read_text())
     data["pre_tokenizer"] = {
         "type": "Sequence",
@@ -409,6 +453,10 @@ def test_try_tiktoken_auto_returns_none_when_unsupported(demo_tokenizer: str, tm
 @pytest.mark.parametrize("engine", ["auto", *ENGINES, QUICKTOK])
 def test_tiktoken_file_matches_hf_cl100k(texts: list[str], engine: str) -> None:
     ranks = shared_tokenizer("cl100k_base.tiktoken")
+    if engine == "fastokens":  # (it runs a tokenizer.json, which a ranks file is not)
+        with pytest.raises(DataError, match="a .tiktoken ranks file runs on the quicktok, riptoken or tiktoken"):
+            load_tokenizer(ranks, engine)
+        return
     tok = load_tokenizer(ranks, engine)  # type: ignore[arg-type]
     assert tok.backend == (AUTO_CL100K if engine == "auto" else engine) and tok.hf is None
     assert tok.name == "cl100k_base.tiktoken"
@@ -463,21 +511,21 @@ def test_tiktoken_file_bad_input(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="tiny.tiktoken.json: tiktoken fails .* must not match the empty string"):
         load_tiktoken_file(_tiny_ranks(tmp_path, good, {**side, "pat_str": r"\p{L}*|."}))
     tok = load_tiktoken_file(_tiny_ranks(tmp_path, good, side))
-    assert (tok.vocab_size, tok.eos_token_id, tok.backend) == (257, 256, AUTO)
+    assert (tok.vocab_size, tok.eos_token_id, tok.backend) == (257, 256, PLAN_AUTO)
     assert tok.encode("ab <|endoftext|>") == [97, 98, 32, 256]
 
 
 def test_checked_plan_cache_gives_the_same_ids_without_loading_hf(
-    demo_corpus: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo_corpus: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_fastokens: None
 ) -> None:
     monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
     path = shared_tokenizer("gpt-neox-20b.json")
     first = load_tokenizer(path)
-    assert first.backend == AUTO and first.hf is not None
+    assert first.backend == PLAN_AUTO and first.hf is not None
     cached_files = list((tmp_path / "cache" / "tiktoken").glob("*.plan"))
-    assert [f.name for f in cached_files] == [f"{first.sha256}.{AUTO}.plan"]
+    assert [f.name for f in cached_files] == [f"{first.sha256}.{PLAN_AUTO}.plan"]
     second = load_tokenizer(path)
-    assert second.backend == AUTO and second.hf is None  # neither the HF load nor the self-check ran
+    assert second.backend == PLAN_AUTO and second.hf is None  # neither the HF load nor the self-check ran
     assert (second.vocab_size, second.eos_token_id, second.pad_token_id) == (50277, 0, 1)
     texts = [d.text for d in read_documents(demo_corpus[0])][:40] + ["a  b   c\t\t\n\n x", "Cafe\u0301 <|endoftext|>"]
     reference = [e.ids for e in first.hf.encode_batch(texts, add_special_tokens=False)]
