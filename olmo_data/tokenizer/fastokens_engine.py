@@ -77,10 +77,15 @@ class FastokensEncoder:
 
     def ready(self) -> None:
         """Wait for the engine to have loaded; raises what loading it raised (ValueError on a file it refuses). Called
-        before every use, and by the tokenize stage before it forks its workers (a fork copies no threads)."""
+        before every use, and by the tokenize stage before it forks its workers (a fork copies no threads). In a
+        process forked while the load was under way (the thread did not come along) it loads here instead."""
         if self._loading is not None:
             self._loading.join()
             self._loading = None
+        if self._tokenizer is None and self._error is None:
+            import fastokens
+
+            self._load(fastokens.Tokenizer)
         if self._error is not None:
             raise self._error
 

@@ -169,3 +169,40 @@ def test_cache_entry_skips_hf_and_is_rewritten_when_damaged(
         entry.write_bytes(damaged)
         assert load_tokenizer(demo_tokenizer, "auto").hf is not None
         assert entry.read_bytes() == good  # written again, the same bytes
+
+
+_INHERITED: dict[str, FastokensEncoder] = {}  # what a forked child finds in its copy of this module
+
+
+def _encode_inherited(texts: list[str]) -> list[list[int]]:
+    return _INHERITED["encoder"](texts)
+
+
+def test_a_process_forked_while_it_loads_loads_it_itself(demo_tokenizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork copies no threads: a child forked before the load thread finished would find no engine, so `ready`
+    loads it there (the tokenize stage waits for `ready` before it forks; other callers may not)."""
+    import multiprocessing as mp
+    import time
+
+    import fastokens
+
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    real = fastokens.Tokenizer
+
+    class Slow:  # the load, made slow enough to fork in the middle of it
+        @staticmethod
+        def from_json_str(text: str) -> object:
+            time.sleep(0.5)
+            return real.from_json_str(text)
+
+    monkeypatch.setattr(fastokens, "Tokenizer", Slow)
+    _INHERITED["encoder"] = FastokensEncoder("demo", Path(demo_tokenizer).read_text())
+    try:
+        assert [t for t in threading.enumerate() if t.name == "fastokens-load"]  # still loading
+        with mp.get_context("fork").Pool(1) as pool:
+            got = pool.apply(_encode_inherited, (["hello world"],))
+    finally:
+        _INHERITED["encoder"].ready()
+        del _INHERITED["encoder"]
+    assert got == [load_tokenizer(demo_tokenizer, "hf").encode("hello world")]
