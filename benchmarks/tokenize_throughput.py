@@ -104,8 +104,20 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
     texts = [d.text.strip() for f in files for d in read_documents(f)]
     batches = [texts[i : i + 512] for i in range(0, len(texts), 512)]
     runs: dict[str, Any] = {}
+    # fastokens keeps a cache of the pieces it has encoded: a second pass over the same texts is ~2x faster than the
+    # first (GPT-2), which a tokenize run, seeing each document once with a freshly loaded engine, never gets; so
+    # each of its passes here is made on an engine loaded again (untimed)
+    remake: dict[str, Any] = {}
+
+    def on_fresh_fastokens() -> Any:
+        tok = load_tokenizer(spec, "fastokens")
+        tok.ready()
+        return lambda: sum(len(tok.encode_flat(b)[0]) for b in batches)  # type: ignore[index]
+
     for mode in modes:
-        if mode == "encoder":
+        if mode == "encoder" and load_tokenizer(spec).backend == "fastokens":
+            remake[mode] = on_fresh_fastokens
+        elif mode == "encoder":
             tok = load_tokenizer(spec)
             if tok.encode_flat(texts[:1]) is not None:  # the engine's batch call (quicktok): what tokenize runs
                 runs[mode] = lambda tok=tok: sum(len(tok.encode_flat(b)[0]) for b in batches)  # type: ignore[index]
@@ -113,10 +125,10 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
                 runs[mode] = lambda tok=tok: sum(len(ids) for b in batches for ids in tok.encode_batch(b))
         elif mode == "fastokens":  # its batch call, on the batches tokenize gives it (the whole tokenizer.json)
             try:
-                encoder = load_tokenizer(spec, "fastokens")._encode_batch
+                load_tokenizer(spec, "fastokens")
             except DataError:  # a vocabulary it refuses (cl100k's, with a gap in its ids)
                 continue
-            runs[mode] = lambda encoder=encoder: sum(len(encoder.flat(b)[0]) for b in batches)
+            remake[mode] = on_fresh_fastokens
         elif mode == "hf":
             hf = load_tokenizer(spec, "hf").hf
             runs[mode] = lambda hf=hf: sum(
@@ -140,7 +152,10 @@ def _encode_share(args: tuple[str, list[str], list[str], int, Any]) -> dict[str,
     best: dict[str, tuple[int, float, float]] = {}
     barrier.wait()
     for _ in range(repeat):
-        for mode, run in runs.items():
+        for mode in modes:
+            if mode not in runs and mode not in remake:
+                continue
+            run = remake[mode]() if mode in remake else runs[mode]
             t0, c0 = time.perf_counter(), time.process_time()
             n = run()
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
