@@ -64,14 +64,20 @@ class FastokensEncoder:
             os.environ[key] = value
         import fastokens
 
+        # not a daemon: an exiting interpreter waits for it, where a daemon thread still inside the load when the
+        # interpreter finalises is unwound through Rust's panic guard on its way back to the GIL, and the process
+        # aborts ("FATAL: exception not rethrown"; seen when a command stopped by a signal exited at once)
         self._loading: threading.Thread | None = threading.Thread(
-            target=self._load, args=(fastokens.Tokenizer,), name="fastokens-load", daemon=True
+            target=self._load, args=(fastokens.Tokenizer,), name="fastokens-load"
         )
         self._loading.start()
 
     def _load(self, tokenizer_class: Any) -> None:
         try:
-            self._tokenizer = tokenizer_class.from_json_str(self.json_text)
+            tokenizer = tokenizer_class.from_json_str(self.json_text)
+            tokenizer.no_truncation()  # whole texts, unpadded, whatever the file says (`hf.ignored_settings`)
+            tokenizer.no_padding()
+            self._tokenizer = tokenizer
         except BaseException as e:  # (raised in the caller's thread by `ready`)
             self._error = e
 

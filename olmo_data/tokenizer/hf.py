@@ -4,6 +4,7 @@ backend is checked against."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from olmo_data.errors import DataError
 from olmo_data.io import hub_offline_mode, hub_reachable
 from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDATES, Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 def find_special(hf: Any, candidates: Sequence[str]) -> int | None:
@@ -39,6 +42,36 @@ def check_one_token_per_id(hf: Any, where: str) -> None:
         first[tid] = token
 
 
+def ignored_settings(truncation: Any, padding: Any) -> list[str]:
+    """The tokenizer.json settings every backend here leaves aside, worded for a warning: its `truncation` and
+    `padding` (set by a `transformers` call that saved them). `tokenizers` applies them to every text it encodes, so a
+    document would be cut at `max_length` and padded with the pad id: token files hold whole documents, unpadded."""
+    found = []
+    if truncation:
+        found.append(f"truncation (max_length {truncation.get('max_length')})")
+    if padding:
+        found.append("padding")
+    return found
+
+
+def warn_ignored(where: str, ignored: Sequence[str]) -> None:
+    if ignored:
+        log.warning(
+            "%s: the tokenizer.json sets %s; ignored: olmo-data encodes whole texts and pads nothing",
+            where,
+            " and ".join(ignored),
+        )
+
+
+def _whole_texts(hf: Any, where: str) -> None:
+    """`hf` set to encode whole texts, unpadded (`ignored_settings`), with a warning where the file said otherwise."""
+    ignored = ignored_settings(hf.truncation, hf.padding)
+    if ignored:
+        warn_ignored(where, ignored)
+        hf.no_truncation()
+        hf.no_padding()
+
+
 def load_hf(spec: str) -> tuple[Any, str, str, str]:
     """Load a `tokenizers.Tokenizer` from a path or hub id; returns (tokenizer, name, sha256 of its JSON, JSON)."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -52,6 +85,7 @@ def load_hf(spec: str) -> tuple[Any, str, str, str]:
         except Exception as e:
             raise DataError(f"{spec}: not a Hugging Face tokenizer.json ({e})") from e
         check_one_token_per_id(hf, spec)
+        _whole_texts(hf, spec)
         return hf, os.path.basename(spec), hashlib.sha256(data).hexdigest(), text
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "tokenizer.json")):
         return load_hf(os.path.join(spec, "tokenizer.json"))
@@ -71,6 +105,7 @@ def load_hf(spec: str) -> tuple[Any, str, str, str]:
         ) from e
     check_one_token_per_id(hf, spec)
     text = hf.to_str()
+    _whole_texts(hf, spec)
     return hf, spec, hashlib.sha256(text.encode("utf-8")).hexdigest(), text
 
 

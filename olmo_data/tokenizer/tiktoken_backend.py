@@ -26,6 +26,7 @@ from olmo_data.tokenizer.base import BOS_CANDIDATES, EOS_CANDIDATES, PAD_CANDIDA
 from olmo_data.tokenizer.engines import ENGINES, INSTALL_HINT, Engine, available, describe, engine_failure, refusal
 from olmo_data.tokenizer.fastokens_engine import FastokensEncoder
 from olmo_data.tokenizer.fastokens_engine import refusal as fastokens_refusal
+from olmo_data.tokenizer.hf import ignored_settings
 from olmo_data.tokenizer.tiktoken_cache import save_checked
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import UTF8_BYTES, Plan, Unsupported, pair_space_runs, plan_from_json
@@ -184,7 +185,8 @@ def try_tiktoken(
         if differs is None:
             checked = _engine_tokenizer(tok, name, encoder)
             if json_text is not None:  # loaded from a file: later loads of the same bytes can skip the work above
-                save_checked(checked, fast, tried_before=candidates[: candidates.index(name)])
+                ignored = ignored_settings(data.get("truncation"), data.get("padding"))
+                save_checked(checked, fast, tried_before=candidates[: candidates.index(name)], ignored=ignored)
             if failed:
                 log.warning("%s: %s; using %s", tok.name, "; ".join(failed), name)
             return checked

@@ -31,12 +31,13 @@ from olmo_data.io import atomic_path, default_cache_dir
 from olmo_data.tokenizer.base import Tokenizer
 from olmo_data.tokenizer.engines import DISTRIBUTIONS, ENGINES, Engine, available
 from olmo_data.tokenizer.fastokens_engine import FastokensEncoder
+from olmo_data.tokenizer.hf import warn_ignored
 from olmo_data.tokenizer.tiktoken_encoder import DEFAULT_NUM_THREADS, TiktokenEncoder
 from olmo_data.tokenizer.tiktoken_plan import Plan
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4
 MAGIC = b"olmo-data checked plan\n"  # the first line of an entry
 # The code that builds, checks and runs a plan: a change to any of it invalidates every cached plan.
 CODE_FILES = (
@@ -91,9 +92,10 @@ def installed_version(package: str, distribution: str | None = None) -> str:
         return "absent"
 
 
-def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -> None:
+def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = (), ignored: Sequence[str] = ()) -> None:
     """Store a self-checked plan (and the tokenizer's identity and special ids) for `load_checked`; `tried_before`:
-    the engines `auto` tried first and found unusable (empty when the engine was asked for by name)."""
+    the engines `auto` tried first and found unusable (empty when the engine was asked for by name); `ignored`: the
+    file's settings left aside (`hf.ignored_settings`), warned of again at each load of the entry."""
     if tok.backend == "fastokens":  # loaded from the tokenizer.json itself: the entry only says it passed
         parts = [b"", b"", b""]
     else:
@@ -115,6 +117,7 @@ def save_checked(tok: Tokenizer, plan: Plan, tried_before: Sequence[str] = ()) -
         "space_pairs": plan.space_pairs,
         "engine": tok.backend,
         "tried_before": list(tried_before),
+        "ignored": list(ignored),
         "sizes": [len(p) for p in parts],  # tokens, their format, ids
         "payload_sha256": hashlib.sha256(b"".join(parts)).hexdigest(),
     }
@@ -188,6 +191,7 @@ def _load_entry(
         if hashlib.sha256(payload).hexdigest() != meta["payload_sha256"]:
             raise ValueError("damaged: its bytes do not match their SHA-256")
         tried_before = [str(e) for e in meta["tried_before"]]
+        warn_ignored(name, [str(s) for s in meta.get("ignored", [])])
         if engine == "fastokens":
             assert json_bytes is not None
             # (loads on a thread of its own: the caller's next work runs beside it)

@@ -618,3 +618,34 @@ def test_mixed_runs_stay_on_riptoken(name: str) -> None:
     assert pieces._exact is None
     tok.encode_batch(["x" + "y" * 600])
     assert pieces._exact is not None
+
+
+@pytest.mark.parametrize("backend", ["hf", "auto", *ENGINES])
+def test_a_files_truncation_and_padding_are_ignored_with_a_warning(
+    demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, backend: str
+) -> None:
+    """A tokenizer.json saved with truncation and padding set (a `transformers` call saves them): `tokenizers`
+    applied both to every text it encoded, so each document was cut at max_length and padded with the pad id, in
+    silence. Every backend now encodes whole texts, unpadded, and says the settings are ignored, from the cache too."""
+    monkeypatch.setenv("OLMO_DATA_CACHE", str(tmp_path / "cache"))
+    data = json.loads(Path(demo_tokenizer).read_text())
+    data["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = {
+        "strategy": {"Fixed": 16},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 1,
+        "pad_type_id": 0,
+        "pad_token": "<|padding|>",
+    }
+    path = tmp_path / "saved-with-truncation.json"
+    path.write_text(json.dumps(data))
+    text = "def f(x):\n    return [x, x + 1, x * 2]  # a line of code longer than eight tokens\n"
+    whole = load_tokenizer(demo_tokenizer, "hf").encode(text)
+    assert len(whole) > 16
+    for _ in range(2):  # the second load from the cache entry, where the engines' self-check passed
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            tok = load_tokenizer(str(path), backend)  # type: ignore[arg-type]
+            assert tok.encode(text) == whole and tok.encode_batch([text, "a"])[1] == tok.encode("a") != []
+        assert "sets truncation (max_length 8) and padding; ignored: olmo-data encodes whole texts" in caplog.text
