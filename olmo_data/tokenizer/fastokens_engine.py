@@ -30,10 +30,6 @@ from olmo_data.tokenizer.tiktoken_plan import without_lone_surrogates
 THREAD_SETTINGS = {"FASTOKENS_BPE_THREADS": "1", "RAYON_NUM_THREADS": "1"}
 
 
-class FastokensRefuses(ValueError):
-    """A tokenizer.json fastokens cannot load (known before it is tried)."""
-
-
 def refusal(tokenizer_json: Mapping[str, Any]) -> str | None:
     """Why fastokens cannot run this tokenizer.json (already parsed), or None when it may (the self-check decides)."""
     vocab = tokenizer_json.get("model", {}).get("vocab")

@@ -35,18 +35,16 @@ def _load(spec: str, backend: Backend) -> Tokenizer:
                 f"{spec}: a .tiktoken ranks file runs on the quicktok, riptoken or tiktoken backend only; use auto"
             )
         return load_tiktoken_file(spec, engine=None if backend == "auto" else backend)
-    if backend != "hf":
-        local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
-        if os.path.isfile(local):
-            with open(local, "rb") as f:
-                data = f.read()
-            digest = hashlib.sha256(data).hexdigest()
-            cached = load_checked(digest, os.path.basename(local), None if backend == "auto" else backend, data=data)
-            if cached is not None:
-                return cached
-    tok, json_text = load_hf_tokenizer(spec)
     if backend == "hf":
-        return tok
+        return load_hf_tokenizer(spec)[0]
     engine = None if backend == "auto" else backend
+    local = spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
+    if os.path.isfile(local):
+        with open(local, "rb") as f:
+            data = f.read()
+        cached = load_checked(hashlib.sha256(data).hexdigest(), os.path.basename(local), engine, json_bytes=data)
+        if cached is not None:
+            return cached
+    tok, json_text = load_hf_tokenizer(spec)
     fast = try_tiktoken(tok, strict=engine is not None, json_text=json_text, engine=engine)
     return fast if fast is not None else tok

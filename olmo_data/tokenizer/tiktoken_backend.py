@@ -167,6 +167,8 @@ def try_tiktoken(
     fast = _engine_plan(plan)
     failed: list[str] = []
     for name in candidates:
+        # (fastokens' rule reads the tokenizer.json, which `engines.refusal` does not have: its module imports the
+        # encoder's, which imports `engines`)
         why = fastokens_refusal(data) if name == "fastokens" else refusal(name, fast)
         if why is not None:  # an engine that cannot run this plan at all (quicktok on GPT-2's regex): no warning
             refuse(why)

@@ -147,19 +147,19 @@ def load_checked(
     name: str,
     engine: Engine | None = None,
     num_threads: int = DEFAULT_NUM_THREADS,
-    data: bytes | None = None,
+    json_bytes: bytes | None = None,
 ) -> Tokenizer | None:
     """The engine-backed tokenizer stored by `save_checked` for this file hash (named `name`), or None.
 
     `engine` None (auto): the entry of the engine `auto` would choose, the fastest installed one whose entry shows
-    the faster ones were tried and found unusable; an engine's name: that engine's entry. `data`: the
+    the faster ones were tried and found unusable; an engine's name: that engine's entry. `json_bytes`: the
     tokenizer.json's bytes (whose SHA-256 is `sha256`), which fastokens loads from (its entry holds no plan)."""
     if engine is not None:
-        entry = _load_entry(sha256, name, engine, num_threads, data)
+        entry = _load_entry(sha256, name, engine, num_threads, json_bytes)
         return None if entry is None else entry[0]
     installed = [e for e in ENGINES if available(e)]
     for i, candidate in enumerate(installed):
-        entry = _load_entry(sha256, name, candidate, num_threads, data)
+        entry = _load_entry(sha256, name, candidate, num_threads, json_bytes)
         if entry is not None and entry[1] == installed[:i]:
             return entry[0]
     return None
