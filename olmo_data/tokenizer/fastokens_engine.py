@@ -73,6 +73,7 @@ class FastokensEncoder:
             tokenizer = tokenizer_class.from_json_str(self.json_text)
             tokenizer.no_truncation()  # whole texts, unpadded, whatever the file says (`hf.ignored_settings`)
             tokenizer.no_padding()
+            tokenizer.encode_batch_flat(["warm up"])  # its first call sets up (~20 ms); here, not in each worker
             self._tokenizer = tokenizer
         except BaseException as e:  # (raised in the caller's thread by `ready`)
             self._error = e
@@ -82,6 +83,8 @@ class FastokensEncoder:
         before every use, and by the tokenize stage before it forks its workers (a fork copies no threads). In a
         process forked while the load was under way (the thread did not come along) it loads here instead."""
         if self._loading is not None:
+            import numpy  # noqa: F401  (`flat` needs it: imported while the engine loads, not after)
+
             self._loading.join()
             self._loading = None
         if self._tokenizer is None and self._error is None:

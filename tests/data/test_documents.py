@@ -278,3 +278,32 @@ def test_nesting_depth_equals_the_parsed_depth() -> None:
         value = make(0)
         raw = json.dumps(value, ensure_ascii=rng.random() < 0.5).encode()
         assert nesting_depth(raw) == depth(value), raw
+
+
+def test_the_depth_check_cleared_by_the_text_field_agrees_with_the_measured_depth() -> None:
+    """too_deep given the line's parsed text (the reader's shortcut: brackets in the text are inside a string) says
+    what nesting_depth says, on lines with more than MAX_DEPTH brackets: nested just over and under the limit, the
+    text full of brackets, some of them written as `\\u005b`-style escapes (which the shortcut must not trust),
+    brackets in keys and other strings too."""
+    import json
+    import random
+
+    from olmo_data.documents import MAX_DEPTH, bracket_count, nesting_depth, too_deep
+
+    rng = random.Random(11)
+    for case in range(300):
+        text = "".join(rng.choice('[{]}ab"\\\n') for _ in range(rng.randrange(0, 2_000)))
+        levels = rng.choice([0, 3, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 5])
+        plain = rng.random() < 0.5  # brackets only in the text and the nesting, or in keys and strings too
+        nested: object = "x" if plain else "x[{"
+        for k in range(levels):
+            nested = [nested] if k % 2 else {("k" if plain else "[k"): nested}
+        extra = {"k": ""} if plain else {"k{": "[" * rng.randrange(600)}
+        raw = json.dumps({"text": text, "m": nested, **extra}).encode()
+        if rng.random() < 0.3:  # a bracket of the text written as an escape: json.dumps never does
+            raw = raw.replace(b"ab", rng.choice([b"\\u005b", b"\\u007B", b"\\u005Bb"]), 1)
+        parsed = json.loads(raw)["text"]
+        assert too_deep(raw, parsed) == too_deep(raw) == (nesting_depth(raw) > MAX_DEPTH), (case, levels)
+        assert bracket_count(raw) == raw.count(b"[") + raw.count(b"{")
+    long = bytes(rng.randrange(256) for _ in range(50_000))
+    assert bracket_count(long) == long.count(b"[") + long.count(b"{")
