@@ -14,7 +14,8 @@ tokenizes every N-th input into the shared destination, the last to finish write
 does, after all of them), and the directory ends byte-identical to a one-machine run.
 
 Modules: `run` (the driver: `tokenize`, `merge_shards`), `workers` (each input tokenized in a worker process, and
-the pool with its progress bar), `parts` (writing an input's part files), `options` (what a run is asked to do and
+the pool with its progress bar), `reading` (an input read into batches, beside the encoding or ahead of it),
+`parts` (writing an input's part files), `options` (what a run is asked to do and
 what it did).
 """
 
@@ -27,8 +28,8 @@ from olmo_data.tokenize.options import (
     TokenizeSummary,
 )
 from olmo_data.tokenize.parts import PartWriter
+from olmo_data.tokenize.reading import BATCH_CHARS, BATCH_DOCUMENTS
 from olmo_data.tokenize.run import PROGRESS_DIR, merge_shards, tokenize
-from olmo_data.tokenize.workers import BATCH_CHARS, BATCH_DOCUMENTS
 
 __all__ = [
     "BATCH_CHARS",

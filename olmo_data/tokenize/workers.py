@@ -9,25 +9,18 @@ import contextlib
 import os
 import queue
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from olmo_data.display import Silent, bar_disabled
-from olmo_data.documents import BadDocuments, Document, ReadPosition, read_documents
 from olmo_data.errors import DataError
 from olmo_data.interrupts import quiet_worker
 from olmo_data.tokenize.options import TYPECODES, InputResult, ResolvedOptions, dtype_max
 from olmo_data.tokenize.parts import PartWriter
+from olmo_data.tokenize.reading import Batch, InputReader, close_all, prefetched, read_ahead
 from olmo_data.tokenizer import Tokenizer
-
-BATCH_DOCUMENTS = 512  # documents per encode call: large enough to amortise call overhead
-BATCH_CHARS = 1024 * 1024  # ... but bounded in size: memory stays small and the progress bar moves
-PREFETCH_BATCHES = 2  # batches read ahead by the reading thread while one is encoded
 
 _worker: dict[str, Any] = {}
 
@@ -37,12 +30,19 @@ class Stopped(Exception):
 
 
 def _init_worker(
-    resolved: ResolvedOptions, tok: Tokenizer, progress: Any, threads: int, stop: Any = None, load: Any = None
+    resolved: ResolvedOptions,
+    tok: Tokenizer,
+    progress: Any,
+    threads: int,
+    stop: Any = None,
+    load: Any = None,
+    ahead: dict[int, InputReader] | None = None,
 ) -> None:
     """Per-process state. `tok` comes from the parent (inherited through fork, or pickled cheaply); `stop` is the
     event the parent sets to end the run early (None in the parent's own process); `load`, on an engine, the
     workers' shared count of [inputs not started, inputs being tokenized], from which each batch takes its
-    threads (`_threads_now`): `threads` is then the most it takes."""
+    threads (`_threads_now`): `threads` is then the most it takes; `ahead`, by input index, the readers the parent
+    read ahead with while the engine loaded (`reading.read_ahead`; through a fork only, in memory)."""
     if stop is not None:  # a worker process
         quiet_worker()
         progress.cancel_join_thread()  # exiting never waits on progress messages nobody reads any more
@@ -51,6 +51,7 @@ def _init_worker(
         os.environ["RAYON_NUM_THREADS"] = "1"
     tok.set_num_threads(threads)
     _worker.update(resolved=resolved, tok=tok, progress=progress, stop=stop, load=load, cores=threads)
+    _worker["ahead"] = ahead if ahead is not None else {}
 
 
 def _threads_now(load: Any, cores: int) -> int:
@@ -131,83 +132,6 @@ def _with_bos_eos(tokens: Any, offsets: Any, eos: int | None, bos: int | None, t
     return flat, (lengths + add_bos + add_eos).tolist()
 
 
-@dataclass
-class _Batch:
-    """Documents read and stripped, ready to encode; `at`: the input's bytes read by then (for the progress bar)."""
-
-    docs: list[Document]
-    texts: list[str]
-    chars: int
-    at: int | None
-
-
-def _batches(read: Iterator[Document], position: ReadPosition, empty: list[int]) -> Iterator[_Batch]:
-    """The non-empty documents of `read` in batches of at most BATCH_DOCUMENTS documents or BATCH_CHARS characters
-    (the one that passes the size comes along); `empty[0]` counts the others."""
-    docs: list[Document] = []
-    texts: list[str] = []
-    chars = 0
-    for doc in read:
-        text = doc.text.strip()
-        if not text:
-            empty[0] += 1
-            continue
-        docs.append(doc)
-        texts.append(text)
-        chars += len(text)
-        if len(docs) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-            yield _Batch(docs, texts, chars, position.bytes())
-            docs, texts, chars = [], [], 0
-    if docs:
-        yield _Batch(docs, texts, chars, position.bytes())
-
-
-def _prefetched(items: Iterator[_Batch], depth: int = PREFETCH_BATCHES) -> Iterator[_Batch]:
-    """`items`, made by a thread while the caller encodes the ones before: reading, decompressing and parsing
-    overlap encoding, since the engines (and zlib) release the GIL while they work. At most `depth` batches wait.
-    An error of the reading thread is raised here, in the caller; a caller that stops early (an error, `Stopped`)
-    ends the thread at its next batch and waits for it, so the input file is closed when this returns."""
-    ready: queue.Queue[tuple[bool, Any]] = queue.Queue(depth)
-    done = threading.Event()
-    end = object()
-
-    def put(item: tuple[bool, Any]) -> bool:
-        while not done.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    return
-            put((True, end))
-        except BaseException as e:  # handed to the caller, which raises it with its file and line
-            put((False, e))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()  # the reader's file, closed in the thread that reads it
-
-    thread = threading.Thread(target=run, name="olmo-data-read", daemon=True)
-    thread.start()
-    try:
-        while True:
-            ok, item = ready.get()
-            if not ok:
-                raise item
-            if item is end:
-                return
-            yield item
-    finally:
-        done.set()
-        thread.join()
-
-
 def _tokenize_input(task: tuple[int, str, int, str]) -> InputResult:
     load = _worker.get("load")
     if load is None:
@@ -231,12 +155,11 @@ def _tokenize_one(task: tuple[int, str, int, str]) -> InputResult:
     load, cores = _worker.get("load"), _worker.get("cores", 1)
     opts = resolved.options
     result = InputResult(index=index, path=path, size=size)
-    bad = BadDocuments() if opts.skip_bad_documents else None
     typecode = TYPECODES[resolved.dtype]
     writer = PartWriter(Path(dest), index, resolved.dtype, opts.max_tokens_per_file)
-    position = ReadPosition()
+    # the parent's reader where it read this input ahead (its batches and counts so far), else a new one
+    reader = _worker["ahead"].pop(index, None) or InputReader.open(path, opts)
     reported = 0  # input bytes reported to the progress bar so far
-    empty = [0]  # documents skipped as empty, counted by the reading thread
 
     def report(docs_done: int, tokens: int, chars: int, at: int | None, end: bool = False) -> None:
         nonlocal reported
@@ -246,7 +169,7 @@ def _tokenize_one(task: tuple[int, str, int, str]) -> InputResult:
         progress.put((index, docs_done, tokens, chars, now - reported))
         reported = now
 
-    def flush(batch: _Batch) -> None:
+    def flush(batch: Batch) -> None:
         if stop is not None and stop.is_set():  # checked once a batch: cheap, and soon enough to end promptly
             raise Stopped(path)
         docs, texts = batch.docs, batch.texts
@@ -265,10 +188,14 @@ def _tokenize_one(task: tuple[int, str, int, str]) -> InputResult:
         report(len(docs), len(flat), batch.chars, batch.at)
 
     try:
-        read = read_documents(path, text_field=opts.text_field, id_field=opts.id_field, bad=bad, position=position)
-        for batch in _prefetched(_batches(read, position, empty)):
-            flush(batch)
-        result.skipped_empty = empty[0]
+        stream = prefetched(reader.batches())
+        try:
+            for batch in stream:
+                flush(batch)
+        finally:
+            stream.close()  # (its reading thread ended and joined)
+            reader.close()
+        result.skipped_empty = reader.empty[0]
         writer.close_part()
         report(0, 0, 0, None, end=True)  # the whole file is done, whatever the position could tell
     except BaseException:
@@ -279,8 +206,8 @@ def _tokenize_one(task: tuple[int, str, int, str]) -> InputResult:
                     (Path(dest) / part[key]).unlink(missing_ok=True)
         raise
     result.parts = writer.parts
-    if bad is not None:
-        result.skipped_bad, result.bad_examples = bad.count, bad.examples
+    if reader.bad is not None:
+        result.skipped_bad, result.bad_examples = reader.bad.count, reader.bad.examples
     return result
 
 
@@ -353,10 +280,12 @@ def run_tasks(
         show(refresh=True)
         return result
 
+    ahead: dict[int, InputReader] = {}  # inputs read ahead while the engine loaded (`reading.read_ahead`)
     try:
         if processes == 1 or len(todo) <= 1:
             local_q: queue.SimpleQueue[tuple[int, int, int, int, int]] = queue.SimpleQueue()
-            _init_worker(resolved, tok, local_q, processes)
+            ahead = read_ahead([(t[0], t[1]) for t in todo], resolved.options, tok.loading, width=1)
+            _init_worker(resolved, tok, local_q, processes, ahead=ahead)
             for task in todo:
                 result = _tokenize_input(task)
                 while not local_q.empty():
@@ -377,10 +306,13 @@ def run_tasks(
             # its batch call gives numpy arrays: numpy imported once here and inherited, rather than by every worker
             # at its first batch, at once (two tiny inputs on two processes: ~0.40 -> ~0.35 s)
             import numpy  # noqa: F401
-        if ctx.get_start_method() == "fork":
-            tok.ready()  # an engine loading on a thread of its own (fastokens): loaded once, here, and inherited
-        progress_q, stop = ctx.Queue(), ctx.Event()
         workers = min(processes, len(todo))
+        if ctx.get_start_method() == "fork":
+            # the inputs the workers start on, read here while an engine loads on a thread of its own (fastokens),
+            # which is then loaded once, here, and inherited
+            ahead = read_ahead([(t[0], t[1]) for t in todo], resolved.options, tok.loading, width=workers)
+            tok.ready()
+        progress_q, stop = ctx.Queue(), ctx.Event()
         # fewer inputs than processes: encode with threads instead. On an engine (its threads release the GIL), a
         # worker takes one thread while inputs wait to start, and once none do, up to `processes` (`_threads_now`):
         # when the last inputs run alone at the end, their threads keep every core busy
@@ -388,7 +320,7 @@ def run_tasks(
         threads = processes if engine else max(1, processes // workers)
         load = ctx.Array("i", [len(todo), 0]) if engine else None
         pool = ProcessPoolExecutor(
-            workers, ctx, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads, stop, load)
+            workers, ctx, initializer=_init_worker, initargs=(resolved, tok, progress_q, threads, stop, load, ahead)
         )
         try:
             running = {pool.submit(_tokenize_input, task) for task in todo}
@@ -410,4 +342,5 @@ def run_tasks(
             raise
         pool.shutdown(wait=True)
     finally:
+        close_all(ahead)  # (the parent's copies: each worker had its own)
         bar.close()

@@ -88,6 +88,12 @@ class Tokenizer:
         if ready is not None:
             ready()
 
+    def loading(self) -> bool:
+        """Whether an engine that loads on a thread of its own is still loading (never blocks): the tokenize stage
+        reads its first inputs meanwhile (`tokenize.reading.read_ahead`)."""
+        loading = getattr(self._encode_batch, "loading", None)
+        return bool(loading()) if loading is not None else False
+
     def identity(self) -> dict[str, Any]:
         """What a manifest records about the tokenizer."""
         return {

@@ -94,6 +94,10 @@ class FastokensEncoder:
         if self._error is not None:
             raise self._error
 
+    def loading(self) -> bool:
+        """Whether the loading thread is still at work (without waiting for it)."""
+        return self._loading is not None and self._loading.is_alive()
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (FastokensEncoder, (self.name, self.json_text, self.num_threads))
 

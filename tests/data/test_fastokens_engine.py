@@ -150,6 +150,30 @@ def test_its_loading_thread_is_gone_once_ready(demo_tokenizer: str) -> None:
     assert encoder(["hello world"]) == [load_tokenizer(demo_tokenizer, "hf").encode("hello world")]
 
 
+def test_loading_says_whether_the_load_is_under_way_without_waiting_for_it(demo_tokenizer: str) -> None:
+    """The tokenize stage reads ahead for as long as `loading()` is true, so it must not block, and must turn false
+    once the load is done (the demo tokenizer loads in milliseconds: a load held back stands in for a slow one)."""
+    release = threading.Event()
+
+    class HeldBack:
+        @staticmethod
+        def from_json_str(text: str) -> object:
+            release.wait(10)
+            raise ValueError("held back, then refused")
+
+    encoder = FastokensEncoder("demo", Path(demo_tokenizer).read_text())
+    encoder.ready()
+    assert not encoder.loading()
+    held = FastokensEncoder("demo", Path(demo_tokenizer).read_text())
+    held.ready()
+    held._loading = threading.Thread(target=held._load, args=(HeldBack,))
+    held._loading.start()
+    assert held.loading() and held.loading()  # (at once, twice: nothing waited for)
+    release.set()
+    held._loading.join()
+    assert not held.loading()
+
+
 def test_cache_entry_skips_hf_and_is_rewritten_when_damaged(
     demo_tokenizer: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -423,7 +423,7 @@ def test_a_failed_input_stops_the_other_workers_promptly_and_leaves_nothing(
     """The pool is ended by asking workers to stop and waiting for them, not by killing them (a worker killed while
     it sends its result holds the result queue's lock, and `Pool.terminate` can then hang): a worker in the middle
     of a long input must notice within a batch, remove its temporaries, and exit."""
-    from olmo_data.tokenize import workers
+    from olmo_data.tokenize import reading, workers
 
     encode = workers._encode
 
@@ -431,7 +431,7 @@ def test_a_failed_input_stops_the_other_workers_promptly_and_leaves_nothing(
         time.sleep(0.01)  # the long input would take 30 s to finish
         return encode(*args)
 
-    monkeypatch.setattr(workers, "BATCH_DOCUMENTS", 1)
+    monkeypatch.setattr(reading, "BATCH_DOCUMENTS", 1)
     monkeypatch.setattr(workers, "_encode", slow_encode)
     long = write_jsonl(tmp_path / "long.jsonl", docs(*(f"document number {i}" for i in range(3000))))
     bad = write_jsonl(tmp_path / "bad.jsonl", docs(*(f"text {i}" for i in range(100))), raw_lines=[b"{bad\n"])

@@ -99,7 +99,7 @@ def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
     import threading
 
     from olmo_data.errors import DataError as Error
-    from olmo_data.tokenize.workers import _prefetched
+    from olmo_data.tokenize.reading import prefetched
 
     closed: list[bool] = []
 
@@ -112,7 +112,7 @@ def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
 
     got = []
     with pytest.raises(Error, match=r"in\.jsonl:2: not JSON"):
-        for item in _prefetched(failing()):  # type: ignore[arg-type]
+        for item in prefetched(failing()):  # type: ignore[arg-type]
             got.append(item)
     assert got == [1] and closed == [True]
 
@@ -125,7 +125,7 @@ def test_reading_thread_hands_over_errors_and_stops_with_its_caller() -> None:
         finally:
             closed.append(True)
 
-    stream = _prefetched(endless())  # type: ignore[arg-type]
+    stream = prefetched(endless())  # type: ignore[arg-type]
     assert [next(stream), next(stream)] == [1, 2]
     stream.close()
     assert closed == [True, True]
