@@ -324,6 +324,9 @@ def run_tasks(
         )
         try:
             running = {pool.submit(_tokenize_input, task) for task in todo}
+            # the workers were forked at the first submit, each with its own copy of what was read ahead: the
+            # parent's go now, not at the end of the run (a worker forked later would open its input afresh)
+            close_all(ahead)
             while running:
                 done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
                 while True:
