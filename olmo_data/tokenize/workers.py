@@ -118,17 +118,21 @@ def _with_bos_eos(tokens: Any, offsets: Any, eos: int | None, bos: int | None, t
     # BOS before a text's first token, EOS after its last: where text i's end is text i + 1's start, the EOS (listed
     # first) goes first, as np.insert keeps the order of equal positions
     where = np.stack([starts, ends], axis=1).ravel()
-    values = np.tile(np.array([bos or 0, eos or 0], dtype=np.uint32), n)
     chosen = np.stack([add_bos, add_eos], axis=1).ravel()
-    flat = np.insert(tokens, where[chosen], values[chosen])
+    added = np.array([bos or 0, eos or 0], dtype=np.uint32)
     if typecode != "I":
         limit = (1 << (8 * array.array(typecode).itemsize)) - 1
+        fits = (not len(tokens) or int(tokens.max()) <= limit) and not any(
+            value is not None and value > limit and used.any() for value, used in ((bos, add_bos), (eos, add_eos))
+        )
+        if fits:  # (the usual case) narrowed first, so that the insertion moves half the bytes, or less
+            tokens, added = tokens.astype(np.dtype(typecode)), added.astype(np.dtype(typecode))
+    flat = np.insert(tokens, where[chosen], np.tile(added, n)[chosen])
+    if flat.dtype != np.dtype(typecode):  # an id that does not fit: the first one in the output names its document
         over = np.flatnonzero(flat > limit)
-        if over.size:
-            new_offsets = np.concatenate(([0], np.cumsum(lengths + add_bos + add_eos)))
-            doc = int(np.searchsorted(new_offsets, over[0], side="right")) - 1
-            raise TokenIdTooLarge(doc, int(flat[over[0]]))
-        flat = flat.astype(np.dtype(typecode))
+        new_offsets = np.concatenate(([0], np.cumsum(lengths + add_bos + add_eos)))
+        doc = int(np.searchsorted(new_offsets, over[0], side="right")) - 1
+        raise TokenIdTooLarge(doc, int(flat[over[0]]))
     return flat, (lengths + add_bos + add_eos).tolist()
 
 

@@ -122,15 +122,16 @@ def _tok(encoder: Any) -> Tokenizer:
     return Tokenizer("t", "0" * 64, 70_000, "test", None, None, None, None, _encode_batch=encoder)
 
 
+@pytest.mark.parametrize("typecode", ["I", "H"])
 @pytest.mark.parametrize(("eos", "bos"), [(9, None), (9, 5), (9, 9), (None, 5), (None, None), (0, 0)])
-def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(eos: int | None, bos: int | None) -> None:
+def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(eos: int | None, bos: int | None, typecode: str) -> None:
     rng = random.Random(0)
     ids = [[], [9], [5], [5, 9], [9, 5], [0], [1, 2, 3]]
     ids += [[rng.choice([0, 5, 9, 60_000]) for _ in range(rng.randint(0, 6))] for _ in range(200)]
     texts = ["x"] * len(ids)
-    flat, lengths = _encode(_tok(_Flat(ids)), texts, eos, bos)
-    expected, expected_lengths = _encode(_tok(_Lists(ids)), texts, eos, bos)
-    assert flat.dtype == np.uint32 and flat.tolist() == expected.tolist() and lengths == expected_lengths
+    flat, lengths = _encode(_tok(_Flat(ids)), texts, eos, bos, typecode)
+    expected, expected_lengths = _encode(_tok(_Lists(ids)), texts, eos, bos, typecode)
+    assert flat.dtype == np.dtype(typecode) and flat.tolist() == expected.tolist() and lengths == expected_lengths
 
 
 def test_the_batch_path_checks_the_dtype_as_the_list_path_does() -> None:
@@ -141,6 +142,15 @@ def test_the_batch_path_checks_the_dtype_as_the_list_path_does() -> None:
         assert (e.value.doc, e.value.token) == (2, 70_000)
     flat, _ = _encode(_tok(_Flat(ids[:2])), ["x"] * 2, 9, None, "H")
     assert flat.dtype == np.uint16 and flat.tolist() == [1, 2, 9, 3, 65_535, 9]
+    for eos, bos, where in [(70_000, None, 0), (None, 70_000, 0), (9, 70_000, 0)]:  # an added id that does not fit
+        for encoder in (_Flat([[1, 2], [3]]), _Lists([[1, 2], [3]])):
+            with pytest.raises(TokenIdTooLarge) as e:
+                _encode(_tok(encoder), ["x"] * 2, eos, bos, "H")
+            assert (e.value.doc, e.value.token) == (where, 70_000)
+    for encoder in (_Flat([[1, 2], [70_000]]), _Lists([[1, 2], [70_000]])):  # the EOS fits, the text's id not
+        with pytest.raises(TokenIdTooLarge) as e:
+            _encode(_tok(encoder), ["x"] * 2, 9, None, "H")
+        assert (e.value.doc, e.value.token) == (1, 70_000)
 
 
 def test_cli_names_quicktok() -> None:
