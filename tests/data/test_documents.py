@@ -307,3 +307,35 @@ def test_the_depth_check_cleared_by_the_text_field_agrees_with_the_measured_dept
         assert bracket_count(raw) == raw.count(b"[") + raw.count(b"{")
     long = bytes(rng.randrange(256) for _ in range(50_000))
     assert bracket_count(long) == long.count(b"[") + long.count(b"{")
+
+
+def test_a_long_text_with_short_metadata_is_cleared_without_counting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line whose parsed text leaves at most MAX_DEPTH bytes (a dolma line) is cleared before any pass over it,
+    whatever its text holds (brackets, escapes, multi-byte characters); one byte more of nesting and it is
+    measured, and a line nested past the limit is still found."""
+    import json
+
+    from olmo_data import documents
+    from olmo_data.documents import MAX_DEPTH, too_deep
+
+    def no_count(raw: bytes) -> int:
+        raise AssertionError("counted")
+
+    text = "[{" * 5_000 + '\n"é😀' * 20  # (these take 1, 1, 1 and 3 bytes more than a character each)
+    for meta in ({}, {"m": "x" * (MAX_DEPTH - 200)}):
+        raw = json.dumps({"id": "a", "text": text, **meta}, ensure_ascii=False).encode()
+        assert len(raw) - len(text) <= MAX_DEPTH
+        monkeypatch.setattr(documents, "bracket_count", no_count)
+        assert not too_deep(raw, text)
+        monkeypatch.undo()
+    nested: object = 0
+    for _ in range(MAX_DEPTH + 1):
+        nested = [nested]
+    raw = json.dumps({"text": text, "m": nested}).encode()
+    assert len(raw) - len(text) > MAX_DEPTH and too_deep(raw, text) and too_deep(raw)
+    wide = json.dumps({"text": text, "m": "x" * (MAX_DEPTH + 10)}).encode()  # measured, and shallow
+    monkeypatch.setattr(documents, "bracket_count", no_count)
+    with pytest.raises(AssertionError, match="counted"):
+        too_deep(wide, text)
+    monkeypatch.undo()
+    assert not too_deep(wide, text)
