@@ -311,8 +311,8 @@ def test_the_depth_check_cleared_by_the_text_field_agrees_with_the_measured_dept
 
 def test_a_long_text_with_short_metadata_is_cleared_without_counting(monkeypatch: pytest.MonkeyPatch) -> None:
     """A line whose parsed text leaves at most MAX_DEPTH bytes (a dolma line) is cleared before any pass over it,
-    whatever its text holds (brackets, escapes, multi-byte characters); one byte more of nesting and it is
-    measured, and a line nested past the limit is still found."""
+    whatever its text holds (brackets, escapes, multi-byte characters); one with more than MAX_DEPTH bytes besides
+    its text is counted, and a line nested past the limit is still found."""
     import json
 
     from olmo_data import documents
