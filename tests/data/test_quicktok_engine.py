@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from olmo_cli.main import main
 from olmo_data.errors import DataError
+from olmo_data.tokenize import workers
 from olmo_data.tokenize.workers import TokenIdTooLarge, _encode
 from olmo_data.tokenizer import Tokenizer, load_tokenizer
 from olmo_data.tokenizer.engines import available, refusal
@@ -122,9 +123,18 @@ def _tok(encoder: Any) -> Tokenizer:
     return Tokenizer("t", "0" * 64, 70_000, "test", None, None, None, None, _encode_batch=encoder)
 
 
+@pytest.fixture(params=["slices", "mask"])
+def fill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the batch path fills its output: a slice copy a text (long texts), or one mask (short ones)."""
+    monkeypatch.setattr(workers, "SLICES_FROM", 0 if request.param == "slices" else 10**9)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("typecode", ["I", "H"])
 @pytest.mark.parametrize(("eos", "bos"), [(9, None), (9, 5), (9, 9), (None, 5), (None, None), (0, 0)])
-def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(eos: int | None, bos: int | None, typecode: str) -> None:
+def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(
+    eos: int | None, bos: int | None, typecode: str, fill: str
+) -> None:
     rng = random.Random(0)
     ids = [[], [9], [5], [5, 9], [9, 5], [0], [1, 2, 3]]
     ids += [[rng.choice([0, 5, 9, 60_000]) for _ in range(rng.randint(0, 6))] for _ in range(200)]
@@ -134,7 +144,7 @@ def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(eos: int | None, 
     assert flat.dtype == np.dtype(typecode) and flat.tolist() == expected.tolist() and lengths == expected_lengths
 
 
-def test_the_batch_path_checks_the_dtype_as_the_list_path_does() -> None:
+def test_the_batch_path_checks_the_dtype_as_the_list_path_does(fill: str) -> None:
     ids = [[1, 2], [3, 65_535], [4, 70_000, 5], [80_000]]
     for encoder in (_Flat(ids), _Lists(ids)):
         with pytest.raises(TokenIdTooLarge) as e:
