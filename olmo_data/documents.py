@@ -138,7 +138,11 @@ def _read_jsonl(
     with _open_jsonl(path) as f:
         if position is not None:
             position.attach(f)
-        for lineno, raw in numbered_lines(f, path):
+        # igzip through our line buffer: a damaged file fails up to LINE_BUFFER bytes of lines before the damage,
+        # so the error counts the good lines again with igzip's own small buffer, to name the last one
+        buffered_gzip = isinstance(getattr(f, "raw", None), gzip.GzipFile)
+        recount = functools.partial(_lines_before_damage, path) if buffered_gzip else None
+        for lineno, raw in numbered_lines(f, path, recount):
             if not raw or raw.isspace():  # (as `not raw.strip()`, without copying the line)
                 continue
             got = _fast_document(fast, raw) if fast is not None else None
@@ -203,10 +207,10 @@ def _lone_surrogate(raw: bytes, text: str) -> bool:
 @contextlib.contextmanager
 def _open_jsonl(path: str) -> Iterator[IO[bytes]]:
     """The file's bytes, decompressed: a local `.gz` by python-isal's igzip where installed (the same bytes as
-    zlib's, about 3x faster; a damaged file fails as with gzip, perhaps a few lines earlier, as it reads ahead in
-    larger blocks), everything else by `open_file`. igzip's lines come through a buffer of LINE_BUFFER bytes: its
-    own is 8 KiB, so a long line took several refills, each a call into the inflater (lines of a 157 MB half of the
-    tokenize benchmark's corpus: 0.19 -> 0.15 CPU s)."""
+    zlib's, about 3x faster; a damaged file fails as with gzip, and its error names the same last good line as
+    igzip's own reader does, `_lines_before_damage`), everything else by `open_file`. igzip's lines come through a
+    buffer of LINE_BUFFER bytes: its own is 8 KiB, so a long line took several refills, each a call into the
+    inflater (lines of a 157 MB half of the tokenize benchmark's corpus: 0.19 -> 0.15 CPU s)."""
     igzip = _igzip() if FAST_READING and path.endswith(".gz") and not is_remote(path) else None
     if igzip is None:
         with open_file(path, "rb") as f:
@@ -218,6 +222,20 @@ def _open_jsonl(path: str) -> Iterator[IO[bytes]]:
         io.BufferedReader(f, buffer_size=LINE_BUFFER) as lines,
     ):
         yield lines
+
+
+def _lines_before_damage(path: str) -> int:
+    """The whole lines igzip's own reader (8 KiB at a time) yields from a damaged `.gz` file before it fails: as
+    many as before `_open_jsonl` had its larger buffer (which loses what its last fill held)."""
+    lines = 0
+    with (
+        contextlib.suppress(Exception),
+        open_file(path, "rb", compression="disable") as raw,
+        _igzip().IGzipFile(fileobj=raw, mode="rb") as f,
+    ):
+        for _ in f:
+            lines += 1
+    return lines
 
 
 @functools.cache
@@ -331,10 +349,11 @@ def _fast_document(fast: _FastFields, raw: bytes) -> tuple[str, Any, Any] | None
     return text, doc_id, source
 
 
-def numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(f: IO[bytes], path: str, recount: Callable[[], int] | None = None) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line) of an open file. A file that cannot be read to its end (a download cut short
     leaves a truncated .gz; a damaged .zst) raises DataError naming the file and the last good line: the
-    decompressors' own EOFError or OSError says neither, and click would report it as just "Aborted!"."""
+    decompressors' own EOFError or OSError says neither, and click would report it as just "Aborted!". `recount`,
+    where given, counts the good lines again, for a reader whose read-ahead drops some of them when it fails."""
     lines = iter(f)
     lineno = 0
     while True:
@@ -343,6 +362,8 @@ def numbered_lines(f: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
         except StopIteration:
             return
         except Exception as e:  # only the read itself is inside the try: EOFError, OSError, zlib/zstd errors
+            if recount is not None:
+                lineno = max(lineno, recount())
             raise DataError(
                 f"{path}: cannot be read past line {lineno} ({type(e).__name__}: {e}); the file is truncated or "
                 "corrupt: download or copy it again"

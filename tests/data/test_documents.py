@@ -103,6 +103,35 @@ def test_a_truncated_compressed_file_is_named_with_its_last_good_line(
         list(read_documents(str(path)))
 
 
+def test_a_damaged_gz_file_names_the_same_last_good_line_with_the_line_buffer(tmp_path: Path) -> None:
+    """The fast path reads igzip's lines through a 1 MiB buffer, whose last fill is lost when the file fails: the
+    error still names the last good line as near as the standard library's gzip does (igzip's own read-ahead is
+    8 KiB, ~40 of these lines), not ~4,500 lines before it."""
+    import gzip
+    import random
+
+    import olmo_data.documents as documents
+
+    pytest.importorskip("isal.igzip")
+    rows = [{"id": str(i), "text": random.Random(i).randbytes(100).hex()} for i in range(12_000)]
+    path = tmp_path / "t.jsonl.gz"
+    write_jsonl(path, rows)
+    data = path.read_bytes()
+    for damaged in (data[: len(data) // 2], data[:-6] + bytes([data[-6] ^ 0xFF]) + data[-5:]):  # cut; bad CRC
+        path.write_bytes(damaged)
+        named = {}
+        for fast in (True, False):
+            documents.FAST_READING = fast
+            try:
+                with pytest.raises(DataError, match=r"cannot be read past line (\d+) ") as e:
+                    list(read_documents(str(path)))
+            finally:
+                documents.FAST_READING = True
+            named[fast] = int(re.search(r"past line (\d+) ", str(e.value)).group(1))  # type: ignore[union-attr]
+        whole = len(gzip.decompress(data).splitlines())
+        assert 0 < named[True] <= named[False] <= whole and named[False] - named[True] <= 100, (named, whole)
+
+
 # Lines where a JSON parser other than the standard library's could differ from it: each is read with the `fast`
 # extra's readers (msgspec, isal) and without them, and must give the same documents, errors and skipped counts.
 TRICKY_LINES = [

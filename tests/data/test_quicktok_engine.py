@@ -144,6 +144,25 @@ def test_the_batch_path_adds_bos_and_eos_as_the_list_path_does(
     assert flat.dtype == np.dtype(typecode) and flat.tolist() == expected.tolist() and lengths == expected_lengths
 
 
+@pytest.mark.parametrize(("eos", "bos"), [(9, None), (70_000, None), (None, 70_000), (70_000, 70_000)])
+def test_an_empty_batch_gives_an_empty_array_as_the_list_path_does(eos: int | None, bos: int | None, fill: str) -> None:
+    """Whatever its BOS and EOS (even ones too large for the dtype: no text takes them)."""
+    for encoder in (_Flat([]), _Lists([])):
+        flat, lengths = _encode(_tok(encoder), [], eos, bos, "H")
+        assert flat.tolist() == [] and lengths == []
+    assert _encode(_tok(_Flat([])), [], eos, bos, "H")[0].dtype == np.uint16
+
+
+def test_offsets_that_do_not_cover_the_ids_are_refused(fill: str) -> None:
+    """Never a silent drop of ids: the fill copies what the offsets cover, so they must cover every id."""
+    from olmo_data.tokenize.workers import _with_bos_eos
+
+    tokens = np.array([1, 2, 3], dtype=np.uint32)
+    for offsets in ([0, 2], [1, 3], [0, 1, 4]):
+        with pytest.raises(ValueError, match="offsets cover ids"):
+            _with_bos_eos(tokens, np.array(offsets, dtype=np.int64), 9, None, "H")
+
+
 def test_the_batch_path_checks_the_dtype_as_the_list_path_does(fill: str) -> None:
     ids = [[1, 2], [3, 65_535], [4, 70_000, 5], [80_000]]
     for encoder in (_Flat(ids), _Lists(ids)):
