@@ -46,6 +46,7 @@ def _share(args: tuple[str, list[str], str, str]) -> dict[str, float]:
     import msgspec  # noqa: F401
     import numpy  # noqa: F401
 
+    from olmo_data.dataset import smallest_dtype
     from olmo_data.tokenize import workers
     from olmo_data.tokenize.options import TYPECODES, TokenizeOptions
     from olmo_data.tokenize.parts import PartWriter
@@ -57,7 +58,7 @@ def _share(args: tuple[str, list[str], str, str]) -> dict[str, float]:
     tok.ready()
     tok.set_num_threads(1)
     opts = TokenizeOptions(tokenizer=spec)
-    dtype = "uint32" if tok.vocab_size > 65535 else "uint16"
+    dtype = smallest_dtype(tok.vocab_size)  # (as tokenize chooses it)
     typecode, eos = TYPECODES[dtype], tok.eos_token_id
     if mode == "raw":
         batches = [b.texts for f in files for b in InputReader.open(f, opts).batches()]

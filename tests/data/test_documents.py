@@ -103,7 +103,9 @@ def test_a_truncated_compressed_file_is_named_with_its_last_good_line(
         list(read_documents(str(path)))
 
 
-def test_a_damaged_gz_file_names_the_same_last_good_line_with_the_line_buffer(tmp_path: Path) -> None:
+def test_a_damaged_gz_file_names_the_same_last_good_line_with_the_line_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fast path reads igzip's lines through a 1 MiB buffer, whose last fill is lost when the file fails: the
     error still names the last good line as near as the standard library's gzip does (igzip's own read-ahead is
     8 KiB, ~40 of these lines), not ~4,500 lines before it."""
@@ -121,12 +123,9 @@ def test_a_damaged_gz_file_names_the_same_last_good_line_with_the_line_buffer(tm
         path.write_bytes(damaged)
         named = {}
         for fast in (True, False):
-            documents.FAST_READING = fast
-            try:
-                with pytest.raises(DataError, match=r"cannot be read past line (\d+) ") as e:
-                    list(read_documents(str(path)))
-            finally:
-                documents.FAST_READING = True
+            monkeypatch.setattr(documents, "FAST_READING", fast)
+            with pytest.raises(DataError, match=r"cannot be read past line (\d+) ") as e:
+                list(read_documents(str(path)))
             named[fast] = int(re.search(r"past line (\d+) ", str(e.value)).group(1))  # type: ignore[union-attr]
         whole = len(gzip.decompress(data).splitlines())
         assert 0 < named[True] <= named[False] <= whole and named[False] - named[True] <= 100, (named, whole)
